@@ -1,0 +1,1 @@
+"""Distributed input: how batches reach replicas."""
