@@ -1,3 +1,75 @@
-"""phalanx: tf.distribute's strategy system for PyTorch."""
+"""phalanx: tf.distribute's strategy system for PyTorch.
+
+One training program moves from one device to many replicas, workers or machines by
+changing the line that creates the strategy. Importing phalanx has no side effects: hooks
+are installed the first time a strategy scope is entered.
+"""
+
+from phalanx.communication import (
+    CrossDeviceOps,
+    HierarchicalCopyAllReduce,
+    NcclAllReduce,
+    ReductionToOneDevice,
+)
+from phalanx.communication.options import CommunicationImplementation, CommunicationOptions
+from phalanx.context import (
+    experimental_set_strategy,
+    get_replica_context,
+    get_strategy,
+    has_strategy,
+    in_cross_replica_context,
+)
+from phalanx.input.distributed_dataset import DistributedDataset, DistributedIterator
+from phalanx.input.options import AutoShardPolicy, InputContext, InputOptions
+from phalanx.nn.losses import compute_average_loss, scale_regularization_loss
+from phalanx.strategies import (
+    CentralStorageStrategy,
+    MirroredStrategy,
+    OneDeviceStrategy,
+    ReplicaContext,
+    Strategy,
+)
+from phalanx.values import DistributedValues, Mirrored, PerReplica, ReduceOp
+from phalanx.variables import (
+    MirroredVariable,
+    SyncOnReadVariable,
+    VariableAggregation,
+    VariableSynchronization,
+)
 
 __version__ = "0.1.0.dev0"
+
+__all__ = [
+    "AutoShardPolicy",
+    "CentralStorageStrategy",
+    "CommunicationImplementation",
+    "CommunicationOptions",
+    "CrossDeviceOps",
+    "DistributedDataset",
+    "DistributedIterator",
+    "DistributedValues",
+    "HierarchicalCopyAllReduce",
+    "InputContext",
+    "InputOptions",
+    "Mirrored",
+    "MirroredStrategy",
+    "MirroredVariable",
+    "NcclAllReduce",
+    "OneDeviceStrategy",
+    "PerReplica",
+    "ReduceOp",
+    "ReductionToOneDevice",
+    "ReplicaContext",
+    "Strategy",
+    "SyncOnReadVariable",
+    "VariableAggregation",
+    "VariableSynchronization",
+    "__version__",
+    "compute_average_loss",
+    "experimental_set_strategy",
+    "get_replica_context",
+    "get_strategy",
+    "has_strategy",
+    "in_cross_replica_context",
+    "scale_regularization_loss",
+]

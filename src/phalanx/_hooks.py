@@ -1,0 +1,72 @@
+"""The global torch hooks through which strategies see modules and optimizers (DESIGN.md 4.2/4.3).
+
+Installed once, the first time any strategy scope is entered (never at import). Each hook
+asks the strategy current on *this thread*; outside a scope it changes nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch.nn.modules.module import (
+    register_module_buffer_registration_hook,
+    register_module_parameter_registration_hook,
+)
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+from phalanx import context
+
+__all__ = ["install"]
+
+_lock = threading.Lock()
+_installed = False
+
+
+def install() -> None:
+    """Installs the hooks (idempotent, thread-safe)."""
+    global _installed
+    if _installed:
+        return
+    with _lock:
+        if _installed:
+            return
+        register_module_parameter_registration_hook(_on_parameter)
+        register_module_buffer_registration_hook(_on_buffer)
+        register_optimizer_step_pre_hook(_before_step)
+        register_optimizer_step_post_hook(_after_step)
+        _installed = True
+
+
+def _on_parameter(module: torch.nn.Module, name: str, param: Any) -> Any:
+    frame = context._top()
+    if param is None or frame is None or frame.replica_context is not None:
+        return None
+    return frame.strategy._create_parameter(module, name, param)
+
+
+def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
+    frame = context._top()
+    if buffer is None or frame is None:
+        return None
+    if frame.replica_context is None:
+        return frame.strategy._create_buffer(module, name, buffer)
+    # A module re-assigning its buffer inside `run` (self.buf = new): keep the distributed
+    # variable and write the new value into this replica's component.
+    return frame.strategy._reassign_buffer(module, name, buffer, frame.replica_context)
+
+
+def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    replica = context._state.replica
+    if replica is not None:
+        replica[0]._gradients.before_step(optimizer, replica[1])
+
+
+def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    replica = context._state.replica
+    if replica is not None:
+        replica[0]._gradients.after_step(optimizer, replica[1])

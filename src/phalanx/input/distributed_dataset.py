@@ -1,0 +1,283 @@
+"""Distributed datasets: global batches in, one slice per replica out (DESIGN.md 4.5)."""
+
+from __future__ import annotations
+
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from phalanx.input.options import AutoShardPolicy, InputContext, InputOptions
+from phalanx.input.splitting import as_tensors, batch_size_of, slice_batch, split_sizes
+from phalanx.values import map_structure, regroup
+
+if TYPE_CHECKING:
+    from phalanx.strategies.strategy import Strategy
+
+__all__ = ["DistributedDataset", "DistributedDatasetsFromFunction", "DistributedIterator", "Optional"]
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+class Optional:
+    """A value that may be absent (tf.experimental.Optional), from `get_next_as_optional`."""
+
+    def __init__(self, value: Any = None, has_value: bool = False) -> None:
+        self._value = value
+        self._has_value = has_value
+
+    def has_value(self) -> bool:
+        """Whether a value is present."""
+        return self._has_value
+
+    def get_value(self) -> Any:
+        """The value.
+
+        Raises:
+            ValueError: There is none (the iterator was exhausted).
+        """
+        if not self._has_value:
+            raise ValueError("This Optional has no value: the iterator is exhausted.")
+        return self._value
+
+
+def _shard_policy(dataset: Any) -> AutoShardPolicy:
+    options = getattr(dataset, "options", None)
+    if callable(options):
+        distribute = getattr(options(), "experimental_distribute", None)
+        if distribute is not None:
+            return AutoShardPolicy.coerce(distribute.auto_shard_policy)
+    return AutoShardPolicy.AUTO
+
+
+def _source_files(dataset: Any) -> list[str] | None:
+    files = getattr(dataset, "source_files", None)
+    return files() if callable(files) else None
+
+
+class DistributedIterator:
+    """Yields one value per step: the batch for one local replica, or a `PerReplica` of them.
+
+    Built by iterating a distributed dataset; every worker's iterator stops on the same step.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        next_pieces: Callable[[], tuple[list[Any], int | None] | None],
+        options: InputOptions,
+        agree: bool,
+    ) -> None:
+        self._strategy = strategy
+        self._next_pieces = next_pieces
+        self._options = options
+        self._agree = agree
+        self._template: list[Any] | None = None
+        self._devices = strategy._fetch_devices() if options.experimental_fetch_to_device else None
+
+    def __iter__(self) -> DistributedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        step = self._next_pieces()
+        if self._agree and not self._strategy._any_worker_has_data(step is not None):
+            raise StopIteration
+        if step is None:
+            if not self._agree or self._template is None:
+                raise StopIteration
+            step = ([slice_batch(p, 0, 0) for p in self._template], None)
+        pieces, global_count = step
+        self._template = pieces
+        if self._devices is not None:
+            pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices, strict=True)]
+        self._strategy._pending_global_batch_size = global_count
+        return regroup(pieces)
+
+    def get_next(self) -> Any:
+        """The next step's value (raises StopIteration at the end)."""
+        return next(self)
+
+    def get_next_as_optional(self) -> Optional:
+        """The next step's value as an `Optional`, without raising at the end."""
+        try:
+            return Optional(next(self), True)
+        except StopIteration:
+            return Optional()
+
+
+def _to_device(structure: Any, device: torch.device) -> Any:
+    non_blocking = device.type == "cuda"
+    return map_structure(
+        lambda t: t if t.device == device else t.to(device, non_blocking=non_blocking), structure
+    )
+
+
+class _Splitter:
+    """DATA sharding: each worker keeps its replicas' slices of every global batch."""
+
+    def __init__(self, strategy: Strategy, batches: Iterator[Any]) -> None:
+        self._batches = batches
+        self._num_replicas = strategy.num_replicas_in_sync
+        self._first = strategy._worker_index * strategy._num_local_replicas
+        self._local = strategy._num_local_replicas
+
+    def __call__(self) -> tuple[list[Any], int | None] | None:
+        try:
+            batch = as_tensors(next(self._batches))
+        except StopIteration:
+            return None
+        size = batch_size_of(batch)
+        sizes = split_sizes(size, self._num_replicas)
+        starts = [sum(sizes[:g]) for g in range(self._num_replicas)]
+        pieces = [
+            slice_batch(batch, starts[g], sizes[g]) for g in range(self._first, self._first + self._local)
+        ]
+        return pieces, size
+
+
+class _Sequencer:
+    """FILE/OFF sharding: the worker's batches are cut into per-replica pieces consumed in order."""
+
+    def __init__(self, strategy: Strategy, batches: Iterator[Any]) -> None:
+        self._batches = batches
+        self._num_replicas = strategy.num_replicas_in_sync
+        self._local = strategy._num_local_replicas
+        self._queue: deque[Any] = deque()
+
+    def __call__(self) -> tuple[list[Any], int | None] | None:
+        while len(self._queue) < self._local:
+            try:
+                batch = as_tensors(next(self._batches))
+            except StopIteration:
+                break
+            sizes = split_sizes(batch_size_of(batch), self._num_replicas)
+            start = 0
+            for size in sizes:
+                self._queue.append(slice_batch(batch, start, size))
+                start += size
+        if not self._queue:
+            return None
+        pieces = [self._queue.popleft() for _ in range(min(self._local, len(self._queue)))]
+        while len(pieces) < self._local:
+            pieces.append(slice_batch(pieces[0], 0, 0))
+        return pieces, None
+
+
+class DistributedDataset:
+    """A dataset of global batches, distributed over a strategy's replicas and workers.
+
+    Iterating it gives a `DistributedIterator`; each iteration restarts the source.
+    Across workers the source is sharded by its `AutoShardPolicy` (AUTO: FILE when it is
+    read from files, else DATA).
+
+    Raises:
+        ValueError: FILE sharding of a source without files, or with fewer files than workers.
+    """
+
+    def __init__(self, strategy: Strategy, dataset: Any, options: InputOptions | None = None) -> None:
+        if isinstance(dataset, (str, bytes)) or not hasattr(dataset, "__iter__"):
+            raise TypeError(
+                "experimental_distribute_dataset needs an iterable of batches (a DataLoader, a "
+                f"phalanx.data.Dataset, a list of batches). Received: {type(dataset).__name__}."
+            )
+        self._strategy = strategy
+        self._options = options or InputOptions()
+        self._source, self._sequential = self._shard(dataset)
+
+    def _shard(self, dataset: Any) -> tuple[Any, bool]:
+        s = self._strategy
+        if s._num_workers == 1:
+            return dataset, False
+        policy = _shard_policy(dataset)
+        if policy is AutoShardPolicy.OFF:
+            return dataset, True
+        files = _source_files(dataset)
+        if policy is AutoShardPolicy.FILE or (policy is AutoShardPolicy.AUTO and files):
+            return self._shard_files(dataset, files), True
+        if policy is AutoShardPolicy.AUTO:
+            _warn_once(
+                "Auto-sharding found no files in the dataset, so it shards by DATA: every "
+                "worker reads the whole dataset and keeps its replicas' slice of each global "
+                "batch. HINT: read from files (phalanx.data.Dataset.list_files) to shard by "
+                "FILE, or set AutoShardPolicy.DATA to silence this."
+            )
+        return dataset, False
+
+    def _shard_files(self, dataset: Any, files: list[str] | None) -> Any:
+        s = self._strategy
+        if not files:
+            raise ValueError(
+                "AutoShardPolicy.FILE needs a dataset read from files, and this one has none. "
+                "HINT: use AutoShardPolicy.DATA, or build it with phalanx.data.Dataset.list_files."
+            )
+        if len(files) < s._num_workers:
+            raise ValueError(
+                f"FILE sharding needs at least one file per worker: {len(files)} files for "
+                f"{s._num_workers} workers. HINT: use AutoShardPolicy.DATA or split the data "
+                "into more files."
+            )
+        return dataset.with_source_files(files[s._worker_index :: s._num_workers])
+
+    def __iter__(self) -> DistributedIterator:
+        batches = iter(self._source)
+        s = self._strategy
+        pieces = _Sequencer(s, batches) if self._sequential else _Splitter(s, batches)
+        return DistributedIterator(s, pieces, self._options, agree=self._sequential)
+
+    def __len__(self) -> int:
+        if self._sequential:
+            raise TypeError("The length of a FILE/OFF-sharded distributed dataset is not known.")
+        return len(self._source)
+
+
+class DistributedDatasetsFromFunction:
+    """Datasets made per input pipeline by a user function; each yields per-replica batches."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        dataset_fn: Callable[[InputContext], Any],
+        options: InputOptions | None = None,
+    ) -> None:
+        if not callable(dataset_fn):
+            raise TypeError(
+                f"distribute_datasets_from_function needs a callable. Received: "
+                f"{type(dataset_fn).__name__}."
+            )
+        self._strategy = strategy
+        self._options = options or InputOptions()
+        context = InputContext(
+            num_input_pipelines=strategy._num_workers,
+            input_pipeline_id=strategy._worker_index,
+            num_replicas_in_sync=strategy.num_replicas_in_sync,
+        )
+        self._dataset = dataset_fn(context)
+
+    def __iter__(self) -> DistributedIterator:
+        batches = iter(self._dataset)
+        s = self._strategy
+        local = s._num_local_replicas
+
+        def next_pieces() -> tuple[list[Any], int | None] | None:
+            pieces = []
+            for _ in range(local):
+                try:
+                    pieces.append(as_tensors(next(batches)))
+                except StopIteration:
+                    break
+            if not pieces:
+                return None
+            while len(pieces) < local:
+                pieces.append(slice_batch(pieces[0], 0, 0))
+            count = sum(batch_size_of(p) for p in pieces) if s._num_workers == 1 else None
+            return pieces, count
+
+        return DistributedIterator(s, next_pieces, self._options, agree=s._num_workers > 1)

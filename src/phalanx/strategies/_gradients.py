@@ -1,0 +1,103 @@
+"""Gradient synchronisation at ``optimizer.step()``: TF's apply_gradients merge point (DESIGN.md 4.3).
+
+Every replica packs its gradients (in its own thread), the replicas meet, the last to arrive
+sums the packs (and all-reduces them across workers), and each replica then installs its
+own copy of the sum as the gradients of its components before the step runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from phalanx.communication.packing import pack, spec_of, unpack
+from phalanx.strategies._optimizer_state import PerReplicaState
+from phalanx.values import ReduceOp
+from phalanx.variables import DistributedVariable, set_in_optimizer_step
+
+if TYPE_CHECKING:
+    from phalanx.strategies.strategy import Strategy
+
+__all__ = ["GradientSync"]
+
+
+class GradientSync:
+    """The optimizer-step merge point of one strategy's local replicas."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self._strategy = strategy
+        self._local = threading.local()
+
+    def _distributed_params(self, optimizer: torch.optim.Optimizer) -> list[DistributedVariable]:
+        s = self._strategy
+        params: list[DistributedVariable] = []
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if isinstance(p, DistributedVariable) and p._strategy is s:
+                    params.append(p)
+                elif s._num_local_replicas > 1:
+                    raise RuntimeError(
+                        f"optimizer.step() inside {s!r}.run got a parameter that was not created "
+                        "in this strategy's scope, so every replica would update it once. "
+                        "HINT: create the model and the optimizer inside `with strategy.scope():`."
+                    )
+        return params
+
+    def before_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
+        """Sums gradients across replicas before the step (every replica calls it)."""
+        params = self._distributed_params(optimizer)
+        if not params:
+            return
+        like = [p._replica_leaf(index) for p in params]
+        grads = [c.grad for c in like]
+        packed = pack(grads, like)
+        none_mask = [g is None for g in grads]
+        reduced, all_none = self._strategy._rendezvous.exchange(
+            index, (packed, none_mask), lambda values: self._lead(optimizer, values),
+            what="optimizer.step()",
+        )
+        self._strategy._install_gradients(params, reduced, all_none, index, spec_of(like))
+        set_in_optimizer_step(True)
+
+    def _lead(
+        self, optimizer: torch.optim.Optimizer, values: list[Any]
+    ) -> tuple[dict[torch.dtype, torch.Tensor], list[bool]]:
+        s = self._strategy
+        if not isinstance(optimizer.state, PerReplicaState):
+            optimizer.state = PerReplicaState(optimizer.state, s)  # type: ignore[assignment]
+        all_none = [all(mask[k] for _, mask in values) for k in range(len(values[0][1]))]
+        home = s._devices[0]
+        reduced = {}
+        for dtype in values[0][0]:
+            total = s._cross_device_ops.reduce_to(ReduceOp.SUM, [v[0][dtype] for v in values], home)
+            reduced[dtype] = s._cross_worker_all_reduce(total, ReduceOp.SUM)
+        return reduced, all_none
+
+    def after_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
+        """Ends the step's write permission; lets the strategy finish the step (all replicas)."""
+        set_in_optimizer_step(False)
+        if self._distributed_params(optimizer):
+            self._strategy._after_optimizer_step(index)
+
+    def reset_thread(self) -> None:
+        """Clears per-thread step state after a replica's run ends (also after an error)."""
+        set_in_optimizer_step(False)
+
+
+def install_own_copy(
+    params: list[DistributedVariable],
+    reduced: dict[torch.dtype, torch.Tensor],
+    all_none: list[bool],
+    index: int,
+    device: torch.device,
+    spec: Any,
+) -> None:
+    """Gives replica ``index`` its own copy of the summed gradients, as views of one buffer."""
+    mine = {
+        dtype: (buf if index == 0 and buf.device == device else buf.to(device, copy=True))
+        for dtype, buf in reduced.items()
+    }
+    for p, view, none in zip(params, unpack(mine, spec), all_none, strict=True):
+        p._replica_leaf(index).grad = None if none else view

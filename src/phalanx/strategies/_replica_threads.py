@@ -1,0 +1,117 @@
+"""The persistent threads that execute replicas 1..n-1 (replica 0 runs in the caller)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ReplicaThreads"]
+
+_STOP = object()
+
+
+def _serve(jobs: queue.SimpleQueue[Any]) -> None:
+    while True:
+        job = jobs.get()
+        if job is _STOP:
+            return
+        job()
+
+
+class ReplicaThreads:
+    """Runs one callable per replica, concurrently, and collects results or the first error.
+
+    Threads start on first use and stop when this object is garbage-collected or `close`d.
+
+    Args:
+        num_replicas: Replicas per call; replica 0 runs on the calling thread.
+        name: Prefix of the thread names.
+    """
+
+    def __init__(self, num_replicas: int, name: str) -> None:
+        self._n = num_replicas
+        self._name = name
+        self._queues: list[queue.SimpleQueue[Any]] = []
+        self._threads: list[threading.Thread] = []
+        self._finalizer: weakref.finalize | None = None
+
+    def _start(self) -> None:
+        for i in range(1, self._n):
+            jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            thread = threading.Thread(
+                target=_serve, args=(jobs,), name=f"{self._name}-replica-{i}", daemon=True
+            )
+            thread.start()
+            self._queues.append(jobs)
+            self._threads.append(thread)
+        self._finalizer = weakref.finalize(self, _stop_all, list(self._queues), list(self._threads))
+
+    def run(
+        self, fn: Callable[[int], Any], on_error: Callable[[BaseException], None]
+    ) -> list[Any]:
+        """Calls ``fn(i)`` for every replica i and waits for all of them.
+
+        ``on_error`` is called as soon as one replica fails, so it can wake the others.
+
+        Returns:
+            The results in replica order.
+
+        Raises:
+            BaseException: The first failure (by time), after every replica has returned.
+        """
+        if self._n == 1:
+            return [fn(0)]
+        if not self._queues:
+            self._start()
+        results: list[Any] = [None] * self._n
+        errors: list[tuple[int, BaseException]] = []
+        done = threading.Semaphore(0)
+        lock = threading.Lock()
+
+        def job(i: int) -> None:
+            try:
+                results[i] = fn(i)
+            except BaseException as exc:
+                with lock:
+                    errors.append((i, exc))
+                on_error(exc)
+            finally:
+                if i:
+                    done.release()
+
+        for i, jobs in enumerate(self._queues, start=1):
+            jobs.put(lambda i=i: job(i))
+        job(0)
+        for _ in range(self._n - 1):
+            done.acquire()
+        if errors:
+            raise _first_cause(errors)
+        return results
+
+    def close(self) -> None:
+        """Stops the threads (they finish the job in hand first)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._queues, self._threads = [], []
+
+
+def _first_cause(errors: list[tuple[int, BaseException]]) -> BaseException:
+    # A replica aborted because another failed is not the cause; report the cause.
+    from phalanx.strategies._rendezvous import ReplicaAbortedError
+
+    for _, exc in errors:
+        if not isinstance(exc, ReplicaAbortedError):
+            return exc
+    return errors[0][1]
+
+
+def _stop_all(queues: list[queue.SimpleQueue[Any]], threads: list[threading.Thread]) -> None:
+    for jobs in queues:
+        jobs.put(_STOP)
+    current = threading.current_thread()
+    for thread in threads:
+        if thread is not current:
+            thread.join(timeout=5)

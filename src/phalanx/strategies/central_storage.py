@@ -1,0 +1,131 @@
+"""CentralStorageStrategy: variables live once, compute is replicated (tf.distribute.experimental.CentralStorageStrategy)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from phalanx.communication.packing import unpack
+from phalanx.devices import canonical_name, torch_device
+from phalanx.strategies.mirrored import default_devices
+from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
+from phalanx.variables import DistributedVariable, MirroredVariable, VariableAggregation, in_optimizer_step
+
+__all__ = ["CentralStorageStrategy"]
+
+
+class CentralVariable(MirroredVariable):
+    """A variable stored once on the parameter device; each replica computes with a view or copy.
+
+    Replicas read their compute leaf (an alias of the central storage on the same device,
+    else a copy refreshed after every step); inside ``optimizer.step()`` replica 0 updates
+    the central storage itself and the other replicas see no gradient.
+    """
+
+    _compute: list[torch.Tensor]
+
+    def _resolve(self, replica: tuple[Any, int] | None) -> torch.Tensor:
+        if replica is not None and replica[0] is self._strategy:
+            if replica[1] == 0 and in_optimizer_step():
+                return self._components[0]
+            return self._compute[replica[1]]
+        return self._components[0]
+
+    def _replica_leaf(self, index: int) -> torch.Tensor:
+        return self._compute[index]
+
+
+class CentralStorageStrategy(Strategy):
+    """Keeps one copy of each variable on the parameter device and replicates computation.
+
+    Gradients of all replicas are summed onto the parameter device and the update is applied
+    once, by replica 0's optimizer step; replicas wait for it before they read the variables
+    again.
+
+    Args:
+        compute_devices: The replicas' devices (default: all GPUs, else one CPU replica).
+        parameter_device: Where variables live (default: the compute device if there is
+            one, else the CPU).
+        timeout_seconds: How long a replica waits for the others at a meeting point.
+    """
+
+    def __init__(
+        self,
+        compute_devices: Sequence[str | torch.device] | None = None,
+        parameter_device: str | torch.device | None = None,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        devices = list(compute_devices) if compute_devices is not None else default_devices()
+        super().__init__(devices, None, timeout_seconds)
+        if parameter_device is None:
+            parameter_device = self._device_names[0] if len(devices) == 1 else "cpu:0"
+        self._parameter_device = torch_device(canonical_name(parameter_device))
+
+    def __repr__(self) -> str:
+        return (
+            f"CentralStorageStrategy(compute_devices={list(self._device_names)}, "
+            f"parameter_device={str(self._parameter_device)!r})"
+        )
+
+    def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
+        if isinstance(param, DistributedVariable):
+            return None
+        central = param.detach().to(self._parameter_device).requires_grad_(param.requires_grad)
+        aggregation = getattr(param, "_phalanx_aggregation", VariableAggregation.NONE)
+        var = CentralVariable(central, self, aggregation, is_parameter=True)
+        var._compute = []
+        return self._register(var)
+
+    def _materialize(self, var: DistributedVariable) -> None:
+        if not isinstance(var, CentralVariable):
+            super()._materialize(var)
+            return
+        central = var._components[0]
+        if not var._compute:
+            var._compute = [self._compute_leaf(central, d) for d in self._devices]
+        elif var._dirty:
+            self._refresh(var, range(self._num_local_replicas))
+        var._dirty = False
+
+    @staticmethod
+    def _compute_leaf(central: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if device == central.device:
+            leaf = central.detach()  # shares storage: replicas see every update at once
+        else:
+            leaf = central.detach().to(device, copy=True)
+        return leaf.requires_grad_(central.requires_grad)
+
+    def _refresh(self, var: CentralVariable, indices: Any) -> None:
+        central = var._components[0]
+        with torch.no_grad():
+            for i in indices:
+                leaf = var._compute[i]
+                if leaf.data_ptr() != central.data_ptr():
+                    leaf.copy_(central)
+
+    def _install_gradients(
+        self,
+        params: list[DistributedVariable],
+        reduced: dict[torch.dtype, torch.Tensor],
+        all_none: list[bool],
+        index: int,
+        spec: Any,
+    ) -> None:
+        if index != 0:
+            for p in params:
+                p._replica_leaf(index).grad = None
+            return
+        mine = {dtype: buf.to(self._parameter_device) for dtype, buf in reduced.items()}
+        for p, view, none in zip(params, unpack(mine, spec), all_none, strict=True):
+            target = p._components[0] if isinstance(p, CentralVariable) else p._replica_leaf(0)
+            target.grad = None if none else view
+
+    def _after_optimizer_step(self, index: int) -> None:
+        # Replicas wait for replica 0's update of the central variables, then refresh copies.
+        self._rendezvous.exchange(index, None, what="the end of optimizer.step()")
+        for ref in self._variables:
+            var = ref()
+            if isinstance(var, CentralVariable) and var._compute:
+                self._refresh(var, (index,))

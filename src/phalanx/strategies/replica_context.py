@@ -1,0 +1,111 @@
+"""ReplicaContext: what code running inside `Strategy.run` sees (tf.distribute.ReplicaContext)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from phalanx import context
+from phalanx.values import ReduceOp, regroup, select_replica
+
+if TYPE_CHECKING:
+    from phalanx.communication.options import CommunicationOptions
+    from phalanx.strategies.strategy import Strategy
+
+__all__ = ["ReplicaContext"]
+
+
+class ReplicaContext:
+    """The context of one replica inside `Strategy.run`.
+
+    Args:
+        strategy: The strategy running the replica.
+        local_replica_index: The replica's index among this process's replicas.
+    """
+
+    def __init__(self, strategy: Strategy, local_replica_index: int) -> None:
+        self._strategy = strategy
+        self.local_replica_index = local_replica_index
+        # Global examples of the step being run, when the distributed input knows it.
+        self._global_batch_size: int | None = None
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy this replica belongs to."""
+        return self._strategy
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Replicas across all workers that take part in each step."""
+        return self._strategy.num_replicas_in_sync
+
+    @property
+    def replica_id_in_sync_group(self) -> int:
+        """This replica's index among all replicas of all workers."""
+        s = self._strategy
+        return s._worker_index * s._num_local_replicas + self.local_replica_index
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """The device this replica computes on."""
+        return (self._strategy._devices[self.local_replica_index],)
+
+    def merge_call(
+        self,
+        merge_fn: Callable[..., Any],
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """Runs ``merge_fn(strategy, *args, **kwargs)`` once, in cross-replica context (all replicas).
+
+        Blocks until every local replica calls it; arguments of all replicas are regrouped
+        into `PerReplica` values. Each replica receives its component of the result.
+        """
+        if not isinstance(args, (tuple, list)):
+            raise TypeError(
+                f"merge_call args must be a tuple or list. Received: {type(args).__name__}."
+            )
+        strategy = self._strategy
+
+        def lead(values: list[Any]) -> Any:
+            merged_args, merged_kwargs = regroup(values)
+            with context.push_frame(strategy, None):
+                return merge_fn(strategy, *merged_args, **(merged_kwargs or {}))
+
+        result = strategy._rendezvous.exchange(
+            self.local_replica_index, (tuple(args), kwargs or {}), lead, what="merge_call"
+        )
+        return select_replica(self.local_replica_index, result)
+
+    def all_reduce(
+        self, reduce_op: ReduceOp | str, value: Any, options: CommunicationOptions | None = None
+    ) -> Any:
+        """Reduces ``value`` across all replicas; every replica gets the result (all replicas).
+
+        Differentiable: the gradient of a SUM all-reduce is the SUM all-reduce of the
+        gradients (MEAN divides both ways by the replica count). ``value`` may be a nested
+        structure of tensors; same shapes and dtypes on every replica.
+        """
+        from phalanx.strategies._collectives import all_reduce_structure
+
+        return all_reduce_structure(self, ReduceOp.coerce(reduce_op), value, options)
+
+    def all_gather(
+        self, value: Any, axis: int, options: CommunicationOptions | None = None
+    ) -> Any:
+        """Concatenates every replica's ``value`` along ``axis``, in replica order (all replicas).
+
+        Shapes may differ along ``axis`` only. Differentiable: each replica's gradient is its
+        slice of the summed gradient.
+        """
+        from phalanx.strategies._collectives import all_gather_structure
+
+        return all_gather_structure(self, value, axis, options)
+
+    def __repr__(self) -> str:
+        return (
+            f"ReplicaContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
+            f"num_replicas_in_sync={self.num_replicas_in_sync})"
+        )

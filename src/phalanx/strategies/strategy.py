@@ -1,0 +1,348 @@
+"""The Strategy base: scope, run, reduce and the machinery every strategy shares.
+
+Strategies differ by overriding a few methods (how variables are made, how gradients
+meet, how values cross workers), never through checks of the strategy's type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from phalanx import context
+from phalanx.communication.cross_device_ops import (
+    CrossDeviceOps,
+    destination_devices,
+    select_cross_device_ops,
+)
+from phalanx.devices import canonical_name, torch_device
+from phalanx.strategies._gradients import GradientSync
+from phalanx.strategies._reduction import ReductionMixin
+from phalanx.strategies._rendezvous import Rendezvous
+from phalanx.strategies._replica_threads import ReplicaThreads
+from phalanx.strategies._variable_policy import VariablePolicyMixin
+from phalanx.strategies.replica_context import ReplicaContext
+from phalanx.values import PerReplica, regroup, select_replica
+
+if TYPE_CHECKING:
+    from phalanx.cluster import ClusterResolver
+    from phalanx.communication.options import CommunicationOptions
+    from phalanx.input.options import InputContext, InputOptions
+
+__all__ = ["Strategy", "ValueContext"]
+
+DEFAULT_TIMEOUT_SECONDS = 600.0
+
+
+class ValueContext:
+    """What `experimental_distribute_values_from_function` passes to the value function."""
+
+    def __init__(self, replica_id_in_sync_group: int = 0, num_replicas_in_sync: int = 1) -> None:
+        self.replica_id_in_sync_group = replica_id_in_sync_group
+        self.num_replicas_in_sync = num_replicas_in_sync
+
+    def __repr__(self) -> str:
+        return (
+            f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
+            f"num_replicas_in_sync={self.num_replicas_in_sync})"
+        )
+
+
+class Strategy(VariablePolicyMixin, ReductionMixin):
+    """Distributes one training program over replicas (tf.distribute.Strategy).
+
+    Args:
+        devices: The local devices, one replica each.
+        cross_device_ops: How local replicas' values are reduced; default chosen from the
+            devices as TF does.
+        timeout_seconds: How long a replica waits at a meeting point (merge_call, all_reduce,
+            optimizer.step()) before failing with an error that names the missing replicas.
+    """
+
+    _is_default = False
+
+    def __init__(
+        self,
+        devices: Sequence[str | torch.device],
+        cross_device_ops: CrossDeviceOps | None = None,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        if not devices:
+            raise ValueError("A strategy needs at least one device. Received: [].")
+        names = [canonical_name(d) for d in devices]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Devices must be distinct. Received: {list(devices)}.")
+        self._device_names = tuple(names)
+        self._devices = tuple(torch_device(n) for n in names)
+        self._num_local_replicas = len(names)
+        self._num_workers = 1
+        self._worker_index = 0
+        self._cross_device_ops = cross_device_ops or select_cross_device_ops(self._devices)
+        self._timeout = timeout_seconds
+        self._rendezvous = Rendezvous(self._num_local_replicas, timeout_seconds)
+        self._threads = ReplicaThreads(self._num_local_replicas, type(self).__name__)
+        self._replica_contexts = [ReplicaContext(self, i) for i in range(self._num_local_replicas)]
+        self._variables: list[weakref.ref[Any]] = []
+        self._pending_global_batch_size: int | None = None
+        self._gradients = GradientSync(self)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Replicas across all workers that take part in each step."""
+        return self._num_local_replicas * self._num_workers
+
+    @property
+    def extended(self) -> Strategy:
+        """The strategy itself: TF's ``strategy.extended`` methods live on this class."""
+        return self
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """This worker's replica devices, by name."""
+        return self._device_names
+
+    @property
+    def cluster_resolver(self) -> ClusterResolver | None:
+        """The cluster this strategy runs in, or None for single-process strategies."""
+        return None
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes checkpoints, summaries and logs."""
+        return True
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """Whether checkpoints written by this process are kept."""
+        return self.is_chief
+
+    @property
+    def should_save_summary(self) -> bool:
+        """Whether summaries written by this process are kept."""
+        return self.is_chief
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(devices={list(self._device_names)})"
+
+    # ------------------------------------------------------------------ scope
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[Strategy]:
+        """Makes this strategy current: modules and optimizers created inside are distributed.
+
+        Raises:
+            RuntimeError: Another strategy's scope is open on this thread.
+        """
+        from phalanx import _hooks
+
+        current = context.get_strategy()
+        if current is not self and not current._is_default:
+            raise RuntimeError(
+                f"Mixing different strategies is not allowed: {self!r}.scope() was entered "
+                f"inside the scope (or run) of {current!r}. HINT: leave the other strategy's "
+                "scope first; one program uses one strategy."
+            )
+        _hooks.install()
+        top = context._top()
+        replica_context = top.replica_context if top is not None and top.strategy is self else None
+        with context.push_frame(self, replica_context):
+            yield self
+
+    # ------------------------------------------------------------------ run
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """Runs ``fn`` once per local replica, each with its slice of distributed arguments.
+
+        Distributed values in ``args``/``kwargs`` (as produced by a distributed dataset) are
+        replaced by each replica's component. With several local replicas, replicas run
+        concurrently on persistent threads (replica 0 on the calling thread).
+
+        Returns:
+            The replicas' results: plain values for one local replica, else `PerReplica`
+            values (leaves identical on every replica stay plain).
+
+        Raises:
+            TypeError: ``args`` is not a tuple/list or ``kwargs`` not a dict.
+            RuntimeError: Called inside another ``run`` or inside another strategy's scope.
+        """
+        self._check_run_call(fn, args, kwargs)
+        self._before_run()
+        kwargs = kwargs or {}
+        gbs, self._pending_global_batch_size = self._pending_global_batch_size, None
+        if self._num_local_replicas == 1:
+            ctx = self._replica_contexts[0]
+            ctx._global_batch_size = gbs
+            with context.push_frame(self, ctx):
+                return fn(*args, **kwargs)
+        grad_mode = torch.is_grad_enabled()
+
+        def call(i: int) -> Any:
+            ctx = self._replica_contexts[i]
+            ctx._global_batch_size = gbs
+            with context.push_frame(self, ctx), torch.set_grad_enabled(grad_mode), self._device_scope(i):
+                try:
+                    return fn(*select_replica(i, args), **select_replica(i, kwargs))
+                finally:
+                    self._gradients.reset_thread()
+
+        self._rendezvous.reset()
+        results = self._threads.run(call, self._rendezvous.abort)
+        return regroup(results)
+
+    def _check_run_call(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        if not callable(fn):
+            raise TypeError(f"strategy.run needs a callable. Received: {type(fn).__name__}.")
+        if not isinstance(args, (tuple, list)):
+            raise TypeError(
+                "strategy.run(fn, args=...) takes args as a tuple or list. Received: "
+                f"{type(args).__name__}. HINT: write args=(x,) for a single argument."
+            )
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"strategy.run kwargs must be a dict. Received: {type(kwargs).__name__}.")
+        replica = context._state.replica
+        if replica is not None and not replica[0]._is_default:
+            raise RuntimeError(
+                "strategy.run was called inside a replica context (inside another run). "
+                "HINT: call strategy.run from the training loop, outside strategy.run."
+            )
+        current = context.get_strategy()
+        if current is not self and not current._is_default:
+            raise RuntimeError(
+                f"{self!r}.run was called inside the scope of {current!r}. HINT: use the "
+                "strategy whose scope is open."
+            )
+
+    def _device_scope(self, i: int) -> contextlib.AbstractContextManager[Any]:
+        device = self._devices[i]
+        if device.type == "cuda":
+            return torch.cuda.device(device)
+        return contextlib.nullcontext()
+
+    def _before_run(self) -> None:
+        """Readies distributed variables (components made or re-mirrored) before a step."""
+        if not self._variables:
+            return
+        alive = []
+        for ref in self._variables:
+            var = ref()
+            if var is not None:
+                self._materialize(var)
+                alive.append(ref)
+        self._variables = alive
+
+    # ------------------------------------------------------------------ input
+    def experimental_distribute_dataset(
+        self, dataset: Any, options: InputOptions | None = None
+    ) -> Any:
+        """Splits each *global* batch of ``dataset`` across replicas (and workers).
+
+        ``dataset`` yields global batches: a `DataLoader`, a `phalanx.data.Dataset`, or any
+        iterable of batches (tensors, arrays, tuples or dicts of them).
+        """
+        from phalanx.input.distributed_dataset import DistributedDataset
+
+        return DistributedDataset(self, dataset, options)
+
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
+    ) -> Any:
+        """Calls ``dataset_fn(InputContext)`` once per input pipeline (worker).
+
+        The function's dataset yields *per-replica* batches; each step takes one batch per
+        local replica.
+        """
+        from phalanx.input.distributed_dataset import DistributedDatasetsFromFunction
+
+        return DistributedDatasetsFromFunction(self, dataset_fn, options)
+
+    def experimental_distribute_values_from_function(
+        self, value_fn: Callable[[ValueContext], Any]
+    ) -> Any:
+        """Builds a per-replica value by calling ``value_fn(ValueContext)`` for each local replica."""
+        base = self._worker_index * self._num_local_replicas
+        values = [
+            value_fn(ValueContext(base + i, self.num_replicas_in_sync))
+            for i in range(self._num_local_replicas)
+        ]
+        return values[0] if len(values) == 1 else PerReplica(values)
+
+    def _fetch_devices(self) -> tuple[torch.device, ...] | None:
+        """Where distributed input is placed, per local replica (None: leave it where it is)."""
+        return self._devices
+
+    def _any_worker_has_data(self, has_data: bool) -> bool:
+        """Whether any worker still has input this step (a collective across workers)."""
+        return has_data
+
+    # ------------------------------------------------------------------ cross-worker (overridden)
+    def _cross_worker_all_reduce(
+        self, tensor: torch.Tensor, op: Any, options: CommunicationOptions | None = None
+    ) -> torch.Tensor:
+        """Reduces a tensor across workers (identity in one process)."""
+        return tensor
+
+    def _cross_worker_all_gather(
+        self,
+        tensor: torch.Tensor,
+        axis: int,
+        local_sizes: list[int],
+        options: CommunicationOptions | None = None,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Concatenates each worker's tensor along ``axis`` (identity in one process).
+
+        Returns:
+            The concatenation and the size along ``axis`` of every replica, in global order.
+        """
+        return tensor, local_sizes
+
+    # ------------------------------------------------------------------ TF extended API
+    def update(
+        self,
+        var: torch.Tensor,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        group: bool = True,
+    ) -> Any:
+        """Applies ``fn(component, *args)`` to every component of ``var`` (cross-replica context).
+
+        Args are distributed values (each component gets its own) or plain values.
+        """
+        from phalanx.variables import DistributedVariable
+
+        kwargs = kwargs or {}
+        if not isinstance(var, DistributedVariable):
+            with torch.no_grad():
+                return fn(var, *args, **kwargs)
+        results = []
+        with torch.no_grad(), context.push_frame(self, None):
+            for i, component in enumerate(var.components):
+                results.append(fn(component, *select_replica(i, args), **select_replica(i, kwargs)))
+        if isinstance(var, DistributedVariable):
+            var._dirty = False
+        return regroup(results) if group else tuple(results)
+
+    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any) -> Any:
+        """Reduces a per-replica value across all replicas onto ``destinations`` (cross-replica).
+
+        Returns:
+            A tensor for one destination device, else a `Mirrored` value.
+        """
+        from phalanx.values import Mirrored, ReduceOp
+
+        op = ReduceOp.coerce(reduce_op)
+        total = self._reduce_one(op, value, None)
+        copies = self._cross_device_ops.broadcast(total, destination_devices(destinations))
+        return copies[0] if len(copies) == 1 else Mirrored(copies)
+
+    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any) -> list[Any]:
+        """`reduce_to` for many values (cross-replica context)."""
+        return [self.reduce_to(reduce_op, v, d) for v, d in value_destination_pairs]

@@ -1,0 +1,325 @@
+"""Distributed variables: parameters and buffers that live once per replica (DESIGN.md 4.2).
+
+A distributed variable is a `torch.Tensor` subclass that modules hold as their parameter or
+buffer. Every torch operation on it goes through `__torch_function__`, which resolves it to
+one plain component tensor:
+
+* in a replica context of its strategy: that replica's component;
+* anywhere else (cross-replica context): the primary for a `MirroredVariable`, the aggregate
+  of all components for a `SyncOnReadVariable`.
+
+Components other than the primary are made from the *initialised* primary before the first
+replica step, and again after the primary was written in cross-replica context.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from phalanx import context
+
+if TYPE_CHECKING:
+    from phalanx.strategies.strategy import Strategy
+
+__all__ = [
+    "DistributedVariable",
+    "MirroredVariable",
+    "SyncOnReadVariable",
+    "VariableAggregation",
+    "VariableSynchronization",
+    "set_aggregation",
+]
+
+
+class VariableSynchronization(enum.Enum):
+    """When replicas' copies of a variable are brought together (tf.VariableSynchronization)."""
+
+    AUTO = "auto"
+    NONE = "none"
+    ON_WRITE = "on_write"
+    ON_READ = "on_read"
+
+
+class VariableAggregation(enum.Enum):
+    """How replicas' values of a variable combine (tf.VariableAggregation)."""
+
+    NONE = "none"
+    SUM = "sum"
+    MEAN = "mean"
+    ONLY_FIRST_REPLICA = "only_first_replica"
+
+    @classmethod
+    def coerce(cls, value: VariableAggregation | str | None) -> VariableAggregation:
+        """Accepts the enum, its value/name in any case, or None (= NONE)."""
+        if value is None:
+            return cls.NONE
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            for member in cls:
+                if value.lower() in (member.value, member.name.lower()):
+                    return member
+        raise ValueError(
+            f"aggregation must be one of {[m.name for m in cls]}. Received: {value!r}."
+        )
+
+
+def set_aggregation(
+    tensor: torch.Tensor,
+    aggregation: VariableAggregation | str | None = None,
+    synchronization: VariableSynchronization | str | None = None,
+) -> torch.Tensor:
+    """Annotates a tensor, before a module registers it, with how it is to be distributed.
+
+    Example: ``self.register_buffer("total", set_aggregation(torch.zeros(()), "sum"))``.
+
+    Returns:
+        The same tensor, annotated.
+    """
+    tensor._phalanx_aggregation = VariableAggregation.coerce(aggregation)  # type: ignore[attr-defined]
+    if synchronization is not None:
+        sync = VariableSynchronization(
+            synchronization.value
+            if isinstance(synchronization, VariableSynchronization)
+            else synchronization.lower()
+        )
+        tensor._phalanx_synchronization = sync  # type: ignore[attr-defined]
+    return tensor
+
+
+_GRAD_GET = torch.Tensor.grad.__get__
+_GRAD_SET = torch.Tensor.grad.__set__
+_DATA_GET = torch.Tensor.data.__get__
+_DATA_SET = torch.Tensor.data.__set__
+_REQUIRES_GRAD_SET = torch.Tensor.requires_grad.__set__
+_OVERWRITES = frozenset({"copy_", "fill_", "zero_"})
+_tls = threading.local()  # .in_optimizer_step: replica is inside optimizer.step()
+
+
+def is_inplace(func: Callable[..., Any], kwargs: dict[str, Any]) -> bool:
+    """Whether a torch function writes into its first argument."""
+    name = getattr(func, "__name__", "")
+    if name == "__setitem__" or "out" in kwargs:
+        return True
+    return name.endswith("_") and not name.endswith("__")
+
+
+def in_optimizer_step() -> bool:
+    """True while this thread runs an `optimizer.step()` on distributed variables."""
+    return getattr(_tls, "in_optimizer_step", False)
+
+
+def set_in_optimizer_step(value: bool) -> None:
+    _tls.in_optimizer_step = value
+
+
+class DistributedVariable(torch.Tensor):
+    """Base of tensors with one component per local replica.
+
+    The object itself aliases the primary component's storage, so it prints, pickles and
+    saves like a plain tensor; all computation happens on the resolved component.
+    """
+
+    _strategy: Strategy
+    _components: list[torch.Tensor]
+    _aggregation: VariableAggregation
+
+    @staticmethod
+    def __new__(
+        cls,
+        primary: torch.Tensor,
+        strategy: Strategy,
+        aggregation: VariableAggregation = VariableAggregation.NONE,
+        is_parameter: bool = True,
+    ) -> DistributedVariable:
+        obj = torch.Tensor._make_subclass(cls, primary.detach(), primary.requires_grad)
+        obj._strategy = strategy
+        obj._components = [primary]
+        obj._aggregation = aggregation
+        obj._is_param = is_parameter
+        obj._dirty = True
+        obj._synced_version = -1
+        return obj
+
+    def __hash__(self) -> int:
+        # Identity hash everywhere: optimizer state built in one context must be found in
+        # another (torch.Tensor.__hash__ would dispatch to the resolved component).
+        return id(self)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Pickling (torch.save of a whole module) stores the cross-replica value.
+        with torch._C.DisableTorchFunctionSubclass():
+            value = self._cross_replica_value().detach().clone()
+        if self._is_param:
+            return (torch.nn.Parameter, (value, self.requires_grad))
+        return (_identity, (value,))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        value = self._cross_replica_value().detach().clone()
+        if self._is_param:
+            return torch.nn.Parameter(value, requires_grad=self.requires_grad)
+        return value
+
+    @property
+    def primary(self) -> torch.Tensor:
+        """The component of local replica 0 (plain tensor)."""
+        return self._components[0]
+
+    def _replica_leaf(self, index: int) -> torch.Tensor:
+        """The autograd leaf replica ``index`` computes with (its gradient lands there)."""
+        return self._components[index]
+
+    @property
+    def components(self) -> tuple[torch.Tensor, ...]:
+        """All local components, in replica order (materialised first if needed)."""
+        self._strategy._materialize(self)
+        return tuple(self._components)
+
+    # ----------------------------------------------------------------- dispatch
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        replica = context._state.replica
+        target = args[0] if args and isinstance(args[0], DistributedVariable) else None
+        if target is not None:
+            if replica is not None and replica[0] is target._strategy:
+                return target._replica_call(func, args, kwargs, replica[1])
+            return target._cross_replica_call(func, args, kwargs)
+        return func(*_resolve_all(args, replica), **_resolve_kwargs(kwargs, replica))
+
+    def _resolve(self, replica: tuple[Any, int] | None) -> torch.Tensor:
+        if replica is not None and replica[0] is self._strategy:
+            return self._components[replica[1]]
+        return self._cross_replica_value()
+
+    def _replica_call(
+        self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], index: int
+    ) -> Any:
+        replica = (self._strategy, index)
+        return func(*_resolve_all(args, replica), **_resolve_kwargs(kwargs, replica))
+
+    def _cross_replica_call(
+        self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        replica = context._state.replica
+        return func(*_resolve_all(args, replica), **_resolve_kwargs(kwargs, replica))
+
+    def _cross_replica_value(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        with torch._C.DisableTorchFunctionSubclass():
+            inner = repr(self._cross_replica_value())
+        return f"{type(self).__name__}({inner})"
+
+
+def _identity(value: torch.Tensor) -> torch.Tensor:
+    return value
+
+
+def _resolve_all(args: Sequence[Any], replica: tuple[Any, int] | None) -> list[Any]:
+    out = []
+    for a in args:
+        if isinstance(a, DistributedVariable):
+            a = a._resolve(replica)
+        elif isinstance(a, (list, tuple)) and any(isinstance(x, DistributedVariable) for x in a):
+            a = type(a)(
+                x._resolve(replica) if isinstance(x, DistributedVariable) else x for x in a
+            )
+        out.append(a)
+    return out
+
+
+def _resolve_kwargs(kwargs: dict[str, Any], replica: tuple[Any, int] | None) -> dict[str, Any]:
+    if not kwargs:
+        return kwargs
+    return {
+        k: v._resolve(replica) if isinstance(v, DistributedVariable) else v
+        for k, v in kwargs.items()
+    }
+
+
+class MirroredVariable(DistributedVariable):
+    """A variable kept identical on every replica (sync on write).
+
+    In a replica context, in-place writes are allowed inside ``optimizer.step()`` (every
+    replica applies the same reduced update to its own component). Elsewhere in a replica
+    context, ``copy_``/``add_``/``sub_`` need an aggregation (SUM, MEAN, ONLY_FIRST_REPLICA)
+    and are merged across replicas, as TF's ``assign`` is; other writes raise.
+    """
+
+    def _cross_replica_value(self) -> torch.Tensor:
+        return self._components[0]
+
+    def _replica_call(
+        self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], index: int
+    ) -> Any:
+        if is_inplace(func, kwargs) and not in_optimizer_step() and func.__name__ != (
+            "requires_grad_"
+        ):
+            return self._strategy._merged_assign(self, func, args, kwargs, index)
+        return super()._replica_call(func, args, kwargs, index)
+
+    def _cross_replica_call(
+        self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        if func is _GRAD_SET or func is _REQUIRES_GRAD_SET:
+            for component in self._components:
+                func(component, *args[1:])
+            return None
+        if getattr(func, "__name__", "") == "requires_grad_":
+            for component in self._components[1:]:
+                func(component, *args[1:], **kwargs)
+        elif func is _DATA_GET or func is _DATA_SET or is_inplace(func, kwargs):
+            self._dirty = True  # the primary may change: re-mirror before the next step
+        return super()._cross_replica_call(func, args, kwargs)
+
+
+class SyncOnReadVariable(DistributedVariable):
+    """A variable each replica updates on its own; reading it outside a replica aggregates.
+
+    Used for buffers (BatchNorm statistics: MEAN) and metric state (SUM). A write in
+    cross-replica context sets the aggregate: with SUM the primary takes the value and the
+    other components zero, otherwise every component takes it.
+    """
+
+    def _cross_replica_value(self) -> torch.Tensor:
+        return self._strategy._aggregate_sync_on_read(self)
+
+    def _cross_replica_call(
+        self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        if not is_inplace(func, kwargs) and func is not _DATA_SET:
+            return super()._cross_replica_call(func, args, kwargs)
+        name = getattr(func, "__name__", "")
+        if func is _DATA_SET:
+            new = args[1].detach()
+        elif name in _OVERWRITES:
+            new = func(torch.empty_like(self._components[0]), *_resolve_all(args[1:], None))
+        else:
+            new = self._cross_replica_value().clone()
+            func(new, *_resolve_all(args[1:], None), **_resolve_kwargs(kwargs, None))
+        self._write_aggregate(new)
+        return self
+
+    def _write_aggregate(self, value: torch.Tensor) -> None:
+        sum_like = self._aggregation is VariableAggregation.SUM
+        first_worker = self._strategy._worker_index == 0
+        with torch.no_grad():
+            for i, component in enumerate(self._components):
+                if sum_like and (i > 0 or not first_worker):
+                    component.zero_()
+                else:
+                    component.copy_(value)
