@@ -19,6 +19,7 @@ def _serve(jobs: queue.SimpleQueue[Any]) -> None:
         if job is _STOP:
             return
         job()
+        del job  # the job holds the strategy; holding it here would keep it alive
 
 
 class ReplicaThreads:
