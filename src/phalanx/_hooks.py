@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.nn.modules.module import (
     register_module_buffer_registration_hook,
+    register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
 from torch.optim.optimizer import (
@@ -37,6 +38,7 @@ def install() -> None:
             return
         register_module_parameter_registration_hook(_on_parameter)
         register_module_buffer_registration_hook(_on_buffer)
+        register_module_module_registration_hook(_on_submodule)
         register_optimizer_step_pre_hook(_before_step)
         register_optimizer_step_post_hook(_after_step)
         _installed = True
@@ -58,6 +60,14 @@ def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
     # A module re-assigning its buffer inside `run` (self.buf = new): keep the distributed
     # variable and write the new value into this replica's component.
     return frame.strategy._reassign_buffer(module, name, buffer, frame.replica_context)
+
+
+def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> None:
+    frame = context._top()
+    if frame is not None and submodule is not None and not frame.strategy._is_default:
+        from phalanx.nn.dropout import attach_keyed_dropout
+
+        attach_keyed_dropout(submodule)
 
 
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -72,7 +72,7 @@ class DistributedIterator:
     def __init__(
         self,
         strategy: Strategy,
-        next_pieces: Callable[[], tuple[list[Any], int | None] | None],
+        next_pieces: Callable[[], tuple[list[Any], int | None, list[int] | None] | None],
         options: InputOptions,
         agree: bool,
     ) -> None:
@@ -93,12 +93,13 @@ class DistributedIterator:
         if step is None:
             if not self._agree or self._template is None:
                 raise StopIteration
-            step = ([slice_batch(p, 0, 0) for p in self._template], None)
-        pieces, global_count = step
+            step = ([slice_batch(p, 0, 0) for p in self._template], None, None)
+        pieces, global_count, offsets = step
         self._template = pieces
         if self._devices is not None:
             pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices, strict=True)]
         self._strategy._pending_global_batch_size = global_count
+        self._strategy._pending_offsets = offsets
         return regroup(pieces)
 
     def get_next(self) -> Any:
@@ -129,7 +130,7 @@ class _Splitter:
         self._first = strategy._worker_index * strategy._num_local_replicas
         self._local = strategy._num_local_replicas
 
-    def __call__(self) -> tuple[list[Any], int | None] | None:
+    def __call__(self) -> tuple[list[Any], int | None, list[int] | None] | None:
         try:
             batch = as_tensors(next(self._batches))
         except StopIteration:
@@ -137,10 +138,9 @@ class _Splitter:
         size = batch_size_of(batch)
         sizes = split_sizes(size, self._num_replicas)
         starts = [sum(sizes[:g]) for g in range(self._num_replicas)]
-        pieces = [
-            slice_batch(batch, starts[g], sizes[g]) for g in range(self._first, self._first + self._local)
-        ]
-        return pieces, size
+        mine = range(self._first, self._first + self._local)
+        pieces = [slice_batch(batch, starts[g], sizes[g]) for g in mine]
+        return pieces, size, [starts[g] for g in mine]
 
 
 class _Sequencer:
@@ -152,7 +152,7 @@ class _Sequencer:
         self._local = strategy._num_local_replicas
         self._queue: deque[Any] = deque()
 
-    def __call__(self) -> tuple[list[Any], int | None] | None:
+    def __call__(self) -> tuple[list[Any], int | None, list[int] | None] | None:
         while len(self._queue) < self._local:
             try:
                 batch = as_tensors(next(self._batches))
@@ -168,7 +168,7 @@ class _Sequencer:
         pieces = [self._queue.popleft() for _ in range(min(self._local, len(self._queue)))]
         while len(pieces) < self._local:
             pieces.append(slice_batch(pieces[0], 0, 0))
-        return pieces, None
+        return pieces, None, None
 
 
 class DistributedDataset:
@@ -266,7 +266,7 @@ class DistributedDatasetsFromFunction:
         s = self._strategy
         local = s._num_local_replicas
 
-        def next_pieces() -> tuple[list[Any], int | None] | None:
+        def next_pieces() -> tuple[list[Any], int | None, list[int] | None] | None:
             pieces = []
             for _ in range(local):
                 try:
@@ -277,7 +277,9 @@ class DistributedDatasetsFromFunction:
                 return None
             while len(pieces) < local:
                 pieces.append(slice_batch(pieces[0], 0, 0))
-            count = sum(batch_size_of(p) for p in pieces) if s._num_workers == 1 else None
-            return pieces, count
+            sizes = [batch_size_of(p) for p in pieces]
+            if s._num_workers > 1:
+                return pieces, None, None
+            return pieces, sum(sizes), [sum(sizes[:i]) for i in range(local)]
 
         return DistributedIterator(s, next_pieces, self._options, agree=s._num_workers > 1)

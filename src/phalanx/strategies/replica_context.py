@@ -30,6 +30,9 @@ class ReplicaContext:
         self.local_replica_index = local_replica_index
         # Global examples of the step being run, when the distributed input knows it.
         self._global_batch_size: int | None = None
+        # Global index of this replica's first example in the step (for keyed dropout).
+        self._example_offset = 0
+        self._dropout_calls = 0
 
     @property
     def strategy(self) -> Strategy:

@@ -88,6 +88,8 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         self._replica_contexts = [ReplicaContext(self, i) for i in range(self._num_local_replicas)]
         self._variables: list[weakref.ref[Any]] = []
         self._pending_global_batch_size: int | None = None
+        self._pending_offsets: list[int] | None = None
+        self._run_count = 0
         self._gradients = GradientSync(self)
 
     # ------------------------------------------------------------------ identity
@@ -177,17 +179,20 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         self._before_run()
         kwargs = kwargs or {}
         gbs, self._pending_global_batch_size = self._pending_global_batch_size, None
+        offsets, self._pending_offsets = self._pending_offsets, None
+        self._run_count += 1
+        for i, replica_ctx in enumerate(self._replica_contexts):
+            replica_ctx._global_batch_size = gbs
+            replica_ctx._example_offset = offsets[i] if offsets else 0
+            replica_ctx._dropout_calls = 0
         if self._num_local_replicas == 1:
             ctx = self._replica_contexts[0]
-            ctx._global_batch_size = gbs
             with context.push_frame(self, ctx):
                 return fn(*args, **kwargs)
         grad_mode = torch.is_grad_enabled()
 
         def call(i: int) -> Any:
-            ctx = self._replica_contexts[i]
-            ctx._global_batch_size = gbs
-            with context.push_frame(self, ctx), torch.set_grad_enabled(grad_mode), self._device_scope(i):
+            with context.push_frame(self, self._replica_contexts[i]), torch.set_grad_enabled(grad_mode), self._device_scope(i):
                 try:
                     return fn(*select_replica(i, args), **select_replica(i, kwargs))
                 finally:
