@@ -1,0 +1,140 @@
+"""Checkpoint: save and restore a group of stateful objects (tf.train.Checkpoint)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
+
+__all__ = ["Checkpoint", "Counter"]
+
+FORMAT = "phalanx.checkpoint/1"
+
+
+class Counter:
+    """A saveable integer (a step or epoch counter) for `Checkpoint`."""
+
+    def __init__(self, value: int = 0) -> None:
+        self.value = int(value)
+
+    def assign(self, value: int) -> None:
+        self.value = int(value)
+
+    def assign_add(self, delta: int = 1) -> int:
+        self.value += int(delta)
+        return self.value
+
+    def __int__(self) -> int:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"Counter({self.value})"
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = int(state["value"])
+
+
+def _state_of(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, (int, float, str, bool)):
+        return obj
+    state_dict = getattr(obj, "state_dict", None)
+    if callable(state_dict):
+        with torch.no_grad():
+            return state_dict()
+    raise TypeError(
+        f"Checkpoint cannot save an object of type {type(obj).__name__}: it needs state_dict() "
+        "and load_state_dict(), or must be a tensor. HINT: wrap counters in "
+        "phalanx.checkpoint.Counter."
+    )
+
+
+def _load_into(obj: Any, state: Any, name: str) -> None:
+    if isinstance(obj, torch.Tensor):
+        with torch.no_grad():
+            obj.copy_(state)
+        return
+    load = getattr(obj, "load_state_dict", None)
+    if not callable(load):
+        raise TypeError(f"Checkpoint cannot restore {name!r} of type {type(obj).__name__}.")
+    load(state)
+
+
+class Checkpoint:
+    """Groups stateful objects under names and writes them to one file, atomically.
+
+    Objects: modules, `phalanx.Model`s, optimizers, metrics, LR schedulers, `Counter`s,
+    tensors, and anything with ``state_dict``/``load_state_dict`` (e.g. a data-iterator
+    position). Values of sync-on-read variables are saved aggregated, so a checkpoint
+    written under one strategy restores under any other. Every worker calls ``save``
+    (all workers); only the chief's file is kept.
+
+    Args:
+        **objects: name -> object.
+    """
+
+    def __init__(self, **objects: Any) -> None:
+        if not objects:
+            raise ValueError("Checkpoint needs at least one object: Checkpoint(model=model, ...).")
+        self._objects = objects
+        self.save_counter = Counter(0)
+
+    def _payload(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "save_counter": self.save_counter.value,
+            "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
+        }
+
+    def write(self, file_path: str) -> str:
+        """Writes every object's state to ``file_path`` (no counter added). Returns the path."""
+        payload = self._payload()
+        with chief_path(file_path) as target:
+            atomic_save(payload, target)
+        return file_path
+
+    def save(self, file_prefix: str) -> str:
+        """Writes to ``{file_prefix}-{n}.pt`` with n the save counter (incremented first)."""
+        self.save_counter.assign_add(1)
+        return self.write(f"{file_prefix}-{self.save_counter.value}.pt")
+
+    def read(self, save_path: str) -> Checkpoint:
+        """Restores every object saved under the same name.
+
+        Raises:
+            FileNotFoundError: No such checkpoint.
+            ValueError: The file is not a phalanx checkpoint, or lacks one of the objects.
+        """
+        payload = safe_load(save_path)
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            raise ValueError(f"{save_path!r} is not a phalanx checkpoint (format {FORMAT}).")
+        saved = payload["objects"]
+        missing = sorted(set(self._objects) - set(saved))
+        if missing:
+            raise ValueError(
+                f"Checkpoint {save_path!r} has no state for {missing}; it holds {sorted(saved)}."
+            )
+        for name, obj in self._objects.items():
+            _load_into(obj, saved[name], name)
+        self.save_counter.assign(payload.get("save_counter", 0))
+        return self
+
+    def restore(self, save_path: str | None) -> Checkpoint:
+        """`read`, accepting a directory (its latest checkpoint) or None (nothing to restore)."""
+        if save_path is None:
+            return self
+        if os.path.isdir(save_path):
+            from phalanx.checkpoint.manager import latest_checkpoint
+
+            latest = latest_checkpoint(save_path)
+            if latest is None:
+                raise FileNotFoundError(f"No checkpoint in directory {save_path!r}.")
+            save_path = latest
+        return self.read(save_path)

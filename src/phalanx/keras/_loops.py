@@ -1,0 +1,108 @@
+"""The fit / evaluate / predict loops: global batches in, `strategy.run` per step, global logs out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from phalanx.input.options import AutoShardPolicy
+
+if TYPE_CHECKING:
+    from phalanx.keras.data_adapter import DataHandler
+    from phalanx.keras.model import Model
+
+__all__ = ["evaluate_loop", "predict_loop", "train_epoch"]
+
+
+class _Options:
+    def __init__(self, policy: AutoShardPolicy) -> None:
+        self.experimental_distribute = type("_Distribute", (), {"auto_shard_policy": policy})()
+
+
+class _Epoch:
+    """One epoch of batches as a dataset the strategy can distribute (DATA-sharded)."""
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self._batches = batches
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._batches
+
+    def options(self) -> _Options:
+        # Every worker reads the same global batches and keeps its replicas' slices.
+        return _Options(AutoShardPolicy.DATA)
+
+
+def _distributed(model: Model, handler: DataHandler, epoch: int, skip: int) -> Any:
+    return model.strategy.experimental_distribute_dataset(_Epoch(handler.epoch(epoch, skip)))
+
+
+def train_epoch(model: Model, handler: DataHandler, epoch: int, skip: int, callbacks: Any) -> dict[str, float]:
+    """Trains one epoch from step ``skip``; returns the epoch's global logs."""
+    strategy = model.strategy
+    logs: dict[str, float] = {}
+    for step, batch in enumerate(_distributed(model, handler, epoch, skip), start=skip):
+        callbacks.on_train_batch_begin(step)
+        strategy.run(model._train_step, args=batch)
+        model._steps_done = step + 1
+        logs = model._logs()
+        callbacks.on_train_batch_end(step, logs)
+        if model.stop_training:
+            break
+    return logs or model._logs()
+
+
+def evaluate_loop(model: Model, handler: DataHandler, callbacks: Any) -> dict[str, float]:
+    """Runs the test step over one pass of ``handler``; returns global logs."""
+    strategy = model.strategy
+    model._reset_metrics()
+    callbacks.on_test_begin()
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for step, batch in enumerate(_distributed(model, handler, 0, 0)):
+                callbacks.on_test_batch_begin(step)
+                strategy.run(model._test_step, args=batch)
+                callbacks.on_test_batch_end(step, model._logs())
+    finally:
+        model.train(was_training)
+    logs = model._logs()
+    callbacks.on_test_end(logs)
+    return logs
+
+
+def predict_loop(model: Model, handler: DataHandler, callbacks: Any) -> Any:
+    """Predictions for every example, in input order, gathered over replicas and workers."""
+    strategy = model.strategy
+    outputs: list[Any] = []
+    callbacks.on_predict_begin()
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for step, batch in enumerate(_distributed(model, handler, 0, 0)):
+                callbacks.on_predict_batch_begin(step)
+                per_replica = strategy.run(model._predict_step, args=batch)
+                gathered = strategy.gather(per_replica, axis=0)
+                outputs.append(gathered)
+                callbacks.on_predict_batch_end(step, {"outputs": gathered})
+    finally:
+        model.train(was_training)
+    callbacks.on_predict_end()
+    if not outputs:
+        raise ValueError("predict got no data: the input is empty.")
+    return _concat(outputs)
+
+
+def _concat(outputs: list[Any]) -> Any:
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat([o.cpu() for o in outputs], dim=0)
+    if isinstance(first, (list, tuple)):
+        return type(first)(_concat([o[i] for o in outputs]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _concat([o[k] for o in outputs]) for k in first}
+    raise TypeError(f"predict outputs must be tensors or nests of them. Received: {type(first).__name__}.")

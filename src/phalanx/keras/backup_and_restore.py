@@ -1,0 +1,102 @@
+"""BackupAndRestore: resume an interrupted `fit` exactly where its last backup left it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import torch
+
+from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
+
+__all__ = ["BackupAndRestore"]
+
+_FILE = "backup.pt"
+FORMAT = "phalanx.backup/1"
+
+
+def _callback_base() -> type:
+    from phalanx.callbacks import Callback
+
+    return Callback
+
+
+class BackupAndRestore(_callback_base()):  # type: ignore[misc]
+    """Backs up training state and, when `fit` is run again, resumes from it (tf.keras's).
+
+    The backup holds the weights, the optimizer state, the metric totals, the random
+    number generator and the position (epoch, and step for an integer ``save_freq``).
+    Array inputs are shuffled with a seed per epoch, so a resumed epoch sees the same
+    batches; with ``save_freq="epoch"`` an interrupted epoch restarts from its beginning,
+    with an integer ``save_freq`` from the step after the last backup. Every worker runs
+    it (all workers); only the chief's backup is kept.
+
+    Args:
+        backup_dir: Where the backup lives; must not be shared with other runs.
+        save_freq: ``"epoch"`` or a number of batches.
+        delete_checkpoint: Remove the backup when training finishes.
+
+    Raises:
+        ValueError: ``save_freq`` is neither "epoch" nor a positive integer; no backup_dir.
+    """
+
+    def __init__(self, backup_dir: str, save_freq: str | int = "epoch", delete_checkpoint: bool = True) -> None:
+        super().__init__()
+        if not backup_dir:
+            raise ValueError("BackupAndRestore needs a backup_dir. Received an empty path.")
+        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq <= 0):
+            raise ValueError(f"save_freq must be 'epoch' or a positive integer. Received: {save_freq!r}.")
+        self.backup_dir = backup_dir
+        self.save_freq = save_freq
+        self.delete_checkpoint = delete_checkpoint
+        self._batches_seen = 0
+
+    @property
+    def _path(self) -> str:
+        return os.path.join(self.backup_dir, _FILE)
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._batches_seen = 0
+        if not os.path.exists(self._path):
+            return
+        state = safe_load(self._path)
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise ValueError(f"{self._path!r} is not a phalanx backup; remove it or pick another backup_dir.")
+        model = self.model
+        model.module.load_state_dict(state["module"])
+        model.optimizer.load_state_dict(state["optimizer"])
+        for metric, metric_state in zip(model.metrics, state["metrics"], strict=False):
+            metric.load_state_dict(metric_state)
+        torch.set_rng_state(state["rng"])
+        epoch, step = int(state["epoch"]), int(state["step"])
+        model._resume = (epoch + 1, 0) if step < 0 else (epoch, step + 1)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.save_freq == "epoch":
+            return
+        self._batches_seen += 1
+        if self._batches_seen % int(self.save_freq) == 0:
+            self._save(self.model._epoch, batch)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.save_freq == "epoch":
+            self._save(epoch, -1)
+
+    def _save(self, epoch: int, step: int) -> None:
+        model = self.model
+        state = {
+            "format": FORMAT,
+            "module": model.module.state_dict(),
+            "optimizer": model.optimizer.state_dict(),
+            "metrics": [m.state_dict() for m in model.metrics],
+            "rng": torch.get_rng_state(),
+            "epoch": epoch,
+            "step": step,
+        }
+        with chief_path(self._path, model.strategy) as target:
+            atomic_save(state, target)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self.delete_checkpoint and self.model.strategy.is_chief:
+            shutil.rmtree(self.backup_dir, ignore_errors=True)

@@ -1,0 +1,318 @@
+"""phalanx.Model: Keras' compile / fit / evaluate / predict around any torch module."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from phalanx import context
+from phalanx.keras import optimizers
+from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch
+from phalanx.keras.compile_utils import LossContainer, identifier_config, resolve_metrics
+from phalanx.keras.data_adapter import DataHandler, split_validation
+from phalanx.nn.losses import compute_average_loss
+
+__all__ = ["Model"]
+
+
+def _callbacks_module() -> Any:
+    from phalanx import callbacks
+
+    return callbacks
+
+
+class Model(nn.Module):
+    """A Keras-style model around a torch module, bound to the strategy it was created in.
+
+    Create it (and compile it) inside ``strategy.scope()``: the wrapped module's parameters
+    are then distributed by that strategy, and ``fit``/``evaluate``/``predict`` run every
+    step through ``strategy.run``. Losses follow the distributed convention (sum of
+    per-example losses over the *global* batch); logged losses and metrics are global
+    values over every replica and worker.
+
+    Args:
+        module: The network. Kept as ``model.module``; ``model(x)`` calls it.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"Model wraps a torch.nn.Module. Received: {type(module).__name__}.")
+        self.module = module
+        self._strategy = context.get_strategy()
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.stop_training = False
+        self.history: Any = None
+        self._losses: LossContainer | None = None
+        self._compiled_metrics: list[Any] = []
+        self._compile_config: dict[str, Any] = {}
+        # Not submodules: they must not appear in state_dict() twice (or at all).
+        object.__setattr__(self, "_loss_tracker", None)
+        object.__setattr__(self, "_call", module)
+        self._resume: tuple[int, int] | None = None
+        self._steps_done = 0
+        self._epoch = 0
+
+    @property
+    def strategy(self) -> Any:
+        """The strategy this model was created under."""
+        return self._strategy
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    # ------------------------------------------------------------------ compile
+    def compile(
+        self,
+        optimizer: str | torch.optim.Optimizer = "rmsprop",
+        loss: Any = None,
+        metrics: Any = None,
+        loss_weights: Any = None,
+        jit_compile: bool = False,
+    ) -> None:
+        """Configures training: optimizer, loss(es) and metrics by Keras name or as objects.
+
+        Optimizers, metrics and the loss tracker are created in the model's strategy scope,
+        so their state is distributed like the model's.
+        """
+        from phalanx import metrics as metrics_module
+
+        with self._strategy.scope():
+            self.optimizer = optimizers.get(optimizer, self.parameters())
+            self._losses = LossContainer(loss, loss_weights)
+            self._compiled_metrics = resolve_metrics(metrics, loss)
+            object.__setattr__(self, "_loss_tracker", metrics_module.Mean(name="loss"))
+        object.__setattr__(self, "_call", torch.compile(self.module) if jit_compile else self.module)
+        self._compile_config = {
+            "optimizer": optimizers.config_of(self.optimizer),
+            "loss": identifier_config(loss),
+            "metrics": identifier_config(metrics),
+            "loss_weights": loss_weights,
+            "jit_compile": jit_compile,
+        }
+
+    @property
+    def metrics(self) -> list[Any]:
+        """The loss tracker and the compiled metrics."""
+        return ([self._loss_tracker] if self._loss_tracker is not None else []) + self._compiled_metrics
+
+    @property
+    def metrics_names(self) -> list[str]:
+        return [m.name for m in self.metrics]
+
+    def _require_compiled(self) -> None:
+        if self.optimizer is None or self._losses is None:
+            raise RuntimeError(
+                "The model must be compiled before training or evaluation. HINT: call "
+                "model.compile(optimizer=..., loss=...) inside the strategy scope."
+            )
+
+    # ------------------------------------------------------------------ steps (in replica context)
+    def _train_step(self, x: Any, y: Any, sample_weight: Any = None) -> None:
+        assert self._losses is not None and self.optimizer is not None
+        y_pred = self(x)
+        per_example = self._losses.per_example(y, y_pred, sample_weight)
+        loss = compute_average_loss(per_example)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            self._update_metrics(y, _detach(y_pred), sample_weight, per_example.detach())
+
+    def _test_step(self, x: Any, y: Any, sample_weight: Any = None) -> None:
+        assert self._losses is not None
+        y_pred = self(x)
+        per_example = self._losses.per_example(y, y_pred, sample_weight)
+        self._update_metrics(y, y_pred, sample_weight, per_example)
+
+    def _predict_step(self, x: Any, y: Any = None, sample_weight: Any = None) -> Any:
+        return self(x)
+
+    def _update_metrics(self, y: Any, y_pred: Any, sample_weight: Any, per_example: torch.Tensor) -> None:
+        self._loss_tracker.update_state(per_example)
+        for metric in self._compiled_metrics:
+            metric.update_state(y, y_pred, sample_weight=sample_weight)
+
+    def _reset_metrics(self) -> None:
+        for metric in self.metrics:
+            metric.reset_state()
+
+    def _logs(self) -> dict[str, float]:
+        return {m.name: float(m.result()) for m in self.metrics}
+
+    # ------------------------------------------------------------------ fit / evaluate / predict
+    def fit(
+        self,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
+        epochs: int = 1,
+        verbose: str | int = "auto",
+        callbacks: list[Any] | None = None,
+        validation_split: float = 0.0,
+        validation_data: Any = None,
+        shuffle: bool = True,
+        initial_epoch: int = 0,
+        steps_per_epoch: int | None = None,
+        validation_steps: int | None = None,
+        validation_freq: int = 1,
+        sample_weight: Any = None,
+        validation_batch_size: int | None = None,
+    ) -> Any:
+        """Trains for ``epochs`` epochs; returns the `History` (``history.history['loss']``...).
+
+        ``batch_size`` is the *global* batch size, split across replicas and workers.
+        """
+        self._require_compiled()
+        if validation_split and validation_data is None:
+            (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_split)
+        handler = DataHandler(x, y, sample_weight, batch_size, shuffle, steps_per_epoch)
+        val_handler = self._validation_handler(validation_data, validation_batch_size or batch_size, validation_steps)
+        cbs = self._callback_list(callbacks, verbose, epochs, handler.steps_per_epoch)
+        self.stop_training = False
+        self._resume = None
+        self.train()
+        cbs.on_train_begin()
+        start_epoch, skip = self._resume or (initial_epoch, 0)
+        logs: dict[str, float] = {}
+        for epoch in range(start_epoch, epochs):
+            self._epoch = epoch
+            self._reset_metrics()
+            cbs.on_epoch_begin(epoch)
+            logs = train_epoch(self, handler, epoch, skip if epoch == start_epoch else 0, cbs)
+            if val_handler is not None and (epoch + 1) % validation_freq == 0:
+                val_logs = evaluate_loop(self, val_handler, _callbacks_module().CallbackList([]))
+                logs.update({f"val_{k}": v for k, v in val_logs.items()})
+            cbs.on_epoch_end(epoch, logs)
+            if self.stop_training:
+                break
+        cbs.on_train_end(logs)
+        return self.history
+
+    def _validation_handler(self, data: Any, batch_size: int | None, steps: int | None) -> DataHandler | None:
+        if data is None:
+            return None
+        if isinstance(data, tuple) and len(data) in (2, 3) and not hasattr(data, "_fields"):
+            vx, vy, *rest = data
+            return DataHandler(vx, vy, rest[0] if rest else None, batch_size, False, steps)
+        return DataHandler(data, steps_per_epoch=steps)
+
+    def _callback_list(self, callbacks: list[Any] | None, verbose: str | int, epochs: int, steps: int | None) -> Any:
+        module = _callbacks_module()
+        level = 1 if verbose == "auto" else int(verbose)
+        return module.CallbackList(
+            list(callbacks or []),
+            add_history=True,
+            add_progbar=level != 0,
+            model=self,
+            verbose=level,
+            epochs=epochs,
+            steps=steps,
+        )
+
+    def evaluate(
+        self,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
+        verbose: str | int = "auto",
+        sample_weight: Any = None,
+        steps: int | None = None,
+        callbacks: list[Any] | None = None,
+        return_dict: bool = False,
+    ) -> Any:
+        """Global loss and metric values over the data; a list (loss first) or a dict."""
+        self._require_compiled()
+        handler = DataHandler(x, y, sample_weight, batch_size, False, steps)
+        cbs = _callbacks_module().CallbackList(list(callbacks or []), model=self)
+        logs = evaluate_loop(self, handler, cbs)
+        if return_dict:
+            return logs
+        values = [logs[name] for name in self.metrics_names]
+        return values[0] if len(values) == 1 else values
+
+    def predict(
+        self,
+        x: Any,
+        batch_size: int | None = None,
+        verbose: str | int = "auto",
+        steps: int | None = None,
+        callbacks: list[Any] | None = None,
+    ) -> Any:
+        """Outputs for every example, in input order, gathered across replicas and workers."""
+        handler = DataHandler(x, None, None, batch_size, False, steps)
+        cbs = _callbacks_module().CallbackList(list(callbacks or []), model=self)
+        return predict_loop(self, handler, cbs)
+
+    def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False) -> Any:
+        """One training step on one global batch; returns its loss and metrics."""
+        self._require_compiled()
+        self._reset_metrics()
+        self.train()
+        handler = DataHandler(x, y, sample_weight, batch_size=_batch_len(x))
+        train_epoch(self, handler, 0, 0, _callbacks_module().CallbackList([]))
+        logs = self._logs()
+        return logs if return_dict else [logs[n] for n in self.metrics_names]
+
+    def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False) -> Any:
+        """Loss and metrics of one global batch, without training."""
+        return self.evaluate(x, y, batch_size=_batch_len(x), sample_weight=sample_weight, return_dict=return_dict)
+
+    def predict_on_batch(self, x: Any) -> Any:
+        """Outputs for one global batch."""
+        return self.predict(x, batch_size=_batch_len(x))
+
+    # ------------------------------------------------------------------ inspection and saving
+    def summary(self, print_fn: Any = print) -> None:
+        """Prints the layers with their parameter counts (Keras' summary, without shapes)."""
+        from phalanx.keras.saving import summary_lines
+
+        for line in summary_lines(self):
+            print_fn(line)
+
+    def save(self, filepath: str) -> None:
+        """Saves architecture reference, weights, compile config and optimizer state (all workers)."""
+        from phalanx.keras.saving import save_model
+
+        save_model(self, filepath)
+
+    def save_weights(self, filepath: str) -> None:
+        """Saves the wrapped module's state dict (plain tensors; chief's file kept)."""
+        from phalanx.keras.saving import save_weights
+
+        save_weights(self, filepath)
+
+    def load_weights(self, filepath: str) -> None:
+        """Loads weights saved by `save_weights` (or `save`) into every replica."""
+        from phalanx.keras.saving import load_weights
+
+        load_weights(self, filepath)
+
+    def get_weights(self) -> list[Any]:
+        """The module's parameters and buffers as NumPy arrays, in state-dict order."""
+        return [t.detach().cpu().numpy() for t in self.module.state_dict().values()]
+
+    def set_weights(self, weights: list[Any]) -> None:
+        """Sets parameters and buffers from NumPy arrays in `get_weights` order."""
+        keys = list(self.module.state_dict())
+        if len(weights) != len(keys):
+            raise ValueError(f"set_weights expects {len(keys)} arrays. Received: {len(weights)}.")
+        self.module.load_state_dict({k: torch.as_tensor(w) for k, w in zip(keys, weights, strict=True)})
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detach(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _detach(v) for k, v in value.items()}
+    return value
+
+
+def _batch_len(x: Any) -> int:
+    from phalanx.input.splitting import as_tensors, batch_size_of
+
+    return batch_size_of(as_tensors(x))

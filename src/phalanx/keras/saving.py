@@ -1,0 +1,156 @@
+"""Saving and loading phalanx models without unpickling arbitrary objects.
+
+A saved model holds plain data only (read back with ``torch.load(weights_only=True)``):
+the module's class as ``"module:QualName"`` and its config (from ``get_config()`` if the
+class has one), the weights, the compile configuration and the optimizer state. Loading
+finds the class in ``custom_objects`` or in an *already imported* module — it never
+imports or executes anything named by the file.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from phalanx import context
+from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
+from phalanx.keras import optimizers
+from phalanx.keras.compile_utils import rebuild
+
+__all__ = ["load_model", "load_weights", "save_model", "save_weights", "summary_lines"]
+
+FORMAT = "phalanx.model/1"
+
+
+def _class_path(module: nn.Module) -> str:
+    cls = type(module)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _module_config(module: nn.Module) -> Any:
+    get_config = getattr(module, "get_config", None)
+    return get_config() if callable(get_config) else None
+
+
+def save_model(model: Any, filepath: str) -> None:
+    """Writes `model` to ``filepath`` atomically (all workers call it; the chief's file is kept)."""
+    payload = {
+        "format": FORMAT,
+        "module_class": _class_path(model.module),
+        "module_config": _module_config(model.module),
+        "weights": model.module.state_dict(),
+        "compile": model._compile_config or None,
+        "optimizer_state": model.optimizer.state_dict() if model.optimizer is not None else None,
+    }
+    with chief_path(filepath, model.strategy) as target:
+        atomic_save(payload, target)
+
+
+def save_weights(model: Any, filepath: str) -> None:
+    """Writes the wrapped module's state dict (plain tensors) atomically."""
+    state = model.module.state_dict()
+    with chief_path(filepath, model.strategy) as target:
+        atomic_save(state, target)
+
+
+def load_weights(model: Any, filepath: str) -> None:
+    """Loads a `save_weights` or `save` file into the model (every replica is updated)."""
+    payload = safe_load(filepath)
+    if isinstance(payload, dict) and payload.get("format") == FORMAT:
+        payload = payload["weights"]
+    model.module.load_state_dict(payload)
+
+
+def _find_class(path: str, custom_objects: dict[str, Any]) -> type[nn.Module]:
+    module_name, _, qualname = path.partition(":")
+    for key in (path, qualname, qualname.rsplit(".", 1)[-1]):
+        if key in custom_objects:
+            return custom_objects[key]
+    found: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        found = getattr(found, part, None) if found is not None else None
+    if not (isinstance(found, type) and issubclass(found, nn.Module)):
+        raise ValueError(
+            f"Cannot rebuild the module class {path!r}: it is not in custom_objects and its "
+            "module is not imported (phalanx never imports code named by a file). HINT: "
+            f"pass custom_objects={{'{qualname}': {qualname}}} or module=<an instance>."
+        )
+    return found
+
+
+def _build_module(payload: dict[str, Any], custom_objects: dict[str, Any]) -> nn.Module:
+    cls = _find_class(payload["module_class"], custom_objects)
+    config = payload.get("module_config")
+    if config is None:
+        return cls()
+    from_config = getattr(cls, "from_config", None)
+    return from_config(config) if callable(from_config) else cls(**config)
+
+
+def load_model(
+    filepath: str,
+    custom_objects: dict[str, Any] | None = None,
+    module: nn.Module | None = None,
+    compile: bool = True,
+) -> Any:
+    """Rebuilds a model saved with `Model.save` under the current strategy.
+
+    Call it inside ``strategy.scope()`` to load the model for that strategy (weights saved
+    under any strategy load under any other).
+
+    Args:
+        filepath: The saved file.
+        custom_objects: Classes by name, for module classes not importable by path.
+        module: An instance to load the weights into, instead of rebuilding the class.
+        compile: Restore the optimizer, loss and metrics (and optimizer state).
+
+    Raises:
+        ValueError: Not a phalanx model file, or the module class cannot be found.
+    """
+    from phalanx import losses, metrics
+    from phalanx.keras.model import Model
+
+    payload = safe_load(filepath)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{filepath!r} is not a phalanx model file (format {FORMAT}).")
+    with context.get_strategy().scope():
+        net = module if module is not None else _build_module(payload, custom_objects or {})
+        net.load_state_dict(payload["weights"])
+        model = Model(net)
+    config = payload.get("compile")
+    if compile and config:
+        with model.strategy.scope():
+            optimizer = optimizers.from_config(config["optimizer"], model.parameters())
+        model.compile(
+            optimizer=optimizer,
+            loss=rebuild(config["loss"], losses),
+            metrics=rebuild(config["metrics"], metrics),
+            loss_weights=config.get("loss_weights"),
+            jit_compile=bool(config.get("jit_compile")),
+        )
+        if payload.get("optimizer_state") is not None:
+            optimizer.load_state_dict(payload["optimizer_state"])
+    return model
+
+
+def summary_lines(model: Any) -> Iterator[str]:
+    """The lines of `Model.summary`."""
+    width = 72
+    yield f'Model: "{type(model.module).__name__}"  (strategy: {model.strategy!r})'
+    yield "=" * width
+    yield f"{'Layer (type)':<48}{'Param #':>24}"
+    yield "=" * width
+    for name, child in model.module.named_modules():
+        if name and not any(True for _ in child.children()):
+            count = sum(p.numel() for p in child.parameters(recurse=False))
+            yield f"{name + ' (' + type(child).__name__ + ')':<48}{count:>24,}"
+    total = sum(p.numel() for p in model.module.parameters())
+    trainable = sum(p.numel() for p in model.module.parameters() if p.requires_grad)
+    yield "=" * width
+    yield f"Total params: {total:,}"
+    yield f"Trainable params: {trainable:,}"
+    yield f"Non-trainable params: {total - trainable:,}"
