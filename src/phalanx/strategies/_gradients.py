@@ -47,6 +47,8 @@ class GradientSync:
 
     def before_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         """Sums gradients across replicas before the step (every replica calls it)."""
+        if self._strategy.num_replicas_in_sync == 1:
+            return
         params = self._distributed_params(optimizer)
         if not params:
             return
@@ -78,7 +80,7 @@ class GradientSync:
     def after_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         """Ends the step's write permission; lets the strategy finish the step (all replicas)."""
         set_in_optimizer_step(False)
-        if self._distributed_params(optimizer):
+        if self._strategy.num_replicas_in_sync > 1 and self._distributed_params(optimizer):
             self._strategy._after_optimizer_step(index)
 
     def reset_thread(self) -> None:

@@ -60,6 +60,8 @@ class ReductionMixin:
         self._check_cross_replica(
             "reduce", "inside strategy.run use phalanx.get_replica_context().all_reduce."
         )
+        if axis is None and type(value) is torch.Tensor and self.num_replicas_in_sync == 1:
+            return value  # one replica: nothing to reduce
         return _map_values(lambda v: self._reduce_one(op, v, axis), value)
 
     def _reduce_one(self: Strategy, op: ReduceOp, value: Any, axis: int | None) -> torch.Tensor:

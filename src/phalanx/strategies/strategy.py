@@ -86,6 +86,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         self._rendezvous = Rendezvous(self._num_local_replicas, timeout_seconds)
         self._threads = ReplicaThreads(self._num_local_replicas, type(self).__name__)
         self._replica_contexts = [ReplicaContext(self, i) for i in range(self._num_local_replicas)]
+        self._replica_frame = context._Frame(self, self._replica_contexts[0])
         self._variables: list[weakref.ref[Any]] = []
         self._pending_global_batch_size: int | None = None
         self._pending_offsets: list[int] | None = None
@@ -186,9 +187,15 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
             replica_ctx._example_offset = offsets[i] if offsets else 0
             replica_ctx._dropout_calls = 0
         if self._num_local_replicas == 1:
-            ctx = self._replica_contexts[0]
-            with context.push_frame(self, ctx):
+            state = context._state
+            previous = state.replica
+            state.stack.append(self._replica_frame)
+            state.replica = (self, 0)
+            try:
                 return fn(*args, **kwargs)
+            finally:
+                state.stack.pop()
+                state.replica = previous
         grad_mode = torch.is_grad_enabled()
 
         def call(i: int) -> Any:
@@ -218,7 +225,8 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
                 "strategy.run was called inside a replica context (inside another run). "
                 "HINT: call strategy.run from the training loop, outside strategy.run."
             )
-        current = context.get_strategy()
+        top = context._top()
+        current = top.strategy if top is not None else self
         if current is not self and not current._is_default:
             raise RuntimeError(
                 f"{self!r}.run was called inside the scope of {current!r}. HINT: use the "
