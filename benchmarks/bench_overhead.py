@@ -43,10 +43,13 @@ def main() -> None:
     model, optimizer, x, y = _setup(phalanx.get_strategy())
     reference = best_time(lambda: plain_step(model, optimizer, x, y), repeats, inner)
 
-    for name, strategy in (("default", phalanx.get_strategy()), ("one_device", phalanx.OneDeviceStrategy("cpu"))):
+    for name, strategy in (
+        ("default", phalanx.get_strategy()),
+        ("one_device", phalanx.OneDeviceStrategy("cpu")),
+    ):
         model, optimizer, x, y = _setup(strategy)
 
-        def step(model=model, optimizer=optimizer):
+        def step(model=model, optimizer=optimizer, x=x, y=y):
             per_example = nn.functional.cross_entropy(model(x), y, reduction="none")
             loss = phalanx.compute_average_loss(per_example, global_batch_size=64)
             loss.backward()
@@ -58,8 +61,8 @@ def main() -> None:
             return strategy.reduce("sum", strategy.run(step), axis=None)
 
         ours = best_time(phalanx_step, repeats, inner)
-        model, optimizer, x, y = _setup(phalanx.get_strategy())
-        reference = min(reference, best_time(lambda: plain_step(model, optimizer, x, y), repeats, inner))
+        plain = _setup(phalanx.get_strategy())
+        reference = min(reference, best_time(lambda plain=plain: plain_step(*plain), repeats, inner))
         report(f"run+reduce overhead, small MLP, {name}", ours, reference, ref_name="plain torch")
 
 

@@ -15,8 +15,16 @@ def _demo(args: argparse.Namespace) -> int:
     if args.strategy == "multi_worker_mirrored" and args.workers > 1:
         from phalanx.cluster import launch
 
-        flags = ["--strategy", "multi_worker_mirrored", "--epochs", str(args.epochs),
-                 "--batch-size", str(args.batch_size), "--workers", "1"]
+        flags = [
+            "--strategy",
+            "multi_worker_mirrored",
+            "--epochs",
+            str(args.epochs),
+            "--batch-size",
+            str(args.batch_size),
+            "--workers",
+            "1",
+        ]
         return launch("phalanx.demo_entry", workers=args.workers, args=flags)
     accuracy = run_demo(args.strategy, epochs=args.epochs, batch_size=args.batch_size)
     return 0 if accuracy > 0 else 1
@@ -28,12 +36,20 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phalanx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a small CNN on the 8x8 digits under a strategy")
-    demo.add_argument("--strategy", choices=sorted(STRATEGIES), default=default_strategy_name(),
-                      help="which strategy to train under (default: %(default)s)")
+    demo.add_argument(
+        "--strategy",
+        choices=sorted(STRATEGIES),
+        default=default_strategy_name(),
+        help="which strategy to train under (default: %(default)s)",
+    )
     demo.add_argument("--epochs", type=int, default=12)
     demo.add_argument("--batch-size", type=int, default=64, help="global batch size")
-    demo.add_argument("--workers", type=int, default=2,
-                      help="worker processes for multi_worker_mirrored (started on 127.0.0.1)")
+    demo.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="worker processes for multi_worker_mirrored (started on 127.0.0.1)",
+    )
     demo.set_defaults(func=_demo)
     try:
         from phalanx.cluster.launcher import add_launch_arguments, run_launch

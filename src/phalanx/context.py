@@ -58,11 +58,7 @@ def push_frame(strategy: Strategy, replica_context: ReplicaContext | None) -> It
     frame = _Frame(strategy, replica_context)
     previous = _state.replica
     _state.stack.append(frame)
-    _state.replica = (
-        None
-        if replica_context is None
-        else (strategy, replica_context.local_replica_index)
-    )
+    _state.replica = None if replica_context is None else (strategy, replica_context.local_replica_index)
     try:
         yield
     finally:
@@ -104,9 +100,9 @@ def get_replica_context() -> ReplicaContext | None:
     if top is None:
         from phalanx.strategies.default import default_strategy
 
-        return default_strategy()._default_replica_context
+        return default_strategy()._replica_contexts[0]
     if top.strategy._is_default and top.replica_context is None:
-        return top.strategy._default_replica_context
+        return top.strategy._replica_contexts[0]
     return top.replica_context
 
 

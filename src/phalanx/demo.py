@@ -32,7 +32,9 @@ def _multi_worker() -> Any:
 
 STRATEGIES: dict[str, Callable[[], Any]] = {
     "default": lambda: __import__("phalanx").get_strategy(),
-    "one_device": lambda: __import__("phalanx").OneDeviceStrategy("cuda:0" if torch.cuda.is_available() else "cpu"),
+    "one_device": lambda: __import__("phalanx").OneDeviceStrategy(
+        "cuda:0" if torch.cuda.is_available() else "cpu"
+    ),
     "mirrored": _mirrored,
     "central_storage": lambda: __import__("phalanx").CentralStorageStrategy(
         None if torch.cuda.is_available() else ["cpu:0", "cpu:1"]
@@ -63,8 +65,12 @@ class DigitsCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.head = nn.Sequential(
             nn.Flatten(), nn.Linear(32 * 2 * 2, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10)
@@ -87,7 +93,9 @@ def load_digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return x[train], y[train], x[test], y[test]
 
 
-def run_demo(strategy_name: str | None = None, epochs: int = 12, batch_size: int = 64, verbose: int = 1) -> float:
+def run_demo(
+    strategy_name: str | None = None, epochs: int = 12, batch_size: int = 64, verbose: int = 1
+) -> float:
     """Trains the digits CNN under a strategy and returns the test accuracy (prints on the chief)."""
     import phalanx
 
@@ -96,11 +104,16 @@ def run_demo(strategy_name: str | None = None, epochs: int = 12, batch_size: int
     x_train, y_train, x_test, y_test = load_digits_split()
     with strategy.scope():
         model = phalanx.Model(DigitsCNN())
-        model.compile(optimizer="adam", loss=phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
+        model.compile(
+            optimizer="adam",
+            loss=phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
     if strategy.is_chief and verbose:
-        print(f"phalanx demo: {strategy!r}, {strategy.num_replicas_in_sync} replica(s), "
-              f"global batch {batch_size}, {len(x_train)} training digits")
+        print(
+            f"phalanx demo: {strategy!r}, {strategy.num_replicas_in_sync} replica(s), "
+            f"global batch {batch_size}, {len(x_train)} training digits"
+        )
     model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs, verbose=verbose)
     _, accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
     if strategy.is_chief and verbose:

@@ -23,14 +23,14 @@ def canonical_name(device: str | torch.device) -> str:
     Raises:
         ValueError: The name is not a CPU or GPU device.
     """
+    index: int | str | None
     if isinstance(device, torch.device):
         kind, index = device.type, device.index
     else:
         match = _PATTERN.match(device.strip())
         if not match:
             raise ValueError(
-                f"Unknown device {device!r}. Use 'cpu:N' (logical CPU replicas), 'cuda:N' or "
-                "'/gpu:N'."
+                f"Unknown device {device!r}. Use 'cpu:N' (logical CPU replicas), 'cuda:N' or '/gpu:N'."
             )
         kind, index = match.group(1).lower(), match.group(2)
     if kind == "gpu":

@@ -29,9 +29,7 @@ class ReduceOp(enum.Enum):
             return op
         if isinstance(op, str) and op.upper() in cls.__members__:
             return cls[op.upper()]
-        raise ValueError(
-            f"reduce op must be ReduceOp.SUM, ReduceOp.MEAN, 'SUM' or 'MEAN'. Received: {op!r}."
-        )
+        raise ValueError(f"reduce op must be ReduceOp.SUM, ReduceOp.MEAN, 'SUM' or 'MEAN'. Received: {op!r}.")
 
 
 class DistributedValues:
@@ -102,9 +100,7 @@ def regroup(per_replica: Sequence[Any], wrap: type[DistributedValues] = PerRepli
         type(r) is type(first) and len(r) == len(first) for r in per_replica
     ):
         return type(first)(regroup([r[i] for r in per_replica], wrap) for i in range(len(first)))
-    if isinstance(first, dict) and all(
-        isinstance(r, dict) and r.keys() == first.keys() for r in per_replica
-    ):
+    if isinstance(first, dict) and all(isinstance(r, dict) and r.keys() == first.keys() for r in per_replica):
         return type(first)((k, regroup([r[k] for r in per_replica], wrap)) for k in first)
     if all(r is first for r in per_replica):
         return first

@@ -64,9 +64,7 @@ class VariableAggregation(enum.Enum):
             for member in cls:
                 if value.lower() in (member.value, member.name.lower()):
                     return member
-        raise ValueError(
-            f"aggregation must be one of {[m.name for m in cls]}. Received: {value!r}."
-        )
+        raise ValueError(f"aggregation must be one of {[m.name for m in cls]}. Received: {value!r}.")
 
 
 def set_aggregation(
@@ -92,11 +90,14 @@ def set_aggregation(
     return tensor
 
 
-_GRAD_GET = torch.Tensor.grad.__get__
-_GRAD_SET = torch.Tensor.grad.__set__
-_DATA_GET = torch.Tensor.data.__get__
-_DATA_SET = torch.Tensor.data.__set__
-_REQUIRES_GRAD_SET = torch.Tensor.requires_grad.__set__
+# The property accessors torch routes through __torch_function__ (typed as Any: stubs
+# describe the properties' values, not their descriptors).
+_TENSOR: Any = torch.Tensor
+_GRAD_GET = _TENSOR.grad.__get__
+_GRAD_SET = _TENSOR.grad.__set__
+_DATA_GET = _TENSOR.data.__get__
+_DATA_SET = _TENSOR.data.__set__
+_REQUIRES_GRAD_SET = _TENSOR.requires_grad.__set__
 _OVERWRITES = frozenset({"copy_", "fill_", "zero_"})
 _tls = threading.local()  # .in_optimizer_step: replica is inside optimizer.step()
 
@@ -128,6 +129,7 @@ class DistributedVariable(torch.Tensor):
     _strategy: Strategy
     _components: list[torch.Tensor]
     _aggregation: VariableAggregation
+    _dirty: bool  # the primary was written in cross-replica context: re-mirror before a step
 
     @staticmethod
     def __new__(
@@ -143,7 +145,6 @@ class DistributedVariable(torch.Tensor):
         obj._aggregation = aggregation
         obj._is_param = is_parameter
         obj._dirty = True
-        obj._synced_version = -1
         return obj
 
     def __hash__(self) -> int:
@@ -219,7 +220,7 @@ class DistributedVariable(torch.Tensor):
     def _cross_replica_value(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         with torch._C.DisableTorchFunctionSubclass():
             inner = repr(self._cross_replica_value())
         return f"{type(self).__name__}({inner})"
@@ -235,9 +236,7 @@ def _resolve_all(args: Sequence[Any], replica: tuple[Any, int] | None) -> list[A
         if isinstance(a, DistributedVariable):
             a = a._resolve(replica)
         elif isinstance(a, (list, tuple)) and any(isinstance(x, DistributedVariable) for x in a):
-            a = type(a)(
-                x._resolve(replica) if isinstance(x, DistributedVariable) else x for x in a
-            )
+            a = type(a)(x._resolve(replica) if isinstance(x, DistributedVariable) else x for x in a)
         out.append(a)
     return out
 
@@ -245,10 +244,7 @@ def _resolve_all(args: Sequence[Any], replica: tuple[Any, int] | None) -> list[A
 def _resolve_kwargs(kwargs: dict[str, Any], replica: tuple[Any, int] | None) -> dict[str, Any]:
     if not kwargs:
         return kwargs
-    return {
-        k: v._resolve(replica) if isinstance(v, DistributedVariable) else v
-        for k, v in kwargs.items()
-    }
+    return {k: v._resolve(replica) if isinstance(v, DistributedVariable) else v for k, v in kwargs.items()}
 
 
 class MirroredVariable(DistributedVariable):
@@ -266,9 +262,7 @@ class MirroredVariable(DistributedVariable):
     def _replica_call(
         self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], index: int
     ) -> Any:
-        if is_inplace(func, kwargs) and not in_optimizer_step() and func.__name__ != (
-            "requires_grad_"
-        ):
+        if is_inplace(func, kwargs) and not in_optimizer_step() and func.__name__ != ("requires_grad_"):
             return self._strategy._merged_assign(self, func, args, kwargs, index)
         return super()._replica_call(func, args, kwargs, index)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import oracle
 
 import phalanx
+from support import oracle
 
 SINGLE = ["default", "one_device"]
 MULTI = ["mirrored_2cpu", "central_storage_2cpu"]

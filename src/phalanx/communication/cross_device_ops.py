@@ -61,9 +61,7 @@ class CrossDeviceOps:
         """One copy of ``tensor`` per device (the same object where the device already matches)."""
         return [tensor if tensor.device == d else tensor.to(d, non_blocking=True) for d in devices]
 
-    def reduce(
-        self, reduce_op: ReduceOp | str, per_replica_value: Any, destinations: Destination
-    ) -> Any:
+    def reduce(self, reduce_op: ReduceOp | str, per_replica_value: Any, destinations: Destination) -> Any:
         """Reduces a per-replica value and places the result on ``destinations``.
 
         Returns:
@@ -83,7 +81,9 @@ class CrossDeviceOps:
         op = ReduceOp.coerce(reduce_op)
         if not value_destination_pairs:
             return []
-        per_value = [[torch.as_tensor(v) for v in local_results(value)] for value, _ in value_destination_pairs]
+        per_value = [
+            [torch.as_tensor(v) for v in local_results(value)] for value, _ in value_destination_pairs
+        ]
         num_replicas = len(per_value[0])
         if any(len(v) != num_replicas for v in per_value):
             raise ValueError(
@@ -131,6 +131,12 @@ class ReductionToOneDevice(CrossDeviceOps):
         return total if total.device == device else total.to(device)
 
 
+def _cuda_comm() -> Any:
+    import torch.cuda.comm
+
+    return torch.cuda.comm
+
+
 def _require_cuda(devices: Sequence[torch.device], name: str) -> None:
     if not devices or any(d.type != "cuda" for d in devices):
         raise ValueError(
@@ -159,7 +165,7 @@ class HierarchicalCopyAllReduce(CrossDeviceOps):
         chunks = [split_packs(t.reshape(-1), self._num_packs) for t in tensors]
         out = []
         for parts in zip(*chunks, strict=True):
-            out.append(torch.cuda.comm.reduce_add(list(parts), destination=device.index))
+            out.append(_cuda_comm().reduce_add(list(parts), destination=device.index))
         total = torch.cat(out).view(tensors[0].shape) if len(out) > 1 else out[0].view(tensors[0].shape)
         return total / len(tensors) if reduce_op is ReduceOp.MEAN else total
 

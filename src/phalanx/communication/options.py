@@ -41,17 +41,14 @@ class CommunicationOptions:
         if self.bytes_per_pack < 0:
             raise ValueError(f"bytes_per_pack must be >= 0. Received: {self.bytes_per_pack}.")
         if self.timeout_seconds is not None and self.timeout_seconds <= 0:
-            raise ValueError(
-                f"timeout_seconds must be positive or None. Received: {self.timeout_seconds}."
-            )
+            raise ValueError(f"timeout_seconds must be positive or None. Received: {self.timeout_seconds}.")
         impl = self.implementation
         if isinstance(impl, str):
             try:
                 impl = CommunicationImplementation[impl.upper()]
             except KeyError:
                 raise ValueError(
-                    "implementation must be AUTO, RING or NCCL. Received: "
-                    f"{self.implementation!r}."
+                    f"implementation must be AUTO, RING or NCCL. Received: {self.implementation!r}."
                 ) from None
             object.__setattr__(self, "implementation", impl)
 

@@ -32,7 +32,9 @@ def pack(tensors: list[torch.Tensor | None], like: list[torch.Tensor]) -> dict[t
         if t is None:
             t = torch.zeros_like(ref, memory_format=torch.contiguous_format)
         groups.setdefault(t.dtype, []).append(t.reshape(-1))
-    return {dtype: torch.cat(parts) if len(parts) > 1 else parts[0].clone() for dtype, parts in groups.items()}
+    return {
+        dtype: torch.cat(parts) if len(parts) > 1 else parts[0].clone() for dtype, parts in groups.items()
+    }
 
 
 def spec_of(like: list[torch.Tensor]) -> PackSpec:

@@ -249,8 +249,7 @@ class DistributedDatasetsFromFunction:
     ) -> None:
         if not callable(dataset_fn):
             raise TypeError(
-                f"distribute_datasets_from_function needs a callable. Received: "
-                f"{type(dataset_fn).__name__}."
+                f"distribute_datasets_from_function needs a callable. Received: {type(dataset_fn).__name__}."
             )
         self._strategy = strategy
         self._options = options or InputOptions()

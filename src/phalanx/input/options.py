@@ -37,9 +37,7 @@ class AutoShardPolicy(enum.IntEnum):
                 return cls(value)
             except ValueError:
                 pass
-        raise ValueError(
-            f"auto_shard_policy must be one of {[p.name for p in cls]}. Received: {value!r}."
-        )
+        raise ValueError(f"auto_shard_policy must be one of {[p.name for p in cls]}. Received: {value!r}.")
 
 
 @dataclass(frozen=True)
@@ -61,18 +59,14 @@ class InputContext:
 
     def __post_init__(self) -> None:
         if self.num_input_pipelines < 1:
-            raise ValueError(
-                f"num_input_pipelines must be >= 1. Received: {self.num_input_pipelines}."
-            )
+            raise ValueError(f"num_input_pipelines must be >= 1. Received: {self.num_input_pipelines}.")
         if not 0 <= self.input_pipeline_id < self.num_input_pipelines:
             raise ValueError(
                 f"input_pipeline_id must be in [0, {self.num_input_pipelines}). "
                 f"Received: {self.input_pipeline_id}."
             )
         if self.num_replicas_in_sync < 1:
-            raise ValueError(
-                f"num_replicas_in_sync must be >= 1. Received: {self.num_replicas_in_sync}."
-            )
+            raise ValueError(f"num_replicas_in_sync must be >= 1. Received: {self.num_replicas_in_sync}.")
 
     def get_per_replica_batch_size(self, global_batch_size: int) -> int:
         """The batch size of one replica for a given global batch size.

@@ -43,7 +43,7 @@ def batch_size_of(structure: Any) -> int:
     Raises:
         ValueError: The batch has no tensor, or its tensors disagree on the batch size.
     """
-    sizes = set()
+    sizes: set[int] = set()
     _collect_sizes(structure, sizes)
     if not sizes:
         raise ValueError(
@@ -52,8 +52,7 @@ def batch_size_of(structure: Any) -> int:
         )
     if len(sizes) > 1:
         raise ValueError(
-            f"Every tensor of a batch must have the same first dimension. Received sizes "
-            f"{sorted(sizes)}."
+            f"Every tensor of a batch must have the same first dimension. Received sizes {sorted(sizes)}."
         )
     return sizes.pop()
 

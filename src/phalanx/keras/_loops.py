@@ -39,7 +39,9 @@ def _distributed(model: Model, handler: DataHandler, epoch: int, skip: int) -> A
     return model.strategy.experimental_distribute_dataset(_Epoch(handler.epoch(epoch, skip)))
 
 
-def train_epoch(model: Model, handler: DataHandler, epoch: int, skip: int, callbacks: Any) -> dict[str, float]:
+def train_epoch(
+    model: Model, handler: DataHandler, epoch: int, skip: int, callbacks: Any
+) -> dict[str, float]:
     """Trains one epoch from step ``skip``; returns the epoch's global logs."""
     strategy = model.strategy
     logs: dict[str, float] = {}

@@ -41,11 +41,15 @@ class BackupAndRestore(_callback_base()):  # type: ignore[misc]
         ValueError: ``save_freq`` is neither "epoch" nor a positive integer; no backup_dir.
     """
 
-    def __init__(self, backup_dir: str, save_freq: str | int = "epoch", delete_checkpoint: bool = True) -> None:
+    def __init__(
+        self, backup_dir: str, save_freq: str | int = "epoch", delete_checkpoint: bool = True
+    ) -> None:
         super().__init__()
         if not backup_dir:
             raise ValueError("BackupAndRestore needs a backup_dir. Received an empty path.")
-        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq <= 0):
+        if save_freq != "epoch" and (
+            isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq <= 0
+        ):
             raise ValueError(f"save_freq must be 'epoch' or a positive integer. Received: {save_freq!r}.")
         self.backup_dir = backup_dir
         self.save_freq = save_freq

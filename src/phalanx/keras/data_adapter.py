@@ -40,8 +40,7 @@ def unpack_batch(batch: Any) -> tuple[Any, Any, Any]:
         if len(batch) == 3:
             return batch
         raise ValueError(
-            "A batch must be x, (x, y) or (x, y, sample_weight). Received a tuple of "
-            f"{len(batch)} elements."
+            f"A batch must be x, (x, y) or (x, y, sample_weight). Received a tuple of {len(batch)} elements."
         )
     if isinstance(batch, list) and len(batch) in (2, 3):
         return unpack_batch(tuple(batch))

@@ -36,6 +36,9 @@ class Model(nn.Module):
         module: The network. Kept as ``model.module``; ``model(x)`` calls it.
     """
 
+    _call: Any
+    _loss_tracker: Any
+
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         if not isinstance(module, nn.Module):
@@ -111,7 +114,8 @@ class Model(nn.Module):
 
     # ------------------------------------------------------------------ steps (in replica context)
     def _train_step(self, x: Any, y: Any, sample_weight: Any = None) -> None:
-        assert self._losses is not None and self.optimizer is not None
+        assert self._losses is not None
+        assert self.optimizer is not None
         y_pred = self(x)
         per_example = self._losses.per_example(y, y_pred, sample_weight)
         loss = compute_average_loss(per_example)
@@ -169,7 +173,9 @@ class Model(nn.Module):
         if validation_split and validation_data is None:
             (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_split)
         handler = DataHandler(x, y, sample_weight, batch_size, shuffle, steps_per_epoch)
-        val_handler = self._validation_handler(validation_data, validation_batch_size or batch_size, validation_steps)
+        val_handler = self._validation_handler(
+            validation_data, validation_batch_size or batch_size, validation_steps
+        )
         cbs = self._callback_list(callbacks, verbose, epochs, handler.steps_per_epoch)
         self.stop_training = False
         self._resume = None
@@ -199,7 +205,9 @@ class Model(nn.Module):
             return DataHandler(vx, vy, rest[0] if rest else None, batch_size, False, steps)
         return DataHandler(data, steps_per_epoch=steps)
 
-    def _callback_list(self, callbacks: list[Any] | None, verbose: str | int, epochs: int, steps: int | None) -> Any:
+    def _callback_list(
+        self, callbacks: list[Any] | None, verbose: str | int, epochs: int, steps: int | None
+    ) -> Any:
         module = _callbacks_module()
         level = 1 if verbose == "auto" else int(verbose)
         return module.CallbackList(
@@ -246,7 +254,9 @@ class Model(nn.Module):
         cbs = _callbacks_module().CallbackList(list(callbacks or []), model=self)
         return predict_loop(self, handler, cbs)
 
-    def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False) -> Any:
+    def train_on_batch(
+        self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False
+    ) -> Any:
         """One training step on one global batch; returns its loss and metrics."""
         self._require_compiled()
         self._reset_metrics()
@@ -256,9 +266,13 @@ class Model(nn.Module):
         logs = self._logs()
         return logs if return_dict else [logs[n] for n in self.metrics_names]
 
-    def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False) -> Any:
+    def test_on_batch(
+        self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False
+    ) -> Any:
         """Loss and metrics of one global batch, without training."""
-        return self.evaluate(x, y, batch_size=_batch_len(x), sample_weight=sample_weight, return_dict=return_dict)
+        return self.evaluate(
+            x, y, batch_size=_batch_len(x), sample_weight=sample_weight, return_dict=return_dict
+        )
 
     def predict_on_batch(self, x: Any) -> Any:
         """Outputs for one global batch."""

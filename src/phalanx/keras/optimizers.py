@@ -38,7 +38,11 @@ def get(identifier: str | torch.optim.Optimizer, params: Iterable[Any]) -> torch
 def config_of(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """A JSON-able description of an optimizer: its class and hyper-parameters."""
     group = optimizer.param_groups[0]
-    hyper = {k: v for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, str, tuple, type(None)))}
+    hyper = {
+        k: v
+        for k, v in group.items()
+        if k != "params" and isinstance(v, (int, float, bool, str, tuple, type(None)))
+    }
     return {"class": type(optimizer).__name__, "hyper": hyper}
 
 
@@ -51,6 +55,7 @@ def from_config(config: dict[str, Any], params: Iterable[Any]) -> torch.optim.Op
     cls = getattr(torch.optim, config["class"], None)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         raise ValueError(f"Cannot rebuild optimizer {config['class']!r}: not a torch.optim class.")
-    hyper = {k: tuple(v) if isinstance(v, list) else v for k, v in config["hyper"].items()}
+    hyper: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in config["hyper"].items()}
     accepted = cls.__init__.__code__.co_varnames
-    return cls(params, **{k: v for k, v in hyper.items() if k in accepted})
+    factory: Any = cls
+    return factory(params, **{k: v for k, v in hyper.items() if k in accepted})

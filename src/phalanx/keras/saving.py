@@ -13,7 +13,6 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch import nn
 
 from phalanx import context

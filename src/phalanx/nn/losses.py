@@ -47,7 +47,9 @@ def compute_average_loss(
         and per_example_loss.dim() > 0
     ):
         return per_example_loss.sum() / global_batch_size  # the hot path, kept lean
-    loss = per_example_loss if isinstance(per_example_loss, torch.Tensor) else torch.as_tensor(per_example_loss)
+    loss = (
+        per_example_loss if isinstance(per_example_loss, torch.Tensor) else torch.as_tensor(per_example_loss)
+    )
     if loss.dim() == 0:
         raise ValueError(
             "per_example_loss must have a batch dimension (rank >= 1); received a scalar. "
@@ -61,9 +63,11 @@ def compute_average_loss(
     total = loss.sum()
     if global_batch_size is None:
         global_batch_size = _default_global_batch_size(loss.shape[0])
-    elif type(global_batch_size) is not int and (
-        isinstance(global_batch_size, bool) or int(global_batch_size) != global_batch_size
-    ) or global_batch_size <= 0:
+    elif (
+        type(global_batch_size) is not int
+        and (isinstance(global_batch_size, bool) or int(global_batch_size) != global_batch_size)
+        or global_batch_size <= 0
+    ):
         raise ValueError(f"global_batch_size must be a positive integer. Received: {global_batch_size!r}.")
     if global_batch_size == 0:
         return total * 0.0

@@ -57,7 +57,9 @@ class GradientSync:
         packed = pack(grads, like)
         none_mask = [g is None for g in grads]
         reduced, all_none = self._strategy._rendezvous.exchange(
-            index, (packed, none_mask), lambda values: self._lead(optimizer, values),
+            index,
+            (packed, none_mask),
+            lambda values: self._lead(optimizer, values),
             what="optimizer.step()",
         )
         self._strategy._install_gradients(params, reduced, all_none, index, spec_of(like))

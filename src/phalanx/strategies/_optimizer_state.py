@@ -43,8 +43,7 @@ class PerReplicaState(MutableMapping[Any, Any]):
         self._strategy = strategy
         home = strategy._devices[0]
         self._states: list[dict[Any, Any]] = [dict(initial)] + [
-            {k: _copy_entry(v, home, device) for k, v in initial.items()}
-            for device in strategy._devices[1:]
+            {k: _copy_entry(v, home, device) for k, v in initial.items()} for device in strategy._devices[1:]
         ]
 
     def _current(self) -> dict[Any, Any]:

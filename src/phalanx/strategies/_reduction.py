@@ -1,3 +1,5 @@
+# mypy: disable-error-code="misc"
+# (methods type `self` as the Strategy they are mixed into, which mypy cannot prove)
 """reduce, gather and local results: turning per-replica values into one value (cross-replica)."""
 
 from __future__ import annotations
@@ -16,9 +18,7 @@ __all__ = ["ReductionMixin"]
 
 
 def _map_values(fn: Any, value: Any) -> Any:
-    if isinstance(value, (DistributedValues, torch.Tensor)) or not isinstance(
-        value, (list, tuple, dict)
-    ):
+    if isinstance(value, (DistributedValues, torch.Tensor)) or not isinstance(value, (list, tuple, dict)):
         return fn(value)
     if isinstance(value, dict):
         return type(value)((k, _map_values(fn, v)) for k, v in value.items())
@@ -80,7 +80,9 @@ class ReductionMixin:
         if axis is None:
             return total / self.num_replicas_in_sync if self.num_replicas_in_sync > 1 else total
         if self._num_workers > 1:
-            count = int(self._cross_worker_all_reduce(torch.tensor(float(count), device=home), ReduceOp.SUM).item())
+            count = int(
+                self._cross_worker_all_reduce(torch.tensor(float(count), device=home), ReduceOp.SUM).item()
+            )
         return total / count
 
     def gather(self: Strategy, value: Any, axis: int) -> Any:

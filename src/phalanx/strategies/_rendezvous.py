@@ -88,9 +88,7 @@ class Rendezvous:
     def _lead(self, leader_fn: Callable[[list[Any]], Any] | None) -> Any:
         values = list(self._values)
         try:
-            result: tuple[bool, Any] = (
-                (True, leader_fn(values)) if leader_fn is not None else (True, values)
-            )
+            result: tuple[bool, Any] = (True, leader_fn(values)) if leader_fn is not None else (True, values)
         except BaseException as exc:  # re-raised in every replica
             result = (False, exc)
         self._result = result
@@ -105,8 +103,7 @@ class Rendezvous:
     def _raise_if_aborted(self) -> None:
         if self._aborted is not None:
             raise ReplicaAbortedError(
-                "This replica's step was abandoned because another replica failed: "
-                f"{self._aborted!r}"
+                f"This replica's step was abandoned because another replica failed: {self._aborted!r}"
             )
 
     def _abort_locked(self, exc: BaseException) -> None:

@@ -50,9 +50,7 @@ class ReplicaThreads:
             self._threads.append(thread)
         self._finalizer = weakref.finalize(self, _stop_all, list(self._queues), list(self._threads))
 
-    def run(
-        self, fn: Callable[[int], Any], on_error: Callable[[BaseException], None]
-    ) -> list[Any]:
+    def run(self, fn: Callable[[int], Any], on_error: Callable[[BaseException], None]) -> list[Any]:
         """Calls ``fn(i)`` for every replica i and waits for all of them.
 
         ``on_error`` is called as soon as one replica fails, so it can wake the others.

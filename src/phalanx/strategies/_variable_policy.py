@@ -1,3 +1,5 @@
+# mypy: disable-error-code="misc"
+# (methods type `self` as the Strategy they are mixed into, which mypy cannot prove)
 """How a multi-replica strategy makes, mirrors and reads its distributed variables.
 
 The default implementation is MirroredStrategy's: parameters become `MirroredVariable`s
@@ -86,8 +88,7 @@ class VariablePolicyMixin:
         if len(components) < self._num_local_replicas:
             with torch.no_grad():
                 components.extend(
-                    self._make_component(var, i)
-                    for i in range(len(components), self._num_local_replicas)
+                    self._make_component(var, i) for i in range(len(components), self._num_local_replicas)
                 )
             var._dirty = False
         elif var._dirty:
@@ -142,7 +143,9 @@ class VariablePolicyMixin:
             )
         value = torch.as_tensor(args[1]).to(self._devices[index])
         merged = self._rendezvous.exchange(
-            index, value, lambda values: self._aggregate_values(var._aggregation, values),
+            index,
+            value,
+            lambda values: self._aggregate_values(var._aggregation, values),
             what=f"MirroredVariable.{name}",
         )
         with torch.no_grad():

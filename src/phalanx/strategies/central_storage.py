@@ -1,4 +1,7 @@
-"""CentralStorageStrategy: variables live once, compute is replicated (tf.distribute.experimental.CentralStorageStrategy)."""
+"""CentralStorageStrategy: variables live once, compute is replicated.
+
+TF: tf.distribute.experimental.CentralStorageStrategy.
+"""
 
 from __future__ import annotations
 
@@ -91,10 +94,8 @@ class CentralStorageStrategy(Strategy):
 
     @staticmethod
     def _compute_leaf(central: torch.Tensor, device: torch.device) -> torch.Tensor:
-        if device == central.device:
-            leaf = central.detach()  # shares storage: replicas see every update at once
-        else:
-            leaf = central.detach().to(device, copy=True)
+        # Same device: share storage, so replicas see every update at once.
+        leaf = central.detach() if device == central.device else central.detach().to(device, copy=True)
         return leaf.requires_grad_(central.requires_grad)
 
     def _refresh(self, var: CentralVariable, indices: Any) -> None:

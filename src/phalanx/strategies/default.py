@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from phalanx.strategies.replica_context import ReplicaContext
 from phalanx.strategies.strategy import Strategy
 
 __all__ = ["DefaultStrategy", "default_strategy"]
@@ -24,7 +23,6 @@ class DefaultStrategy(Strategy):
 
     def __init__(self) -> None:
         super().__init__(["cpu:0"])
-        self._default_replica_context = ReplicaContext(self, 0)
 
     def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
         return None

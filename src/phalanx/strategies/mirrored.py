@@ -41,4 +41,6 @@ class MirroredStrategy(Strategy):
         cross_device_ops: CrossDeviceOps | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
-        super().__init__(devices if devices is not None else default_devices(), cross_device_ops, timeout_seconds)
+        super().__init__(
+            devices if devices is not None else default_devices(), cross_device_ops, timeout_seconds
+        )

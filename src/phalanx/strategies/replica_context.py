@@ -67,9 +67,7 @@ class ReplicaContext:
         into `PerReplica` values. Each replica receives its component of the result.
         """
         if not isinstance(args, (tuple, list)):
-            raise TypeError(
-                f"merge_call args must be a tuple or list. Received: {type(args).__name__}."
-            )
+            raise TypeError(f"merge_call args must be a tuple or list. Received: {type(args).__name__}.")
         strategy = self._strategy
 
         def lead(values: list[Any]) -> Any:
@@ -95,9 +93,7 @@ class ReplicaContext:
 
         return all_reduce_structure(self, ReduceOp.coerce(reduce_op), value, options)
 
-    def all_gather(
-        self, value: Any, axis: int, options: CommunicationOptions | None = None
-    ) -> Any:
+    def all_gather(self, value: Any, axis: int, options: CommunicationOptions | None = None) -> Any:
         """Concatenates every replica's ``value`` along ``axis``, in replica order (all replicas).
 
         Shapes may differ along ``axis`` only. Differentiable: each replica's gradient is its

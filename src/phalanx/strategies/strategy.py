@@ -199,7 +199,11 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         grad_mode = torch.is_grad_enabled()
 
         def call(i: int) -> Any:
-            with context.push_frame(self, self._replica_contexts[i]), torch.set_grad_enabled(grad_mode), self._device_scope(i):
+            with (
+                context.push_frame(self, self._replica_contexts[i]),
+                torch.set_grad_enabled(grad_mode),
+                self._device_scope(i),
+            ):
                 try:
                     return fn(*select_replica(i, args), **select_replica(i, kwargs))
                 finally:
@@ -252,9 +256,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         self._variables = alive
 
     # ------------------------------------------------------------------ input
-    def experimental_distribute_dataset(
-        self, dataset: Any, options: InputOptions | None = None
-    ) -> Any:
+    def experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None = None) -> Any:
         """Splits each *global* batch of ``dataset`` across replicas (and workers).
 
         ``dataset`` yields global batches: a `DataLoader`, a `phalanx.data.Dataset`, or any
@@ -276,9 +278,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
 
         return DistributedDatasetsFromFunction(self, dataset_fn, options)
 
-    def experimental_distribute_values_from_function(
-        self, value_fn: Callable[[ValueContext], Any]
-    ) -> Any:
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
         """Builds a per-replica value by calling ``value_fn(ValueContext)`` for each local replica."""
         base = self._worker_index * self._num_local_replicas
         values = [
