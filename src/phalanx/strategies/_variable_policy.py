@@ -115,8 +115,9 @@ class VariablePolicyMixin:
             total = self._cross_device_ops.reduce_to(ReduceOp.SUM, components, self._devices[0])
         if self._num_workers > 1:
             total = self._cross_worker_all_reduce(total.clone(), ReduceOp.SUM)
-        if aggregation is VariableAggregation.MEAN and self.num_replicas_in_sync > 1:
-            total = total / self.num_replicas_in_sync
+        count = len(components) * self._num_workers  # before the first run: one component
+        if aggregation is VariableAggregation.MEAN and count > 1:
+            total = total / count
         return total
 
     def _merged_assign(
