@@ -47,7 +47,8 @@ def test_save_restore_round_trip(tmp_path, one_device):
     counter = Counter(7)
     ckpt = Checkpoint(model=model, optimizer=optimizer, step=counter)
     path = ckpt.save(str(tmp_path / "ckpt"))
-    assert path.endswith("ckpt-1.pt") and os.path.exists(path)
+    assert path.endswith("ckpt-1.pt")
+    assert os.path.exists(path)
 
     model2, optimizer2 = _model_and_optimizer(phalanx.get_strategy())
     counter2 = Counter()
