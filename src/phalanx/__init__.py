@@ -5,6 +5,7 @@ changing the line that creates the strategy. Importing phalanx has no side effec
 are installed the first time a strategy scope is entered.
 """
 
+from phalanx import callbacks, checkpoint, losses, metrics, nn
 from phalanx.communication import (
     CrossDeviceOps,
     HierarchicalCopyAllReduce,
@@ -21,6 +22,7 @@ from phalanx.context import (
 )
 from phalanx.input.distributed_dataset import DistributedDataset, DistributedIterator
 from phalanx.input.options import AutoShardPolicy, InputContext, InputOptions
+from phalanx.keras import Model, load_model
 from phalanx.nn.losses import compute_average_loss, scale_regularization_loss
 from phalanx.strategies import (
     CentralStorageStrategy,
@@ -54,6 +56,7 @@ __all__ = [
     "Mirrored",
     "MirroredStrategy",
     "MirroredVariable",
+    "Model",
     "NcclAllReduce",
     "OneDeviceStrategy",
     "PerReplica",
@@ -65,6 +68,12 @@ __all__ = [
     "VariableAggregation",
     "VariableSynchronization",
     "__version__",
+    "callbacks",
+    "checkpoint",
+    "load_model",
+    "losses",
+    "metrics",
+    "nn",
     "compute_average_loss",
     "experimental_set_strategy",
     "get_replica_context",
