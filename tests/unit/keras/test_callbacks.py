@@ -91,7 +91,8 @@ def test_csv_logger_and_terminate_on_nan(tmp_path):
     x, y = _data()
     path = str(tmp_path / "log.csv")
     _model().fit(x, y, epochs=2, verbose=0, callbacks=[C.CSVLogger(path)])
-    rows = list(csv.reader(open(path)))
+    with open(path) as f:
+        rows = list(csv.reader(f))
     assert rows[0] == ["epoch", "accuracy", "loss"]
     assert len(rows) == 3
     bad = x.clone()
