@@ -5,7 +5,7 @@ changing the line that creates the strategy. Importing phalanx has no side effec
 are installed the first time a strategy scope is entered.
 """
 
-from phalanx import callbacks, checkpoint, losses, metrics, nn
+from phalanx import callbacks, checkpoint, data, losses, metrics, nn
 from phalanx.communication import (
     CrossDeviceOps,
     HierarchicalCopyAllReduce,
@@ -70,6 +70,7 @@ __all__ = [
     "__version__",
     "callbacks",
     "checkpoint",
+    "data",
     "load_model",
     "losses",
     "metrics",
