@@ -1,4 +1,4 @@
-"""The `phalanx` command: `phalanx demo`, `phalanx launch`."""
+"""The `phalanx` command: `phalanx demo` (and `phalanx launch` once the launcher exists)."""
 
 from __future__ import annotations
 
@@ -12,20 +12,6 @@ __all__ = ["main"]
 def _demo(args: argparse.Namespace) -> int:
     from phalanx.demo import run_demo
 
-    if args.strategy == "multi_worker_mirrored" and args.workers > 1:
-        from phalanx.cluster import launch
-
-        flags = [
-            "--strategy",
-            "multi_worker_mirrored",
-            "--epochs",
-            str(args.epochs),
-            "--batch-size",
-            str(args.batch_size),
-            "--workers",
-            "1",
-        ]
-        return launch("phalanx.demo_entry", workers=args.workers, args=flags)
     accuracy = run_demo(args.strategy, epochs=args.epochs, batch_size=args.batch_size)
     return 0 if accuracy > 0 else 1
 
@@ -33,7 +19,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     from phalanx.demo import STRATEGIES, default_strategy_name
 
-    parser = argparse.ArgumentParser(prog="phalanx", description=__doc__)
+    parser = argparse.ArgumentParser(prog="phalanx", description="tf.distribute's strategies for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a small CNN on the 8x8 digits under a strategy")
     demo.add_argument(
@@ -44,20 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--epochs", type=int, default=12)
     demo.add_argument("--batch-size", type=int, default=64, help="global batch size")
-    demo.add_argument(
-        "--workers",
-        type=int,
-        default=2,
-        help="worker processes for multi_worker_mirrored (started on 127.0.0.1)",
-    )
     demo.set_defaults(func=_demo)
-    try:
-        from phalanx.cluster.launcher import add_launch_arguments, run_launch
-    except ImportError:  # pragma: no cover - the launcher is part of the package
-        return parser
-    launch = sub.add_parser("launch", help="start a local cluster: one process per task, each with TF_CONFIG")
-    add_launch_arguments(launch)
-    launch.set_defaults(func=run_launch)
     return parser
 
 

@@ -24,12 +24,6 @@ def _mirrored() -> Any:
     return MirroredStrategy([f"cpu:{i}" for i in range(max(2, min(4, os.cpu_count() or 2)))])
 
 
-def _multi_worker() -> Any:
-    from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
-
-    return MultiWorkerMirroredStrategy()
-
-
 STRATEGIES: dict[str, Callable[[], Any]] = {
     "default": lambda: __import__("phalanx").get_strategy(),
     "one_device": lambda: __import__("phalanx").OneDeviceStrategy(
@@ -39,7 +33,6 @@ STRATEGIES: dict[str, Callable[[], Any]] = {
     "central_storage": lambda: __import__("phalanx").CentralStorageStrategy(
         None if torch.cuda.is_available() else ["cpu:0", "cpu:1"]
     ),
-    "multi_worker_mirrored": _multi_worker,
 }
 
 

@@ -1,0 +1,42 @@
+"""`phalanx demo` trains to > 90% test accuracy under every strategy it offers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from phalanx.demo import STRATEGIES, run_demo
+
+
+def test_demo_default_reaches_90_percent():
+    assert run_demo(verbose=0) > 0.9
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_demo_runs_under_every_strategy(name):
+    assert run_demo(name, epochs=2, verbose=0) > 0.2
+
+
+def test_cli_entry_point_prints_progress_and_accuracy():
+    done = subprocess.run(
+        [sys.executable, "-m", "phalanx", "demo", "--epochs", "1", "--strategy", "one_device"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Epoch 1/1" in done.stdout
+    assert "test accuracy:" in done.stdout
+
+
+def test_cli_rejects_unknown_strategy():
+    done = subprocess.run(
+        [sys.executable, "-m", "phalanx", "demo", "--strategy", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "invalid choice" in done.stderr
