@@ -49,7 +49,8 @@ class SyncBatchNorm(_BatchNorm):
 
     def _update_running_stats(self, mean: torch.Tensor, var: torch.Tensor, n: torch.Tensor) -> None:
         assert self.num_batches_tracked is not None
-        assert self.running_mean is not None and self.running_var is not None
+        assert self.running_mean is not None
+        assert self.running_var is not None
         with torch.no_grad():
             self.num_batches_tracked.add_(1)
             momentum = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
@@ -72,7 +73,8 @@ class SyncBatchNorm(_BatchNorm):
                     converted.weight.copy_(module.weight)
                     converted.bias.copy_(module.bias)
                 if module.track_running_stats:
-                    assert converted.running_mean is not None and converted.running_var is not None
+                    assert converted.running_mean is not None
+                    assert converted.running_var is not None
                     converted.running_mean.copy_(module.running_mean)  # type: ignore[arg-type]
                     converted.running_var.copy_(module.running_var)  # type: ignore[arg-type]
                     converted.num_batches_tracked.copy_(module.num_batches_tracked)  # type: ignore[union-attr,arg-type]

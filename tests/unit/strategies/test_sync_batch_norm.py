@@ -42,7 +42,7 @@ def _check(strategy, batch):
         return out, xb
 
     (batch_x,) = [b for b in dist]
-    outs, inputs = [], []
+    _outs, _inputs = [], []
     # grads need the per-replica slice offsets: weight each output like the reference did
     sizes = [t.shape[0] for t in strategy.experimental_local_results(batch_x)]
 
