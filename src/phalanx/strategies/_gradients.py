@@ -53,6 +53,11 @@ class GradientSync:
         if not params:
             return
         like = [p._replica_leaf(index) for p in params]
+        if self._strategy._sums_in_shared_memory():
+            all_none = self._sum_in_place(optimizer, index, like)
+            self._strategy._install_summed_in_place(params, all_none, index)
+            set_in_optimizer_step(True)
+            return
         grads = [c.grad for c in like]
         packed = pack(grads, like)
         none_mask = [g is None for g in grads]
@@ -64,6 +69,41 @@ class GradientSync:
         )
         self._strategy._install_gradients(params, reduced, all_none, index, spec_of(like))
         set_in_optimizer_step(True)
+
+    def _sum_in_place(
+        self, optimizer: torch.optim.Optimizer, index: int, leaves: list[torch.Tensor]
+    ) -> list[bool]:
+        """All replicas share one memory: replica i sums slice i of every gradient over all
+        replicas and writes the sum back into each replica's gradient (a reduce-scatter and
+        all-gather done by plain memory copies, in parallel, with no packing).
+
+        Returns:
+            Per parameter, whether no replica had a gradient (it stays None).
+        """
+        s = self._strategy
+        n = s._num_local_replicas
+        mask = [leaf.grad is None for leaf in leaves]
+        for leaf, missing in zip(leaves, mask, strict=True):
+            if missing:
+                leaf.grad = torch.zeros_like(leaf)
+
+        def lead(values: list[Any]) -> list[Any]:
+            if not isinstance(optimizer.state, PerReplicaState):
+                optimizer.state = PerReplicaState(optimizer.state, s)  # type: ignore[assignment]
+            return values
+
+        values = s._rendezvous.exchange(
+            index, ([leaf.grad for leaf in leaves], mask), lead, what="optimizer.step()"
+        )
+        with torch.no_grad():
+            for k in range(len(leaves)):
+                chunks = [torch.tensor_split(v[0][k].view(-1), n)[index] for v in values]
+                for chunk in chunks[1:]:
+                    chunks[0].add_(chunk)
+                for chunk in chunks[1:]:
+                    chunk.copy_(chunks[0])
+        s._rendezvous.exchange(index, None, what="optimizer.step() (gradient sum)")
+        return [all(v[1][k] for v in values) for k in range(len(leaves))]
 
     def _lead(
         self, optimizer: torch.optim.Optimizer, values: list[Any]
@@ -97,10 +137,14 @@ def install_own_copy(
     index: int,
     device: torch.device,
     spec: Any,
+    owned: bool = False,
 ) -> None:
-    """Gives replica ``index`` its own copy of the summed gradients, as views of one buffer."""
+    """Gives replica ``index`` its own copy of the summed gradients, as views of one buffer.
+
+    ``owned``: the buffers already belong to this replica (no copy needed).
+    """
     mine = {
-        dtype: (buf if index == 0 and buf.device == device else buf.to(device, copy=True))
+        dtype: (buf if (owned or index == 0) and buf.device == device else buf.to(device, copy=True))
         for dtype, buf in reduced.items()
     }
     for p, view, none in zip(params, unpack(mine, spec), all_none, strict=True):

@@ -172,8 +172,17 @@ class VariablePolicyMixin:
         all_none: list[bool],
         index: int,
         spec: Any,
+        owned: bool = False,
     ) -> None:
-        install_own_copy(params, reduced, all_none, index, self._devices[index], spec)
+        install_own_copy(params, reduced, all_none, index, self._devices[index], spec, owned)
+
+    def _install_summed_in_place(
+        self: Strategy, params: list[DistributedVariable], all_none: list[bool], index: int
+    ) -> None:
+        """After an in-place sum every replica's gradients already hold the total."""
+        for p, none in zip(params, all_none, strict=True):
+            if none:
+                p._replica_leaf(index).grad = None
 
     def _after_optimizer_step(self: Strategy, index: int) -> None:
         """Called in every replica after its optimizer step (nothing to do when mirrored)."""

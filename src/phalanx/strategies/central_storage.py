@@ -113,6 +113,7 @@ class CentralStorageStrategy(Strategy):
         all_none: list[bool],
         index: int,
         spec: Any,
+        owned: bool = False,
     ) -> None:
         if index != 0:
             for p in params:
@@ -122,6 +123,16 @@ class CentralStorageStrategy(Strategy):
         for p, view, none in zip(params, unpack(mine, spec), all_none, strict=True):
             target = p._components[0] if isinstance(p, CentralVariable) else p._replica_leaf(0)
             target.grad = None if none else view
+
+    def _install_summed_in_place(
+        self, params: list[DistributedVariable], all_none: list[bool], index: int
+    ) -> None:
+        for p, none in zip(params, all_none, strict=True):
+            leaf = p._replica_leaf(index)
+            if index == 0 and isinstance(p, CentralVariable):
+                p._components[0].grad = None if none else leaf.grad
+            if index != 0 or none:
+                leaf.grad = None
 
     def _after_optimizer_step(self, index: int) -> None:
         # Replicas wait for replica 0's update of the central variables, then refresh copies.

@@ -210,7 +210,21 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
                     self._gradients.reset_thread()
 
         self._rendezvous.reset()
-        results = self._threads.run(call, self._rendezvous.abort)
+        # Replicas share the cores: each replica thread gets its share of the intra-op threads
+        # (torch's setting is per OS thread), so 2 replicas x 2 threads do not fight over 2 cores.
+        caller_threads = torch.get_num_threads()
+        share = max(1, caller_threads // self._num_local_replicas)
+
+        def call_with_share(i: int) -> Any:
+            if torch.get_num_threads() != share:
+                torch.set_num_threads(share)
+            return call(i)
+
+        try:
+            results = self._threads.run(call_with_share, self._rendezvous.abort)
+        finally:
+            if torch.get_num_threads() != caller_threads:
+                torch.set_num_threads(caller_threads)
         return regroup(results)
 
     def _check_run_call(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
@@ -286,6 +300,20 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
             for i in range(self._num_local_replicas)
         ]
         return values[0] if len(values) == 1 else PerReplica(values)
+
+    def _sums_in_shared_memory(self) -> bool:
+        """Whether gradient sums can run in parallel by every replica over shared memory:
+        one worker, all replicas on the host CPU, and the default reduction."""
+        from phalanx.communication.cross_device_ops import ReductionToOneDevice, _add_n
+
+        ops = self._cross_device_ops
+        return (
+            self._num_workers == 1
+            and all(d.type == "cpu" for d in self._devices)
+            and type(ops) is ReductionToOneDevice
+            and ops._accumulate is _add_n
+            and ops._device in (None, torch.device("cpu"))
+        )
 
     def _fetch_devices(self) -> tuple[torch.device, ...] | None:
         """Where distributed input is placed, per local replica (None: leave it where it is)."""
