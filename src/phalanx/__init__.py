@@ -5,7 +5,8 @@ changing the line that creates the strategy. Importing phalanx has no side effec
 are installed the first time a strategy scope is entered.
 """
 
-from phalanx import callbacks, checkpoint, data, losses, metrics, nn
+from phalanx import callbacks, checkpoint, cluster, data, losses, metrics, nn
+from phalanx.cluster import resolvers as cluster_resolver
 from phalanx.communication import (
     CrossDeviceOps,
     HierarchicalCopyAllReduce,
@@ -27,6 +28,7 @@ from phalanx.nn.losses import compute_average_loss, scale_regularization_loss
 from phalanx.strategies import (
     CentralStorageStrategy,
     MirroredStrategy,
+    MultiWorkerMirroredStrategy,
     OneDeviceStrategy,
     ReplicaContext,
     Strategy,
@@ -57,6 +59,7 @@ __all__ = [
     "MirroredStrategy",
     "MirroredVariable",
     "Model",
+    "MultiWorkerMirroredStrategy",
     "NcclAllReduce",
     "OneDeviceStrategy",
     "PerReplica",
@@ -70,6 +73,8 @@ __all__ = [
     "__version__",
     "callbacks",
     "checkpoint",
+    "cluster",
+    "cluster_resolver",
     "data",
     "load_model",
     "losses",

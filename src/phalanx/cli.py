@@ -1,4 +1,4 @@
-"""The `phalanx` command: `phalanx demo` (and `phalanx launch` once the launcher exists)."""
+"""The `phalanx` command: `phalanx demo` and `phalanx launch`."""
 
 from __future__ import annotations
 
@@ -31,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=12)
     demo.add_argument("--batch-size", type=int, default=64, help="global batch size")
     demo.set_defaults(func=_demo)
+    from phalanx.cluster.launcher import add_launch_arguments, run_launch
+
+    launch = sub.add_parser(
+        "launch", help="start a local cluster: one process per task, each with its TF_CONFIG"
+    )
+    add_launch_arguments(launch)
+    launch.set_defaults(func=run_launch)
     return parser
 
 

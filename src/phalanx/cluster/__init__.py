@@ -1,6 +1,7 @@
 """Cluster configuration: ClusterSpec, resolvers (TF_CONFIG, torchrun, SLURM) and validation."""
 
 from phalanx.cluster.cluster_spec import ClusterSpec
+from phalanx.cluster.launcher import launch
 from phalanx.cluster.resolvers import (
     ClusterResolver,
     SimpleClusterResolver,
@@ -19,5 +20,6 @@ __all__ = [
     "TFConfigClusterResolver",
     "TorchrunClusterResolver",
     "expand_hostlist",
+    "launch",
     "resolve_cluster",
 ]

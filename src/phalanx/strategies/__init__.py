@@ -3,6 +3,7 @@
 from phalanx.strategies.central_storage import CentralStorageStrategy
 from phalanx.strategies.default import DefaultStrategy
 from phalanx.strategies.mirrored import MirroredStrategy
+from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from phalanx.strategies.one_device import OneDeviceStrategy
 from phalanx.strategies.replica_context import ReplicaContext
 from phalanx.strategies.strategy import Strategy, ValueContext
@@ -11,6 +12,7 @@ __all__ = [
     "CentralStorageStrategy",
     "DefaultStrategy",
     "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
     "ReplicaContext",
     "Strategy",
