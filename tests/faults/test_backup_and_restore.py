@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -41,3 +42,30 @@ def test_killed_fit_resumes_to_the_uninterrupted_weights(tmp_path, save_freq, st
     for key, value in expected["weights"].items():
         torch.testing.assert_close(got["weights"][key], value, rtol=1e-6, atol=1e-7, msg=key)
     assert not (tmp_path / "backup-run").exists()  # deleted after a completed fit
+
+
+def test_multi_worker_fit_killed_on_one_worker_resumes_exactly(tmp_path):
+    from phalanx.cluster import launch
+
+    def run(name, kill):
+        out = io.StringIO()
+        target = tmp_path / name
+        target.mkdir(exist_ok=True)
+        args = [str(target / "backup"), str(target / "final.pt"), "epoch", *kill, "multi_worker"]
+        return (
+            launch(str(SCRIPT), workers=2, args=args, timeout=120, out=out),
+            out.getvalue(),
+            target / "final.pt",
+        )
+
+    code, log, ref_out = run("ref", ("-1", "-1"))
+    assert code == 0, log
+    code, log, out = run("run", ("2", "4"))
+    assert code == -signal.SIGKILL, log  # worker-1 died; the launcher stopped worker-0
+    assert not out.exists()
+    code, log, out = run("run", ("2", "4"))
+    assert code == 0, log
+    expected, got = torch.load(ref_out), torch.load(out)
+    for key, value in expected["weights"].items():
+        torch.testing.assert_close(got["weights"][key], value, rtol=1e-6, atol=1e-7, msg=key)
+    assert not any(p.name.startswith("workertemp") for p in (tmp_path / "run").iterdir())

@@ -61,3 +61,36 @@ def test_two_workers_with_two_local_replicas_equal_four_replicas(tmp_path):
     assert [s[0] for s in results[0]["seen"]] == [s[0] for s in seen]
     for name, value in state.items():
         np.testing.assert_allclose(states[1][name].numpy(), value.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_uneven_workers_end_the_epoch_together(tmp_path):
+    code, output = _launch("uneven_epoch.py", [tmp_path])
+    assert code == 0, output
+    results = [json.loads((tmp_path / f"steps-{r}.json").read_text()) for r in range(2)]
+    assert results[0]["sizes"] == [4, 4, 0, 0] * 2  # worker 0 ran out: empty batches, same steps
+    assert results[1]["sizes"] == [4, 4, 4, 4] * 2
+    assert results[0]["weight"] == results[1]["weight"]
+
+
+def test_keras_under_two_workers_restore_metrics_and_predict_order(tmp_path):
+    from phalanx.checkpoint import Checkpoint
+
+    torch.manual_seed(3)
+    with phalanx.OneDeviceStrategy("cpu").scope():
+        net = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    path = Checkpoint(model=net).write(str(tmp_path / "one_device.pt"))
+    code, output = _launch("keras_checks.py", [path, tmp_path])
+    assert code == 0, output
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(53, 4, generator=g), torch.randint(0, 3, (53,), generator=g)
+    with torch.no_grad():
+        expected = net(x)
+    reference = phalanx.metrics.SparseCategoricalAccuracy()
+    reference.update_state(y[:25], expected[:25])
+    loss = phalanx.losses.SparseCategoricalCrossentropy(from_logits=True)(y, expected).item()
+    for rank in range(2):
+        result = json.loads((tmp_path / f"keras-{rank}.json").read_text())
+        torch.testing.assert_close(torch.tensor(result["weight"]), net[0].weight.detach())
+        torch.testing.assert_close(torch.tensor(result["predictions"]), expected)  # input order, 53 = 6x8 + 5
+        assert result["metric"] == pytest.approx(reference.result().item())
+        assert result["loss"] == pytest.approx(loss, rel=1e-5)

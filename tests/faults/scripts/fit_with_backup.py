@@ -19,7 +19,10 @@ marker = os.path.join(os.path.dirname(out_file), "killed-once")
 strategy = {
     "one_device": lambda: phalanx.OneDeviceStrategy("cpu"),
     "mirrored": lambda: phalanx.MirroredStrategy(["cpu:0", "cpu:1"]),
+    "multi_worker": lambda: phalanx.MultiWorkerMirroredStrategy(),
 }[strategy_name]()
+resolver = strategy.cluster_resolver
+killer = resolver is None or resolver.worker_index == resolver.num_workers - 1  # one worker of several
 
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(1)
@@ -50,4 +53,5 @@ class KillAt(phalanx.callbacks.Callback):
 
 backup = phalanx.callbacks.BackupAndRestore(backup_dir, save_freq=save_freq)
 history = model.fit(x, y, batch_size=16, epochs=4, shuffle=True, verbose=0, callbacks=[backup, KillAt()])
-torch.save({"weights": model.module.state_dict(), "loss": history.history["loss"]}, out_file)
+if strategy.is_chief:
+    torch.save({"weights": model.module.state_dict(), "loss": history.history["loss"]}, out_file)
