@@ -1,7 +1,7 @@
 """Safe file writing: atomic replacement, and chief-only output under several workers.
 
 Every worker runs the same save code (a collective may hide in a state read); the chief
-writes to the real path, the others to a temporary sibling that is removed afterwards, as
+writes to the real path, the others to a temporary folder that is removed afterwards, as
 TF's ``write_dirpath`` does.
 """
 
@@ -61,8 +61,9 @@ def chief_path(path: str, strategy: Any = None) -> Iterator[str]:
         return
     resolver = strategy.cluster_resolver
     task = f"{resolver.task_type}_{resolver.task_id}" if resolver is not None else "worker"
-    folder = os.path.join(os.path.dirname(os.path.abspath(path)), f"workertemp_{task}")
-    os.makedirs(folder, exist_ok=True)
+    # Outside the chief's folder: the chief may delete it (BackupAndRestore at train end)
+    # while this worker is still writing its discarded copy.
+    folder = tempfile.mkdtemp(prefix=f"phalanx-workertemp_{task}-")
     try:
         yield os.path.join(folder, os.path.basename(path))
     finally:

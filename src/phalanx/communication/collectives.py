@@ -153,7 +153,7 @@ class WorkerGroup:
                 self._failure = f"no answer within {self._collective_timeout:.0f}s"
                 self._raise_failure(what)
             time.sleep(pause)
-            pause = min(0.002, pause + 0.00005)
+            pause = min(0.0002, pause + 0.00002)
 
     def _blame(self, exc: RuntimeError, what: str) -> None:
         deadline = time.monotonic() + self._heartbeat_timeout + 2

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from phalanx import context
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.cluster.validation import validate_for_strategy
+from phalanx.communication.bucketing import GradientBuckets
 from phalanx.communication.collectives import WorkerGroup
 from phalanx.communication.options import CommunicationImplementation, CommunicationOptions
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
@@ -25,6 +28,22 @@ def _local_devices(resolver: ClusterResolver) -> list[str]:
             return [f"cuda:{int(local_rank) % torch.cuda.device_count()}"]
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     return ["cpu:0"]
+
+
+class _BucketSync:
+    """The optimizer-step hook of the DDP layout: wait for the buckets, install the sums."""
+
+    def __init__(self, buckets: GradientBuckets) -> None:
+        self._buckets = buckets
+
+    def before_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
+        self._buckets.synchronize()
+
+    def after_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
+        """Nothing to do: parameters are plain and updated in place."""
+
+    def reset_thread(self) -> None:
+        """No per-thread state."""
 
 
 class MultiWorkerMirroredStrategy(Strategy):
@@ -70,6 +89,8 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._num_workers = resolver.num_workers
         self._worker_index = resolver.worker_index
         self._group: WorkerGroup | None = None
+        self._plain_params: list[weakref.ref[torch.nn.Parameter]] = []
+        self._buckets: GradientBuckets | None = None
         if self._num_workers > 1:
             host, port = resolver.chief_address().rsplit(":", 1)
             self._group = WorkerGroup(
@@ -82,6 +103,20 @@ class MultiWorkerMirroredStrategy(Strategy):
                 join_timeout=join_timeout,
                 collective_timeout=timeout,
             )
+
+    def _in_my_replica(self) -> bool:
+        replica = context._state.replica
+        return replica is not None and replica[0] is self
+
+    def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
+        if self._buckets is None:
+            return super()._create_parameter(module, name, param)
+        device = self._devices[0]
+        if param.device != device:
+            param = torch.nn.Parameter(param.detach().to(device), requires_grad=param.requires_grad)
+        self._buckets.add(param)
+        self._plain_params.append(weakref.ref(param))
+        return param
 
     def _backend(self) -> str:
         impl = self._options.implementation
@@ -127,7 +162,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         super()._before_run()
         if self._group is None:
             return
-        alive = [ref() for ref in self._variables]
+        alive = [ref() for ref in self._variables] + [ref() for ref in self._plain_params]
         fresh = [v for v in alive if v is not None and not getattr(v, "_from_chief", False)]
         if not fresh:
             return
@@ -150,15 +185,14 @@ class MultiWorkerMirroredStrategy(Strategy):
     def _cross_worker_all_reduce(
         self, tensor: torch.Tensor, op: Any, options: CommunicationOptions | None = None
     ) -> torch.Tensor:
+        """Sums ``tensor`` across workers (all workers). Callers pass buffers they own: the
+        sum may be written into ``tensor`` itself, with no copy."""
         if self._group is None:
             return tensor
-        staged = (
-            tensor.detach().cpu().contiguous() if self._group_on_cpu(tensor) else tensor.detach().contiguous()
-        )
-        if staged.data_ptr() == tensor.data_ptr() and staged is not tensor:
-            staged = staged.clone()
+        staged = tensor.detach().cpu() if self._group_on_cpu(tensor) else tensor.detach()
+        staged = staged.contiguous()
         self._group.all_reduce(staged)
-        result = staged.to(tensor.device)
+        result = staged if staged.device == tensor.device else staged.to(tensor.device)
         if ReduceOp.coerce(op) is ReduceOp.MEAN:
             result = result / self._num_workers
         return result
