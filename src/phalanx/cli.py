@@ -10,8 +10,17 @@ __all__ = ["main"]
 
 
 def _demo(args: argparse.Namespace) -> int:
+    import os
+
     from phalanx.demo import run_demo
 
+    if args.strategy == "multi_worker_mirrored" and "TF_CONFIG" not in os.environ:
+        from phalanx.cluster import launch
+
+        print(f"starting {args.workers} worker processes on 127.0.0.1 (phalanx launch)")
+        return launch(
+            "phalanx.demo:worker_main", workers=args.workers, args=[str(args.epochs), str(args.batch_size)]
+        )
     accuracy = run_demo(args.strategy, epochs=args.epochs, batch_size=args.batch_size)
     return 0 if accuracy > 0 else 1
 
@@ -30,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--epochs", type=int, default=12)
     demo.add_argument("--batch-size", type=int, default=64, help="global batch size")
+    demo.add_argument("--workers", type=int, default=2, help="processes for multi_worker_mirrored")
     demo.set_defaults(func=_demo)
     from phalanx.cluster.launcher import add_launch_arguments, run_launch
 

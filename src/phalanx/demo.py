@@ -24,12 +24,19 @@ def _mirrored() -> Any:
     return MirroredStrategy([f"cpu:{i}" for i in range(max(2, min(4, os.cpu_count() or 2)))])
 
 
+def _multi_worker() -> Any:
+    from phalanx import MultiWorkerMirroredStrategy
+
+    return MultiWorkerMirroredStrategy()
+
+
 STRATEGIES: dict[str, Callable[[], Any]] = {
     "default": lambda: __import__("phalanx").get_strategy(),
     "one_device": lambda: __import__("phalanx").OneDeviceStrategy(
         "cuda:0" if torch.cuda.is_available() else "cpu"
     ),
     "mirrored": _mirrored,
+    "multi_worker_mirrored": _multi_worker,
     "central_storage": lambda: __import__("phalanx").CentralStorageStrategy(
         None if torch.cuda.is_available() else ["cpu:0", "cpu:1"]
     ),
@@ -112,3 +119,12 @@ def run_demo(
     if strategy.is_chief and verbose:
         print(f"test accuracy: {accuracy:.4f}")
     return float(accuracy)
+
+
+def worker_main() -> int:
+    """One worker of ``phalanx demo --strategy multi_worker_mirrored`` (started by the launcher)."""
+    import sys
+
+    epochs, batch_size = int(sys.argv[1]), int(sys.argv[2])
+    accuracy = run_demo("multi_worker_mirrored", epochs=epochs, batch_size=batch_size)
+    return 0 if accuracy > 0 else 1

@@ -30,3 +30,29 @@ def test_example_runs(script, args, expect, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert expect in done.stdout
+
+
+def test_multi_worker_example_under_the_launcher(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "launch",
+            "--workers",
+            "2",
+            str(EXAMPLES / "multi_worker_keras.py"),
+            "--epochs",
+            "2",
+            "--model-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[worker-0] saved True" in done.stdout
+    assert "Epoch 2/2" in done.stdout
+    assert (tmp_path / "model.pt").exists()
+    assert not (tmp_path / "backup").exists()
