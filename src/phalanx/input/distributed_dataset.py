@@ -81,6 +81,7 @@ class DistributedIterator:
         self._options = options
         self._agree = agree
         self._template: list[Any] | None = None
+        self._steps = 0
         self._devices = strategy._fetch_devices() if options.experimental_fetch_to_device else None
 
     def __iter__(self) -> DistributedIterator:
@@ -95,12 +96,32 @@ class DistributedIterator:
                 raise StopIteration
             step = ([slice_batch(p, 0, 0) for p in self._template], None, None)
         pieces, global_count, offsets = step
+        self._steps += 1
         self._template = pieces
         if self._devices is not None:
             pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices, strict=True)]
         self._strategy._pending_global_batch_size = global_count
         self._strategy._pending_offsets = offsets
         return regroup(pieces)
+
+    def state_dict(self) -> dict[str, int]:
+        """The position (steps taken), so a `Checkpoint` can save where the input was."""
+        return {"steps": self._steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Moves a fresh iterator to a saved position by skipping that many steps (all workers).
+
+        Raises:
+            ValueError: This iterator has already moved past the saved position.
+        """
+        target = int(state["steps"])
+        if target < self._steps:
+            raise ValueError(
+                f"Cannot rewind a data iterator from step {self._steps} to step {target}. "
+                "HINT: restore into a fresh iterator, before taking any batch."
+            )
+        while self._steps < target:
+            next(self)
 
     def get_next(self) -> Any:
         """The next step's value (raises StopIteration at the end)."""

@@ -178,3 +178,16 @@ def test_sync_on_read_state_is_saved_aggregated(tmp_path, mirrored_2cpu):
     plain = nn.BatchNorm1d(3)
     Checkpoint(bn=plain).read(path)
     torch.testing.assert_close(plain.running_mean, expected)
+
+
+def test_data_iterator_position_is_saved_and_restored(tmp_path, mirrored_2cpu):
+    batches = [torch.full((4, 1), float(i)) for i in range(5)]
+    it = iter(mirrored_2cpu.experimental_distribute_dataset(batches))
+    next(it)
+    next(it)
+    path = Checkpoint(data=it).write(str(tmp_path / "it.pt"))
+    fresh = iter(mirrored_2cpu.experimental_distribute_dataset(batches))
+    Checkpoint(data=fresh).read(path)
+    assert mirrored_2cpu.experimental_local_results(next(fresh))[0][0].item() == 2.0
+    with pytest.raises(ValueError, match="Cannot rewind"):
+        fresh.load_state_dict({"steps": 0})
