@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import subprocess
 import sys
 import time
@@ -59,3 +60,21 @@ def test_cli_and_argument_errors():
         task_environments(0)
     with pytest.raises(ValueError, match="module-level function"):
         launch(lambda: None)
+
+
+def test_per_node_mode_starts_only_this_nodes_tasks():
+    from phalanx.cluster.launcher import free_ports, launch_node, node_environments
+
+    a, b, c = free_ports(3)
+    cluster = {"worker": [f"127.0.0.1:{a}", f"127.0.0.1:{b}", f"otherhost:{c}"]}
+    envs = node_environments(cluster, node="127.0.0.1")
+    assert sorted(envs) == ["worker-0", "worker-1"]
+    out = io.StringIO()
+    code = launch_node(
+        SCRIPT, json.dumps({"cluster": cluster}), node="127.0.0.1", args=["ok"], out=out, timeout=60
+    )
+    assert code == 0
+    assert "[worker-1] task worker:1" in out.getvalue()
+    assert "worker-2" not in out.getvalue()
+    with pytest.raises(ValueError, match="No task of the cluster runs on node"):
+        node_environments(cluster, node="nowhere")

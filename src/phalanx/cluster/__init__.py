@@ -1,7 +1,7 @@
 """Cluster configuration: ClusterSpec, resolvers (TF_CONFIG, torchrun, SLURM) and validation."""
 
 from phalanx.cluster.cluster_spec import ClusterSpec
-from phalanx.cluster.launcher import launch
+from phalanx.cluster.launcher import launch, launch_node
 from phalanx.cluster.resolvers import (
     ClusterResolver,
     SimpleClusterResolver,
@@ -21,5 +21,6 @@ __all__ = [
     "TorchrunClusterResolver",
     "expand_hostlist",
     "launch",
+    "launch_node",
     "resolve_cluster",
 ]

@@ -22,7 +22,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-__all__ = ["add_launch_arguments", "free_ports", "launch", "run_launch", "task_environments"]
+__all__ = [
+    "add_launch_arguments",
+    "free_ports",
+    "launch",
+    "launch_node",
+    "node_environments",
+    "run_launch",
+    "task_environments",
+]
 
 GRACE_SECONDS = 5.0
 
@@ -150,11 +158,83 @@ def launch(
         0 when every chief/worker task succeeded; else the first failure's exit code
         (124 on timeout).
     """
+    return _run_tasks(_command(target, args), task_environments(workers, ps, chief), env, timeout, out)
+
+
+def node_environments(
+    cluster: dict[str, Any] | str, node: str | None = None, tasks: Sequence[tuple[str, int]] | None = None
+) -> dict[str, dict[str, str]]:
+    """TF_CONFIGs for the tasks of a real cluster that run on this node.
+
+    Args:
+        cluster: The cluster (a dict of job -> addresses, or a TF_CONFIG / cluster JSON string).
+        node: Select the tasks whose address host is this name (default: this host's name).
+        tasks: Or name the tasks explicitly, as (job, index) pairs.
+
+    Raises:
+        ValueError: No task of the cluster runs on this node.
+    """
+    from phalanx.cluster.cluster_spec import ClusterSpec
+
+    if isinstance(cluster, str):
+        parsed = json.loads(cluster)
+        spec = ClusterSpec(parsed.get("cluster", parsed))
+    else:
+        spec = ClusterSpec(cluster)
+    host = node or socket.gethostname()
+    chosen = (
+        list(tasks)
+        if tasks is not None
+        else [
+            (job, i)
+            for job in spec.jobs
+            for i in spec.task_indices(job)
+            if spec.task_address(job, i).rsplit(":", 1)[0] == host
+        ]
+    )
+    if not chosen:
+        raise ValueError(
+            f"No task of the cluster runs on node {host!r}. Cluster: {spec.as_dict()}. HINT: pass --node."
+        )
+    cluster_dict = spec.as_dict()
+    return {
+        f"{job}-{index}": {
+            "TF_CONFIG": json.dumps({"cluster": cluster_dict, "task": {"type": job, "index": index}})
+        }
+        for job, index in chosen
+    }
+
+
+def launch_node(
+    target: str | Callable[..., Any],
+    cluster: dict[str, Any] | str,
+    *,
+    node: str | None = None,
+    tasks: Sequence[tuple[str, int]] | None = None,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    out: IO[str] | None = None,
+) -> int:
+    """Per-node mode for real clusters: starts only this node's tasks, each with its TF_CONFIG.
+
+    Run it on every node of the cluster (same ``cluster`` everywhere). Output prefixing,
+    failure handling and exit codes are those of `launch`.
+    """
+    return _run_tasks(_command(target, args), node_environments(cluster, node, tasks), env, timeout, out)
+
+
+def _run_tasks(
+    command: list[str],
+    environments: dict[str, dict[str, str]],
+    env: dict[str, str] | None,
+    timeout: float | None,
+    out: IO[str] | None,
+) -> int:
     out = out or sys.stdout
-    command = _command(target, args)
     tasks: list[_Task] = []
     pumps = []
-    for name, task_env in task_environments(workers, ps, chief).items():
+    for name, task_env in environments.items():
         full_env = {**os.environ, **(env or {}), **task_env, "PYTHONUNBUFFERED": "1"}
         process = subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         tasks.append(_Task(name, process, name.startswith("ps-")))
@@ -203,6 +283,12 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ps", type=int, default=0, help="parameter-server processes")
     parser.add_argument("--chief", action="store_true", help="add a separate chief task")
     parser.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
+    parser.add_argument(
+        "--tf-config",
+        default=None,
+        help="per-node mode: the whole cluster (TF_CONFIG or cluster JSON); starts this node's tasks",
+    )
+    parser.add_argument("--node", default=None, help="per-node mode: this node's host name as in the cluster")
     parser.add_argument("script", help="the training script (or module:function)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -218,6 +304,8 @@ def run_launch(ns: argparse.Namespace) -> int:
             f"--workers ({ns.workers}) and --nproc-per-node ({ns.nproc_per_node}) both give the number of "
             "worker processes on this machine and disagree. HINT: pass one of them."
         )
+    if ns.tf_config is not None:
+        return launch_node(ns.script, ns.tf_config, node=ns.node, args=ns.script_args, timeout=ns.timeout)
     workers = ns.workers if ns.workers is not None else (ns.nproc_per_node or 2)
     return launch(
         ns.script, workers=workers, ps=ns.ps, chief=ns.chief, args=ns.script_args, timeout=ns.timeout
