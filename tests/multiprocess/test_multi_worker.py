@@ -94,3 +94,16 @@ def test_keras_under_two_workers_restore_metrics_and_predict_order(tmp_path):
         torch.testing.assert_close(torch.tensor(result["predictions"]), expected)  # input order, 53 = 6x8 + 5
         assert result["metric"] == pytest.approx(reference.result().item())
         assert result["loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_sync_batch_norm_across_workers(tmp_path):
+    code, output = _launch("sync_bn.py", [tmp_path])
+    assert code == 0, output
+    x = torch.arange(7 * 3, dtype=torch.float32).reshape(7, 3) ** 1.5
+    reference = torch.nn.BatchNorm1d(3)
+    expected = reference(x)
+    for rank in range(2):
+        result = json.loads((tmp_path / f"bn-{rank}.json").read_text())
+        torch.testing.assert_close(torch.tensor(result["out"]), expected.detach(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(torch.tensor(result["mean"]), reference.running_mean, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.tensor(result["var"]), reference.running_var, rtol=1e-4, atol=1e-4)

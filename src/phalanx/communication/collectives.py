@@ -10,6 +10,7 @@ too. Each error names the missing tasks.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -79,6 +80,8 @@ class WorkerGroup:
             target=self._beat, args=(host, port), name="phalanx-heartbeat", daemon=True
         )
         self._heartbeat.start()
+        # A daemon thread stopped inside a store call at interpreter exit aborts the process.
+        atexit.register(self._stop_heartbeat)
 
     # ---------------------------------------------------------------- joining and health
     def _check_in(self, deadline_s: float) -> None:
@@ -185,8 +188,13 @@ class WorkerGroup:
         self._wait(dist.all_gather(out, tensor.contiguous(), async_op=True), "all_gather")
         return out
 
+    def _stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._heartbeat.is_alive() and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join(timeout=15)
+
     def close(self) -> None:
         """Stops the heartbeat and destroys the process group (every worker)."""
-        self._stop.set()
+        self._stop_heartbeat()
         if dist.is_initialized():
             dist.destroy_process_group()
