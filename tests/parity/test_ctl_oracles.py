@@ -70,3 +70,8 @@ def test_true_global_count_for_odd_partial_batch(mirrored_2cpu):
 
     expected = torch.nn.functional.cross_entropy(model(x), y)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_single_replica_mirrored_and_central_storage_match_ctl_single():
+    for strategy in (phalanx.MirroredStrategy(["cpu:0"]), phalanx.CentralStorageStrategy(["cpu:0"])):
+        _check("ctl_single", strategy)

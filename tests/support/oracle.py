@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,9 @@ from torch import nn
 
 import phalanx
 
-ORACLES = Path(__file__).resolve().parents[2].parent / "shared" / "oracles"
+ORACLES = Path(
+    os.environ.get("PHALANX_ORACLES", Path(__file__).resolve().parents[2].parent / "shared" / "oracles")
+)
 GLOBAL_BATCH = 32
 WEIGHT_TOL = {"rtol": 1e-5, "atol": 1e-6}
 LOSS_TOL = {"rtol": 1e-5, "atol": 1e-5}

@@ -48,6 +48,11 @@ class GradientSync:
     def before_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         """Sums gradients across replicas before the step (every replica calls it)."""
         if self._strategy.num_replicas_in_sync == 1:
+            set_in_optimizer_step(True)  # nothing to sum; the update itself may write variables
+            if self._strategy._variables:  # one replica of a distributed strategy
+                params = self._distributed_params(optimizer)
+                none = [p._replica_leaf(0).grad is None for p in params]
+                self._strategy._install_summed_in_place(params, none, 0)
             return
         params = self._distributed_params(optimizer)
         if not params:
@@ -122,7 +127,7 @@ class GradientSync:
     def after_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         """Ends the step's write permission; lets the strategy finish the step (all replicas)."""
         set_in_optimizer_step(False)
-        if self._strategy.num_replicas_in_sync > 1 and self._distributed_params(optimizer):
+        if self._strategy._variables and self._distributed_params(optimizer):
             self._strategy._after_optimizer_step(index)
 
     def reset_thread(self) -> None:

@@ -130,7 +130,9 @@ class CentralStorageStrategy(Strategy):
         for p, none in zip(params, all_none, strict=True):
             leaf = p._replica_leaf(index)
             if index == 0 and isinstance(p, CentralVariable):
-                p._components[0].grad = None if none else leaf.grad
+                central = p._components[0]
+                grad = leaf.grad
+                central.grad = None if none or grad is None else grad.to(central.device)
             if index != 0 or none:
                 leaf.grad = None
 
