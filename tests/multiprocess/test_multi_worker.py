@@ -107,3 +107,10 @@ def test_sync_batch_norm_across_workers(tmp_path):
         torch.testing.assert_close(torch.tensor(result["out"]), expected.detach(), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(torch.tensor(result["mean"]), reference.running_mean, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.tensor(result["var"]), reference.running_var, rtol=1e-4, atol=1e-4)
+
+
+def test_per_call_timeout_of_communication_options(tmp_path):
+    code, output = _launch("per_call_timeout.py", [])
+    assert code == 7, output
+    assert "[worker-0] timed out: all_reduce failed on worker:0" in output
+    assert "no answer within 1s" in output

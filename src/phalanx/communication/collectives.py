@@ -140,7 +140,8 @@ class WorkerGroup:
             "HINT: check that task's log; restart the job (BackupAndRestore resumes it)."
         ) from cause
 
-    def _wait(self, work: Any, what: str) -> None:
+    def _wait(self, work: Any, what: str, timeout: float | None = None) -> None:
+        limit = self._collective_timeout if timeout is None else timeout
         start = time.monotonic()
         pause = 0.0
         while True:
@@ -152,8 +153,8 @@ class WorkerGroup:
                 self._blame(exc, what)
             if self._failure is not None:
                 self._raise_failure(what)
-            if time.monotonic() - start > self._collective_timeout:
-                self._failure = f"no answer within {self._collective_timeout:.0f}s"
+            if time.monotonic() - start > limit:
+                self._failure = f"no answer within {limit:g}s"
                 self._raise_failure(what)
             time.sleep(pause)
             pause = min(0.0002, pause + 0.00002)
@@ -169,12 +170,19 @@ class WorkerGroup:
 
     # ---------------------------------------------------------------- collectives (all workers)
     def all_reduce(
-        self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, what: str = "all_reduce"
+        self,
+        tensor: torch.Tensor,
+        op: Any = dist.ReduceOp.SUM,
+        what: str = "all_reduce",
+        timeout: float | None = None,
     ) -> torch.Tensor:
-        """In-place all-reduce of a contiguous tensor (every worker, same shape and dtype)."""
+        """In-place all-reduce of a contiguous tensor (every worker, same shape and dtype).
+
+        ``timeout`` overrides the group's collective timeout for this call.
+        """
         if self._failure is not None:
             self._raise_failure(what)
-        self._wait(dist.all_reduce(tensor, op=op, async_op=True), what)
+        self._wait(dist.all_reduce(tensor, op=op, async_op=True), what, timeout)
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:

@@ -191,7 +191,8 @@ class MultiWorkerMirroredStrategy(Strategy):
             return tensor
         staged = tensor.detach().cpu() if self._group_on_cpu(tensor) else tensor.detach()
         staged = staged.contiguous()
-        self._group.all_reduce(staged)
+        per_call = options.timeout_seconds if options is not None else None  # CommunicationOptions per call
+        self._group.all_reduce(staged, timeout=per_call)
         result = staged if staged.device == tensor.device else staged.to(tensor.device)
         if ReduceOp.coerce(op) is ReduceOp.MEAN:
             result = result / self._num_workers
