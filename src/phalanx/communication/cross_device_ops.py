@@ -145,18 +145,22 @@ def _require_cuda(devices: Sequence[torch.device], name: str) -> None:
         )
 
 
-class HierarchicalCopyAllReduce(CrossDeviceOps):
+class _PackedGpuOps(CrossDeviceOps):
+    """Base of the GPU reductions that split the packed buffer into ``num_packs`` chunks."""
+
+    def __init__(self, num_packs: int = 1) -> None:
+        if num_packs < 1:
+            raise ValueError(f"num_packs must be >= 1. Received: {num_packs}.")
+        self._num_packs = num_packs
+
+
+class HierarchicalCopyAllReduce(_PackedGpuOps):
     """Reduces with device-to-device copies in chunks (TF's hierarchical copy for GPUs).
 
     Args:
         num_packs: Chunks the packed buffer is split into, so copies of one chunk overlap the
             additions of another.
     """
-
-    def __init__(self, num_packs: int = 1) -> None:
-        if num_packs < 1:
-            raise ValueError(f"num_packs must be >= 1. Received: {num_packs}.")
-        self._num_packs = num_packs
 
     def reduce_to(
         self, reduce_op: ReduceOp, tensors: Sequence[torch.Tensor], device: torch.device
@@ -170,7 +174,7 @@ class HierarchicalCopyAllReduce(CrossDeviceOps):
         return total / len(tensors) if reduce_op is ReduceOp.MEAN else total
 
 
-class NcclAllReduce(CrossDeviceOps):
+class NcclAllReduce(_PackedGpuOps):
     """Reduces across the GPUs of this process with NCCL (`torch.cuda.nccl`).
 
     Args:
@@ -179,11 +183,6 @@ class NcclAllReduce(CrossDeviceOps):
     Raises:
         ValueError: Used with CPU devices, or NCCL is not available in this torch build.
     """
-
-    def __init__(self, num_packs: int = 1) -> None:
-        if num_packs < 1:
-            raise ValueError(f"num_packs must be >= 1. Received: {num_packs}.")
-        self._num_packs = num_packs
 
     def reduce_to(
         self, reduce_op: ReduceOp, tensors: Sequence[torch.Tensor], device: torch.device
