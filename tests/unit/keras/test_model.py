@@ -185,11 +185,16 @@ def test_summary_lists_layers(one_device):
     assert "Total params: 131" in text
 
 
-def test_jit_compile(one_device):
-    pytest.importorskip("torch._dynamo")
-    x, y = _data(8)
-    model = _compiled(one_device, jit_compile=True)
-    assert model._compile_config["jit_compile"] is True
+@pytest.mark.parametrize("name", ["one_device", "mirrored_2cpu"])
+def test_jit_compile_trains_like_eager(request, name):
+    strategy = request.getfixturevalue(name)
+    x, y = _data(16)
+    eager = _compiled(strategy)
+    jit = _compiled(strategy, jit_compile=True)
+    h_eager = eager.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    h_jit = jit.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    np.testing.assert_allclose(h_jit.history["loss"], h_eager.history["loss"], rtol=1e-5)
+    assert jit._compile_config["jit_compile"] is True
 
 
 def test_errors(one_device):
