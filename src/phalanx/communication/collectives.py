@@ -143,7 +143,7 @@ class WorkerGroup:
     def _wait(self, work: Any, what: str, timeout: float | None = None) -> None:
         limit = self._collective_timeout if timeout is None else timeout
         start = time.monotonic()
-        pause = 0.0
+        pause = 0.00005  # sleep, never spin: gloo threads need the cores
         while True:
             try:
                 if work.is_completed():
@@ -157,7 +157,7 @@ class WorkerGroup:
                 self._failure = f"no answer within {limit:g}s"
                 self._raise_failure(what)
             time.sleep(pause)
-            pause = min(0.0002, pause + 0.00002)
+            pause = min(0.0005, pause * 1.5)
 
     def _blame(self, exc: RuntimeError, what: str) -> None:
         deadline = time.monotonic() + self._heartbeat_timeout + 2
