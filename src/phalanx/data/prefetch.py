@@ -100,8 +100,10 @@ class PrefetchIterator(Iterator[Any]):
             target=_produce, args=(source, self._channel), name=thread_name, daemon=True
         )
         self._thread.start()
-        # Dropping the iterator closes the channel; the producer holds no reference to self.
-        weakref.finalize(self, self._channel.close)
+        # The producer holds no reference to self, so dropping the iterator runs this: the
+        # thread stops (and, dropped inside an outer producer, the outer one waits for it).
+        stop = weakref.finalize(self, _stop, self._channel, self._thread)
+        stop.atexit = False  # daemon threads need no stopping at interpreter exit
 
     def __next__(self) -> Any:
         if self._done:
@@ -117,9 +119,13 @@ class PrefetchIterator(Iterator[Any]):
     def close(self) -> None:
         """Stops the producer and waits for its thread to end (at most one element's work)."""
         self._done = True
-        self._channel.close()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
+        _stop(self._channel, self._thread)
+
+
+def _stop(channel: _Channel, thread: threading.Thread) -> None:
+    channel.close()
+    if thread is not threading.current_thread():
+        thread.join()
 
 
 class Prefetch(Op):

@@ -22,7 +22,6 @@ def wait_for_threads(count: int, timeout: float = 5.0) -> int:
 def _no_leaked_threads():
     before = threading.active_count()
     yield
-    gc.collect()
     assert wait_for_threads(before) == before, [t.name for t in threading.enumerate()]
 
 
