@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from typing import IO
@@ -51,6 +52,9 @@ class PrefixedOutput:
     def _copy(self, name: str, stream: IO[bytes], stderr: bool) -> None:
         try:
             for raw in iter(stream.readline, b""):
-                self.write_line(name, raw.decode(errors="replace"), stderr)
+                # If our own stream is gone (`phalanx launch ... | head`), keep draining the pipe:
+                # a task whose pipe fills up would block forever on its next print.
+                with contextlib.suppress(OSError, ValueError):
+                    self.write_line(name, raw.decode(errors="replace"), stderr)
         finally:
             stream.close()

@@ -35,3 +35,15 @@ def test_stdout_and_stderr_go_to_ours_without_an_out_stream(capsys):
     captured = capsys.readouterr()
     assert captured.out == "[chief-0] to stdout\n"
     assert captured.err == "[chief-0] to stderr\n[phalanx launch] a note\n"
+
+
+def test_a_closed_stream_does_not_stop_the_draining():
+    out = io.StringIO()
+    out.close()
+    read, write = os.pipe()
+    thread = PrefixedOutput(out).pump("worker-0", os.fdopen(read, "rb"), stderr=False)
+    os.write(write, b"x" * 100 + b"\n")  # more lines than a failing writer could survive
+    os.write(write, b"y\n" * 10_000)
+    os.close(write)
+    thread.join(timeout=5)
+    assert not thread.is_alive()

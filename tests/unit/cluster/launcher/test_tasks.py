@@ -94,3 +94,15 @@ def test_plan_gives_sparse_clusters_through_json():
     (task,) = plan_tasks(spec, [("worker", 2)])
     assert TFConfigClusterResolver(tf_config=task.env["TF_CONFIG"]).cluster_spec() == spec
     assert (task.name, task.is_trainer, task.env["RANK"]) == ("worker-2", True, "1")
+
+
+def test_free_ports_gives_up_when_every_port_was_handed_out(monkeypatch):
+    from phalanx.cluster import _ports
+
+    class Everything(list):
+        def __contains__(self, port):
+            return True
+
+    monkeypatch.setattr(_ports, "_handed_out", Everything())
+    with pytest.raises(OSError, match="found only 0 of 1 unused free ports"):
+        free_ports(1)
