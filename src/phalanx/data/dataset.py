@@ -213,6 +213,11 @@ class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         return self._cardinality
 
     def __len__(self) -> int:
+        """The cardinality, when known.
+
+        Raises:
+            TypeError: The cardinality is INFINITE or UNKNOWN (so ``list(ds)`` still works).
+        """
         if not is_known(self._cardinality):
             reason = (
                 "repeat() without a count"
@@ -229,16 +234,14 @@ class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         return True  # as tf.data: truth does not depend on a length that may be unknown
 
     def __iter__(self) -> Iterator[Any]:
+        """A fresh pass over the elements, from the beginning."""
         elements = self._op.iterate(self._inputs)
         worker = torch.utils.data.get_worker_info()
-        if worker is not None and worker.num_workers > 1 and self._in_loader(worker.dataset):
-            # DataLoader worker: keep every n-th element so the loader yields each once, in order.
+        # In a DataLoader worker, the dataset the loader holds (not the inner ones it reads)
+        # keeps every n-th element, so the loader yields each element once, in order.
+        if worker is not None and worker.num_workers > 1 and worker.dataset is self:
             return itertools.islice(elements, worker.id, None, worker.num_workers)
         return elements
-
-    def _in_loader(self, loaded: Any) -> bool:
-        # Only the dataset the DataLoader holds shards; inner datasets it reads stay whole.
-        return loaded is self
 
     def as_numpy_iterator(self) -> Iterator[Any]:
         """The elements with every tensor converted to a NumPy array."""

@@ -45,6 +45,7 @@ class DistributeOptions(_Fields):
 
     @property
     def auto_shard_policy(self) -> AutoShardPolicy:
+        """How the distribution layer splits this dataset across workers."""
         return AutoShardPolicy.AUTO if self._policy is None else self._policy
 
     @auto_shard_policy.setter
@@ -79,6 +80,7 @@ class Options(_Fields):
 
     @property
     def experimental_distribute(self) -> DistributeOptions:
+        """The distribution options (`DistributeOptions`)."""
         return self._distribute
 
     @experimental_distribute.setter
@@ -93,6 +95,7 @@ class Options(_Fields):
 
     @property
     def deterministic(self) -> bool:
+        """Whether the output order must be deterministic."""
         return True if self._deterministic is None else self._deterministic
 
     @deterministic.setter

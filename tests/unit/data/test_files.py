@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from phalanx.data import UNKNOWN, Dataset
+from phalanx.data.sources import Range
 
 
 @pytest.fixture
@@ -150,3 +151,8 @@ def test_rebuild_errors(parts):
         zipped.with_source_files(parts)
     with pytest.raises(TypeError, match="with_source_files needs paths as str"):
         Dataset.from_files(parts, read).with_source_files([None])
+
+
+def test_only_file_sources_rebuild_over_files():
+    with pytest.raises(NotImplementedError, match="range does not read files"):
+        Range(range(3), torch.int64).with_files(["a"])

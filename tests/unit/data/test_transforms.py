@@ -43,6 +43,8 @@ def test_parallel_map_keeps_the_order_and_uses_threads():
     assert values(ds) == [i * i for i in range(64)]
     assert all(n.startswith("phalanx-map") for n in names)
     assert values(Dataset.range(10).map(lambda v: v + 1, num_parallel_calls=AUTOTUNE)) == list(range(1, 11))
+    unordered_ok = Dataset.range(10).map(lambda v: v, num_parallel_calls=3, deterministic=False)
+    assert values(unordered_ok) == list(range(10))  # phalanx keeps the order regardless
 
 
 def test_parallel_map_raises_at_the_failing_element():
