@@ -91,7 +91,8 @@ def set_aggregation(
 
 
 # The property accessors torch routes through __torch_function__ (typed as Any: stubs
-# describe the properties' values, not their descriptors).
+# describe the properties' values, not their descriptors). They are method-wrappers, new
+# objects on every access: compare them with ==, never with `is`.
 _TENSOR: Any = torch.Tensor
 _GRAD_GET = _TENSOR.grad.__get__
 _GRAD_SET = _TENSOR.grad.__set__
@@ -193,7 +194,8 @@ class DistributedVariable(torch.Tensor):
         if kwargs is None:
             kwargs = {}
         replica = context._state.replica
-        target = args[0] if args and isinstance(args[0], DistributedVariable) else None
+        first = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes tensor=
+        target = first if isinstance(first, DistributedVariable) else None
         if target is not None:
             if replica is not None and replica[0] is target._strategy:
                 return target._replica_call(func, args, kwargs, replica[1])
@@ -269,14 +271,14 @@ class MirroredVariable(DistributedVariable):
     def _cross_replica_call(
         self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
     ) -> Any:
-        if func is _GRAD_SET or func is _REQUIRES_GRAD_SET:
+        if func == _GRAD_SET or func == _REQUIRES_GRAD_SET:
             for component in self._components:
                 func(component, *args[1:])
             return None
         if getattr(func, "__name__", "") == "requires_grad_":
             for component in self._components[1:]:
                 func(component, *args[1:], **kwargs)
-        elif func is _DATA_GET or func is _DATA_SET or is_inplace(func, kwargs):
+        elif func == _DATA_GET or func == _DATA_SET or is_inplace(func, kwargs):
             self._dirty = True  # the primary may change: re-mirror before the next step
         return super()._cross_replica_call(func, args, kwargs)
 
@@ -295,10 +297,10 @@ class SyncOnReadVariable(DistributedVariable):
     def _cross_replica_call(
         self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
     ) -> Any:
-        if not is_inplace(func, kwargs) and func is not _DATA_SET:
+        if not is_inplace(func, kwargs) and func != _DATA_SET:
             return super()._cross_replica_call(func, args, kwargs)
         name = getattr(func, "__name__", "")
-        if func is _DATA_SET:
+        if func == _DATA_SET:
             new = args[1].detach()
         elif name in _OVERWRITES:
             new = func(torch.empty_like(self._components[0]), *_resolve_all(args[1:], None))

@@ -196,6 +196,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
             finally:
                 state.stack.pop()
                 state.replica = previous
+                self._gradients.reset_thread()
         grad_mode = torch.is_grad_enabled()
 
         def call(i: int) -> Any:

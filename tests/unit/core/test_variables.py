@@ -130,3 +130,19 @@ def test_one_device_places_parameters_and_buffers():
         bn = nn.BatchNorm1d(2)
     assert type(bn.weight) is nn.Parameter
     assert bn.running_mean.device.type == "cpu"
+
+
+def test_cross_replica_grad_data_and_init_writes_reach_every_replica(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        layer = nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    mirrored_2cpu.run(lambda: layer(torch.ones(1, 2)).sum().backward())
+    optimizer.zero_grad()  # outside run: every replica's gradient is cleared
+    assert all(c.grad is None for c in layer.weight.components)
+    layer.weight.data.copy_(torch.full((2, 2), 2.0))  # through .data
+    torch.nn.init.constant_(layer.bias, 1.0)  # torch.nn.init passes tensor= as a keyword
+    out = mirrored_2cpu.run(lambda: layer(torch.ones(1, 2)))
+    for value in mirrored_2cpu.experimental_local_results(out):
+        torch.testing.assert_close(value, torch.full((1, 2), 5.0))
+    layer.weight.requires_grad = False
+    assert not any(c.requires_grad for c in layer.weight.components)
