@@ -271,14 +271,14 @@ class MirroredVariable(DistributedVariable):
     def _cross_replica_call(
         self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
     ) -> Any:
-        if func == _GRAD_SET or func == _REQUIRES_GRAD_SET:
+        if func in (_GRAD_SET, _REQUIRES_GRAD_SET):
             for component in self._components:
                 func(component, *args[1:])
             return None
         if getattr(func, "__name__", "") == "requires_grad_":
             for component in self._components[1:]:
                 func(component, *args[1:], **kwargs)
-        elif func == _DATA_GET or func == _DATA_SET or is_inplace(func, kwargs):
+        elif func in (_DATA_GET, _DATA_SET) or is_inplace(func, kwargs):
             self._dirty = True  # the primary may change: re-mirror before the next step
         return super()._cross_replica_call(func, args, kwargs)
 
