@@ -45,7 +45,8 @@ class EarlyStopping(Callback):
             start_from_epoch,
         )
         self._better, self._initial = improvement(monitor, mode)
-        self.min_delta = abs(min_delta) if self._initial == float("inf") else -abs(min_delta)
+        # An improvement must beat the best by min_delta: current + |min_delta| < best in min mode (Keras).
+        self.min_delta = -abs(min_delta) if self._initial == float("inf") else abs(min_delta)
         self.stopped_epoch = 0
 
     def on_train_begin(self, logs: Logs = None) -> None:

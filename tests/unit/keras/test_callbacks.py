@@ -161,3 +161,12 @@ def test_tensorboard_needs_the_extra_or_writes(tmp_path):
     x, y = _data()
     _model().fit(x, y, epochs=1, verbose=0, callbacks=[C.TensorBoard(str(tmp_path))])
     assert os.listdir(tmp_path)
+
+
+def test_early_stopping_min_delta_requires_a_real_improvement():
+    stop = C.EarlyStopping(monitor="loss", min_delta=0.5, patience=0)
+    stop.set_model(type("M", (), {"stop_training": False})())
+    stop.on_train_begin()
+    stop.on_epoch_end(0, {"loss": 1.0})
+    stop.on_epoch_end(1, {"loss": 0.9})  # better by 0.1 < min_delta: not an improvement
+    assert stop.model.stop_training
