@@ -1,45 +1,59 @@
-"""ClusterSpec: the tasks of a cluster by job name (tf.train.ClusterSpec)."""
+"""ClusterSpec: the tasks of a cluster, by job name (``tf.train.ClusterSpec``)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["ClusterSpec"]
 
-_JOB_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# TF's rule for job names in device strings ("/job:worker/task:0").
+_JOB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_FORMS = "a list of 'host:port' strings or a dict {task_index: 'host:port'}"
 
 
 class ClusterSpec:
-    """Job name -> task addresses, given as a list (indices 0..n-1) or a dict {index: address}.
+    """Job name → task addresses, as in ``tf.train.ClusterSpec``.
+
+    Each job is given as a list (task indices 0..n-1) or a dict ``{task_index: address}``
+    (sparse indices; JSON's string keys such as ``"0"`` are accepted). Addresses are
+    ``"host:port"`` strings; their format is checked by the resolvers' validation, not here,
+    so a TF1-style cluster with any job names stays expressible.
+
+    Args:
+        cluster: A dict ``job -> list | dict``, another ``ClusterSpec``, or None (empty).
 
     Raises:
-        ValueError: A bad job name, index or address (the message names it).
+        ValueError: A job name that is not an identifier, a job that is neither a list nor a
+            dict, a task index that is not a non-negative integer (or is given twice), or an
+            address that is not a non-empty string. The message names the offending entry.
     """
 
     def __init__(self, cluster: Mapping[str, Any] | ClusterSpec | None = None) -> None:
         if isinstance(cluster, ClusterSpec):
             cluster = cluster.as_dict()
+        if cluster is not None and not isinstance(cluster, Mapping):
+            raise ValueError(
+                f"ClusterSpec takes a dict of job name -> tasks. Received: {cluster!r} "
+                f"({type(cluster).__name__}). HINT: ClusterSpec({{'worker': ['host1:2222', 'host2:2222']}})."
+            )
         self._jobs: dict[str, dict[int, str]] = {}
         for job, tasks in (cluster or {}).items():
-            if not isinstance(job, str) or not _JOB_NAME.match(job):
-                raise ValueError(f"Job names must be lower-case identifiers. Received: {job!r}.")
-            items = enumerate(tasks) if isinstance(tasks, (list, tuple)) else _indexed(job, tasks)
-            parsed: dict[int, str] = {}
-            for index, address in items:
-                if not isinstance(address, str) or not address:
-                    raise ValueError(
-                        f"cluster['{job}'][{index}] must be a 'host:port' string. Received: {address!r}."
-                    )
-                parsed[int(index)] = address
-            self._jobs[job] = dict(sorted(parsed.items()))
+            _check_job_name(job)
+            self._jobs[job] = dict(sorted(_parse_tasks(job, tasks).items()))
 
     def as_dict(self) -> dict[str, list[str] | dict[int, str]]:
-        """Lists for jobs with dense indices 0..n-1, dicts otherwise (as TF)."""
+        """The cluster as a dict: a list for dense indices 0..n-1, else ``{index: address}``.
+
+        Returns:
+            ``{job: [address, ...]}`` or ``{job: {index: address}}`` per job (an empty job is
+            ``{}``, as in TF).
+        """
         out: dict[str, list[str] | dict[int, str]] = {}
         for job, tasks in self._jobs.items():
-            out[job] = list(tasks.values()) if list(tasks) == list(range(len(tasks))) else dict(tasks)
+            dense = bool(tasks) and list(tasks) == list(range(len(tasks)))
+            out[job] = list(tasks.values()) if dense else dict(tasks)
         return out
 
     @property
@@ -47,50 +61,103 @@ class ClusterSpec:
         """The job names, sorted."""
         return sorted(self._jobs)
 
-    def _job(self, job: str) -> dict[int, str]:
-        if job not in self._jobs:
-            raise ValueError(f"No such job in the cluster: {job!r}. Jobs: {self.jobs}.")
-        return self._jobs[job]
-
     def num_tasks(self, job: str) -> int:
-        return len(self._job(job))
+        """How many tasks ``job`` has.
+
+        Raises:
+            ValueError: ``job`` is not in the cluster.
+        """
+        return len(self._tasks(job))
 
     def task_indices(self, job: str) -> list[int]:
-        return list(self._job(job))
+        """The task indices of ``job``, ascending.
+
+        Raises:
+            ValueError: ``job`` is not in the cluster.
+        """
+        return list(self._tasks(job))
 
     def task_address(self, job: str, index: int) -> str:
-        tasks = self._job(job)
+        """The ``host:port`` of task ``index`` of ``job``.
+
+        Raises:
+            ValueError: ``job`` is not in the cluster, or has no task ``index``.
+        """
+        tasks = self._tasks(job)
         if index not in tasks:
-            raise ValueError(f"Job {job!r} has no task {index}; its tasks are {list(tasks)}.")
+            raise ValueError(
+                f"Job {job!r} has no task with index {index!r}. Its task indices are {list(tasks)}."
+            )
         return tasks[index]
 
     def job_tasks(self, job: str) -> list[str | None]:
-        """Addresses by index, None for gaps (as TF)."""
-        tasks = self._job(job)
+        """Addresses of ``job`` by index, with None where an index has no task (as TF).
+
+        Raises:
+            ValueError: ``job`` is not in the cluster.
+        """
+        tasks = self._tasks(job)
         return [tasks.get(i) for i in range(max(tasks) + 1)] if tasks else []
+
+    def _tasks(self, job: str) -> dict[int, str]:
+        if job not in self._jobs:
+            raise ValueError(
+                f"No such job in the cluster: {job!r}. The cluster's jobs are {self.jobs}. "
+                "HINT: check the job name (TF_CONFIG uses 'chief', 'worker', 'ps', 'evaluator')."
+            )
+        return self._jobs[job]
 
     def __bool__(self) -> bool:
         return bool(self._jobs)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ClusterSpec) and self._jobs == other._jobs
+        if not isinstance(other, ClusterSpec):
+            return NotImplemented
+        return self._jobs == other._jobs
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking value type, like TF's
 
     def __repr__(self) -> str:
         return f"ClusterSpec({self.as_dict()!r})"
 
 
-def _indexed(job: str, tasks: Any) -> list[tuple[int, Any]]:
-    if not isinstance(tasks, Mapping):
-        raise ValueError(f"cluster['{job}'] must be a list of addresses or a dict. Received: {tasks!r}.")
-    items = []
-    for key, address in tasks.items():
-        try:
-            index = int(key)
-        except (TypeError, ValueError):
-            raise ValueError(f"cluster['{job}'] task index must be an integer. Received: {key!r}.") from None
-        if index < 0:
-            raise ValueError(f"cluster['{job}'] task index must be >= 0. Received: {index}.")
-        items.append((index, address))
-    return items
+def _check_job_name(job: object) -> None:
+    if not isinstance(job, str) or not _JOB_NAME.match(job):
+        raise ValueError(
+            "Job names must be identifiers (a letter, then letters, digits or '_'). "
+            f"Received: {job!r}. HINT: use 'chief', 'worker', 'ps' or 'evaluator'."
+        )
+
+
+def _parse_tasks(job: str, tasks: Any) -> dict[int, str]:
+    if isinstance(tasks, (list, tuple)):
+        items: Iterable[tuple[object, object]] = enumerate(tasks)
+    elif isinstance(tasks, Mapping):
+        items = tasks.items()
+    else:
+        raise ValueError(
+            f"cluster[{job!r}] must be {_FORMS}. Received: {tasks!r} ({type(tasks).__name__}). "
+            f"HINT: {{{job!r}: [{tasks!r}]}}."
+        )
+    parsed: dict[int, str] = {}
+    for key, address in items:
+        index = _task_index(job, key)
+        if index in parsed:
+            raise ValueError(f"cluster[{job!r}] gives task index {index} twice. Received: {tasks!r}.")
+        if not isinstance(address, str) or not address:
+            raise ValueError(
+                f"cluster[{job!r}][{index}] must be a non-empty 'host:port' string. Received: {address!r}."
+            )
+        parsed[index] = address
+    return parsed
+
+
+def _task_index(job: str, key: object) -> int:
+    if isinstance(key, str) and key.isdigit():
+        return int(key)
+    if isinstance(key, int) and not isinstance(key, bool) and key >= 0:
+        return key
+    raise ValueError(
+        f"cluster[{job!r}] task indices must be non-negative integers. Received: {key!r}. "
+        "HINT: {0: 'host1:2222', 1: 'host2:2222'}, or a list."
+    )

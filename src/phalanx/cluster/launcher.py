@@ -1,26 +1,36 @@
-"""`phalanx launch`: a local cluster, one process per task, each with its own TF_CONFIG.
+"""``phalanx launch``: start a cluster's tasks as processes, each with its own ``TF_CONFIG``.
 
-Every line a task prints is prefixed with its name (``[worker-1] ...``). When a task fails,
-the others are stopped and the launcher exits non-zero naming it; when every worker has
-finished, parameter servers are stopped. Chief and worker tasks also get torchrun's
-variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so torchrun scripts run
-unchanged.
+Local mode (`launch`) starts a whole cluster on 127.0.0.1 with free ports: an optional chief,
+the workers and the parameter servers. Per-node mode (`launch_node`) starts the tasks of a
+real cluster that live on this node; run it on every node.
+
+Every task gets ``TF_CONFIG`` (the cluster and its own task); chief and worker tasks also get
+torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT`` (the chief's address), so torchrun scripts run unchanged. Every line a task
+prints is shown prefixed with its name (``[worker-1] ...``), stdout to stdout and stderr to
+stderr, as it is printed. When a task fails, the others are stopped (SIGTERM, then SIGKILL
+after a grace period) and the exit code is the failed task's; in local mode, parameter servers
+are stopped once every worker has finished. A ``timeout`` stops everything (exit code 124)
+and names the tasks that were still running.
+
+Example::
+
+    phalanx launch --workers 2 train.py --epochs 3
+    phalanx launch --tf-config "$CLUSTER_JSON" --node "$(hostname)" train.py
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
+
+from phalanx.cluster._ports import free_ports
+from phalanx.cluster._processes import run_tasks
+from phalanx.cluster._target import Target, build_command
+from phalanx.cluster._tasks import NodeTasks, cluster_from, local_cluster, plan_tasks, select_node_tasks
+from phalanx.cluster.cluster_spec import ClusterSpec
 
 __all__ = [
     "add_launch_arguments",
@@ -32,281 +42,233 @@ __all__ = [
     "task_environments",
 ]
 
-GRACE_SECONDS = 5.0
+_JOB_ORDER = ("chief", "worker", "ps", "evaluator")
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports free on ``host`` right now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+def launch(
+    target: Target,
+    *,
+    workers: int | None = None,
+    ps: int = 0,
+    chief: bool = False,
+    nproc_per_node: int | None = None,
+    args: Sequence[Any] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    python: str = sys.executable,
+    out: IO[str] | None = None,
+) -> int:
+    """Runs ``target`` once per task of a cluster on 127.0.0.1 and waits for it.
+
+    Args:
+        target: A script path; ``"module:function"`` (called with no arguments, ``sys.argv``
+            holding ``args``); or a module-level function (called as ``function(*args)``
+            in each task, pickled by reference, so it must be importable by name). A
+            function's int result is the task's exit code.
+        workers: Worker tasks (default 2, or as ``nproc_per_node`` implies).
+        ps: Parameter-server tasks; stopped once every worker has finished.
+        chief: Whether to add a ``chief`` task (rank 0, before the workers).
+        nproc_per_node: torchrun's spelling: the chief + worker processes on this machine.
+            ``workers = nproc_per_node - chief``; giving both must agree.
+        args: Command-line arguments for every task (any picklable values for a function).
+        env: Extra environment variables for every task.
+        timeout: Seconds before every task is stopped (None: no limit).
+        python: The interpreter for the tasks.
+        out: One stream for all output (default: tasks' stdout/stderr to ours).
+
+    Returns:
+        0 when every chief/worker task exited 0; else the failed task's exit code (negative
+        when a signal killed it), or 124 on timeout.
+
+    Raises:
+        ValueError: Contradicting counts, a bad timeout, or a target that cannot be run.
+    """
+    count = _worker_count(workers, nproc_per_node, chief)
+    _check_timeout(timeout)
+    argv = build_command(target, args, python)
+    spec = local_cluster(count, ps, chief)
+    return run_tasks(argv, plan_tasks(spec, _all_tasks(spec)), env, timeout, out, stop_auxiliary=True)
+
+
+def launch_node(
+    target: Target,
+    cluster: ClusterSpec | Mapping[str, Any] | str,
+    *,
+    node_tasks: NodeTasks = None,
+    nproc_per_node: int | None = None,
+    args: Sequence[Any] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    python: str = sys.executable,
+    out: IO[str] | None = None,
+) -> int:
+    """Per-node mode for real clusters: starts this node's tasks, each with its ``TF_CONFIG``.
+
+    Run it on every node with the same ``cluster``. Ranks are global (the chief, then workers);
+    ``LOCAL_RANK`` counts this node's chief/worker tasks. Unlike `launch`, ps and evaluator
+    tasks are not stopped when the workers finish (other nodes' workers may still need them):
+    the call returns when every task of this node has exited, one fails, or ``timeout``.
+
+    Args:
+        target: As in `launch`.
+        cluster: The whole cluster: a ClusterSpec, a dict, or JSON (a TF_CONFIG or its cluster).
+        node_tasks: Which tasks run here: a host name (the tasks whose address has that host),
+            ``[(job, index), ...]``, or None for this machine's host name.
+        nproc_per_node: If given, must equal the number of chief/worker tasks selected.
+        args, env, timeout, python, out: As in `launch`.
+
+    Returns:
+        As `launch`.
+
+    Raises:
+        ValueError: A malformed cluster, no task on this node, a contradicting
+            ``nproc_per_node``, a bad timeout or target.
+    """
+    spec = cluster_from(cluster)
+    tasks = plan_tasks(spec, select_node_tasks(spec, node_tasks))
+    trainers = sum(t.is_trainer for t in tasks)
+    if nproc_per_node is not None and nproc_per_node != trainers:
+        raise ValueError(
+            f"--nproc-per-node ({nproc_per_node}) must equal the chief/worker tasks the cluster puts on this "
+            f"node ({trainers}: {[t.name for t in tasks if t.is_trainer]}). HINT: drop --nproc-per-node; "
+            "per-node mode takes the tasks from the cluster."
+        )
+    _check_timeout(timeout)
+    argv = build_command(target, args, python)
+    return run_tasks(argv, tasks, env, timeout, out, stop_auxiliary=False)
 
 
 def task_environments(
     workers: int, ps: int = 0, chief: bool = False, host: str = "127.0.0.1"
 ) -> dict[str, dict[str, str]]:
-    """One environment per task of a loopback cluster: TF_CONFIG plus torchrun's variables.
+    """The environment variables `launch` would give each task of a fresh local cluster.
 
-    Raises:
-        ValueError: No worker task, or negative counts.
-    """
-    if workers < 0 or ps < 0 or workers + int(chief) < 1:
-        raise ValueError(
-            f"A cluster needs at least one chief or worker task. Received: workers={workers}, ps={ps}."
-        )
-    ports = iter(free_ports(workers + ps + int(chief) + 1, host))
-    cluster: dict[str, list[str]] = {}
-    if chief:
-        cluster["chief"] = [f"{host}:{next(ports)}"]
-    if workers:
-        cluster["worker"] = [f"{host}:{next(ports)}" for _ in range(workers)]
-    if ps:
-        cluster["ps"] = [f"{host}:{next(ports)}" for _ in range(ps)]
-    master_port = str(next(ports))
-    trainers = [(job, i) for job in ("chief", "worker") for i in range(len(cluster.get(job, [])))]
-    envs = {}
-    for job, tasks in cluster.items():
-        for index in range(len(tasks)):
-            env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})}
-            if (job, index) in trainers:
-                rank = trainers.index((job, index))
-                env.update(
-                    RANK=str(rank),
-                    WORLD_SIZE=str(len(trainers)),
-                    LOCAL_RANK=str(rank),
-                    LOCAL_WORLD_SIZE=str(len(trainers)),
-                    MASTER_ADDR=host,
-                    MASTER_PORT=master_port,
-                )
-            envs[f"{job}-{index}"] = env
-    return envs
-
-
-@dataclass
-class _Task:
-    name: str
-    process: subprocess.Popen[bytes]
-    is_ps: bool
-
-
-def _pump(name: str, stream: IO[bytes], out: IO[str]) -> None:
-    for raw in iter(stream.readline, b""):
-        out.write(f"[{name}] {raw.decode(errors='replace')}")
-        out.flush()
-    stream.close()
-
-
-def _command(target: str | Callable[..., Any], args: Sequence[str]) -> list[str]:
-    if callable(target):
-        module, name = target.__module__, target.__qualname__
-        if module == "__main__" or "." in name:
-            raise ValueError(
-                f"launch needs a module-level function of an importable module. Received: {target!r}."
-            )
-        target = f"{module}:{name}"
-    if ":" in target and not os.path.exists(target):
-        module, name = target.split(":", 1)
-        code = f"import sys, {module} as m; sys.argv = ['{name}', *sys.argv[1:]]; sys.exit(m.{name}())"
-        return [sys.executable, "-u", "-c", code, *args]
-    if not os.path.exists(target):
-        raise ValueError(f"No such script: {target!r}. Pass a script path or 'module:function'.")
-    return [sys.executable, "-u", target, *args]
-
-
-def _stop(tasks: list[_Task]) -> None:
-    for task in tasks:
-        if task.process.poll() is None:
-            task.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_SECONDS
-    for task in tasks:
-        try:
-            task.process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            task.process.kill()
-            task.process.wait()
-
-
-def launch(
-    target: str | Callable[..., Any],
-    *,
-    workers: int = 2,
-    ps: int = 0,
-    chief: bool = False,
-    args: Sequence[str] = (),
-    env: dict[str, str] | None = None,
-    timeout: float | None = None,
-    out: IO[str] | None = None,
-) -> int:
-    """Runs ``target`` once per task of a loopback cluster and waits.
-
-    Args:
-        target: A script path, ``"module:function"`` or a module-level function.
-        workers, ps, chief: The cluster's tasks.
-        args: Command-line arguments for every task.
-        env: Extra environment variables for every task.
-        timeout: Seconds before every task is killed (None: no limit).
-        out: Where prefixed output goes (default stdout).
+    For starting the processes yourself (e.g. to kill one on purpose in a test).
 
     Returns:
-        0 when every chief/worker task succeeded; else the first failure's exit code
-        (124 on timeout).
+        ``{"worker-0": {"TF_CONFIG": ..., "RANK": ...}, ...}``.
+
+    Raises:
+        ValueError: A negative count, or no chief and no worker.
     """
-    return _run_tasks(_command(target, args), task_environments(workers, ps, chief), env, timeout, out)
+    spec = local_cluster(workers, ps, chief, host)
+    return {t.name: t.env for t in plan_tasks(spec, _all_tasks(spec))}
 
 
 def node_environments(
-    cluster: dict[str, Any] | str, node: str | None = None, tasks: Sequence[tuple[str, int]] | None = None
+    cluster: ClusterSpec | Mapping[str, Any] | str, node_tasks: NodeTasks = None
 ) -> dict[str, dict[str, str]]:
-    """TF_CONFIGs for the tasks of a real cluster that run on this node.
-
-    Args:
-        cluster: The cluster (a dict of job -> addresses, or a TF_CONFIG / cluster JSON string).
-        node: Select the tasks whose address host is this name (default: this host's name).
-        tasks: Or name the tasks explicitly, as (job, index) pairs.
+    """The environment variables `launch_node` would give each of this node's tasks.
 
     Raises:
-        ValueError: No task of the cluster runs on this node.
+        ValueError: As `launch_node`.
     """
-    from phalanx.cluster.cluster_spec import ClusterSpec
+    spec = cluster_from(cluster)
+    return {t.name: t.env for t in plan_tasks(spec, select_node_tasks(spec, node_tasks))}
 
-    if isinstance(cluster, str):
-        parsed = json.loads(cluster)
-        spec = ClusterSpec(parsed.get("cluster", parsed))
-    else:
-        spec = ClusterSpec(cluster)
-    host = node or socket.gethostname()
-    chosen = (
-        list(tasks)
-        if tasks is not None
-        else [
-            (job, i)
-            for job in spec.jobs
-            for i in spec.task_indices(job)
-            if spec.task_address(job, i).rsplit(":", 1)[0] == host
-        ]
-    )
-    if not chosen:
+
+def _all_tasks(spec: ClusterSpec) -> list[tuple[str, int]]:
+    return [(job, i) for job in _JOB_ORDER if job in spec.jobs for i in spec.task_indices(job)]
+
+
+def _worker_count(workers: int | None, nproc_per_node: int | None, chief: bool) -> int:
+    if nproc_per_node is None:
+        return 2 if workers is None else workers
+    implied = nproc_per_node - int(chief)
+    if nproc_per_node < 1 or (workers is not None and workers != implied):
         raise ValueError(
-            f"No task of the cluster runs on node {host!r}. Cluster: {spec.as_dict()}. HINT: pass --node."
+            "nproc_per_node counts the chief and worker processes on this machine (torchrun's meaning), "
+            "so it must be >= 1 and equal workers + (1 if chief else 0). "
+            f"Received: workers={workers}, chief={chief}, nproc_per_node={nproc_per_node}. "
+            "HINT: pass only one of workers and nproc_per_node."
         )
-    cluster_dict = spec.as_dict()
-    return {
-        f"{job}-{index}": {
-            "TF_CONFIG": json.dumps({"cluster": cluster_dict, "task": {"type": job, "index": index}})
-        }
-        for job, index in chosen
-    }
+    return implied
 
 
-def launch_node(
-    target: str | Callable[..., Any],
-    cluster: dict[str, Any] | str,
-    *,
-    node: str | None = None,
-    tasks: Sequence[tuple[str, int]] | None = None,
-    args: Sequence[str] = (),
-    env: dict[str, str] | None = None,
-    timeout: float | None = None,
-    out: IO[str] | None = None,
-) -> int:
-    """Per-node mode for real clusters: starts only this node's tasks, each with its TF_CONFIG.
-
-    Run it on every node of the cluster (same ``cluster`` everywhere). Output prefixing,
-    failure handling and exit codes are those of `launch`.
-    """
-    return _run_tasks(_command(target, args), node_environments(cluster, node, tasks), env, timeout, out)
-
-
-def _run_tasks(
-    command: list[str],
-    environments: dict[str, dict[str, str]],
-    env: dict[str, str] | None,
-    timeout: float | None,
-    out: IO[str] | None,
-) -> int:
-    out = out or sys.stdout
-    tasks: list[_Task] = []
-    pumps = []
-    for name, task_env in environments.items():
-        full_env = {**os.environ, **(env or {}), **task_env, "PYTHONUNBUFFERED": "1"}
-        process = subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        tasks.append(_Task(name, process, name.startswith("ps-")))
-        assert process.stdout is not None
-        pump = threading.Thread(target=_pump, args=(name, process.stdout, out), daemon=True)
-        pump.start()
-        pumps.append(pump)
-    try:
-        code = _supervise(tasks, timeout, out)
-    finally:
-        _stop(tasks)
-        for pump in pumps:
-            pump.join(timeout=5)
-    return code
-
-
-def _supervise(tasks: list[_Task], timeout: float | None, out: IO[str]) -> int:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    trainers = [t for t in tasks if not t.is_ps]
-    while True:
-        for task in tasks:
-            code = task.process.poll()
-            if code not in (None, 0) or (task.is_ps and code is not None):
-                out.write(
-                    f"[phalanx launch] {task.name} exited with code {code}; stopping the other tasks.\n"
-                )
-                return code or 1
-        if all(t.process.poll() == 0 for t in trainers):
-            return 0
-        if deadline is not None and time.monotonic() > deadline:
-            running = [t.name for t in tasks if t.process.poll() is None]
-            out.write(f"[phalanx launch] timed out after {timeout}s; still running: {running}.\n")
-            return 124
-        time.sleep(0.05)
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None. Received: {timeout!r}.")
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``phalanx launch``."""
-    parser.add_argument("--workers", type=int, default=None, help="worker processes (default 2)")
+    """Adds the arguments of ``phalanx launch`` to ``parser`` (run it with `run_launch`)."""
+    local = parser.add_argument_group("local cluster (default): every task on 127.0.0.1")
+    local.add_argument("--workers", type=int, default=None, help="worker tasks (default 2)")
+    local.add_argument("--ps", type=int, default=None, help="parameter-server tasks (default 0)")
+    local.add_argument("--chief", action="store_true", help="add a chief task (rank 0)")
     parser.add_argument(
         "--nproc-per-node",
         type=int,
         default=None,
-        help="torchrun's name for the number of worker processes on this machine",
+        help="torchrun's name: chief + worker processes on this machine (must agree with --workers)",
     )
-    parser.add_argument("--ps", type=int, default=0, help="parameter-server processes")
-    parser.add_argument("--chief", action="store_true", help="add a separate chief task")
-    parser.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
-    parser.add_argument(
-        "--tf-config",
-        default=None,
-        help="per-node mode: the whole cluster (TF_CONFIG or cluster JSON); starts this node's tasks",
+    node = parser.add_argument_group("per-node mode: this node's tasks of a real cluster")
+    node.add_argument("--tf-config", default=None, help="the whole cluster: TF_CONFIG JSON, or its 'cluster'")
+    node.add_argument("--node", default=None, help="this node's host name as the cluster spells it")
+    node.add_argument(
+        "--task", action="append", default=None, metavar="JOB:INDEX", help="a task to run here (repeatable)"
     )
-    parser.add_argument("--node", default=None, help="per-node mode: this node's host name as in the cluster")
-    parser.add_argument("script", help="the training script (or module:function)")
+    parser.add_argument("--timeout", type=float, default=None, help="stop every task after this many seconds")
+    parser.add_argument("script", help="the training script, or module:function")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
-def run_launch(ns: argparse.Namespace) -> int:
-    """Runs ``phalanx launch`` from parsed arguments.
+def run_launch(namespace: argparse.Namespace) -> int:
+    """Runs ``phalanx launch`` from arguments parsed with `add_launch_arguments`.
 
-    Raises:
-        ValueError: --workers and --nproc-per-node disagree.
+    A usage error (contradicting options, a missing script) is printed as
+    ``phalanx launch: error: ...`` and gives exit code 2, as argparse does.
+
+    Returns:
+        The launch's exit code.
     """
-    if ns.workers is not None and ns.nproc_per_node is not None and ns.workers != ns.nproc_per_node:
-        raise ValueError(
-            f"--workers ({ns.workers}) and --nproc-per-node ({ns.nproc_per_node}) both give the number of "
-            "worker processes on this machine and disagree. HINT: pass one of them."
+    try:
+        return _run(namespace)
+    except ValueError as exc:
+        print(f"phalanx launch: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(ns: argparse.Namespace) -> int:
+    get = ns.__dict__.get  # tolerate a namespace from a parser that lacks some options
+    args, nproc, timeout = get("script_args") or [], get("nproc_per_node"), get("timeout")
+    tf_config, node, tasks = get("tf_config"), get("node"), get("task")
+    if tf_config is None:
+        if node is not None or tasks:
+            raise ValueError(
+                "--node/--task choose this node's tasks of the --tf-config cluster, but no --tf-config "
+                "was given. HINT: add --tf-config JSON, or drop --node/--task for a local cluster."
+            )
+        return launch(
+            ns.script,
+            workers=get("workers"),
+            ps=get("ps") or 0,
+            chief=bool(get("chief")),
+            nproc_per_node=nproc,
+            args=args,
+            timeout=timeout,
         )
-    if ns.tf_config is not None:
-        return launch_node(ns.script, ns.tf_config, node=ns.node, args=ns.script_args, timeout=ns.timeout)
-    workers = ns.workers if ns.workers is not None else (ns.nproc_per_node or 2)
-    return launch(
-        ns.script, workers=workers, ps=ns.ps, chief=ns.chief, args=ns.script_args, timeout=ns.timeout
+    _check_per_node_flags(get("workers"), get("ps"), bool(get("chief")), node, tasks)
+    node_tasks: NodeTasks = [_parse_task(t) for t in tasks] if tasks else node
+    return launch_node(
+        ns.script, tf_config, node_tasks=node_tasks, nproc_per_node=nproc, args=args, timeout=timeout
     )
+
+
+def _check_per_node_flags(
+    workers: int | None, ps: int | None, chief: bool, node: str | None, tasks: list[str] | None
+) -> None:
+    flags = {"--workers": workers is not None, "--ps": ps is not None, "--chief": chief}
+    local = [flag for flag, given in flags.items() if given]
+    if local or (node is not None and tasks):
+        raise ValueError(
+            "With --tf-config the cluster comes from the JSON, and one of --node or --task picks this "
+            f"node's tasks. Received also: {local or ['--node', '--task']}. HINT: drop them."
+        )
+
+
+def _parse_task(text: str) -> tuple[str, int]:
+    job, _, index = text.partition(":")
+    if not job or not index.isdigit():
+        raise ValueError(f"--task must be JOB:INDEX, e.g. worker:0. Received: {text!r}.")
+    return job, int(index)

@@ -1,94 +1,272 @@
-"""Checks of a cluster configuration, with messages that name the offending field."""
+"""Checks of a cluster configuration, with messages that name the offending field.
+
+The resolvers call `validate` when they are created, so a bad ``TF_CONFIG`` fails at start
+with a message saying which field is wrong, what was received and how to fix it, rather than
+as a hang at the first collective. Strategies call `validate_for_strategy`.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from phalanx.cluster._roles import TASK_TYPES, split_address
 from phalanx.cluster.cluster_spec import ClusterSpec
 
-__all__ = ["TASK_TYPES", "parse_tf_config", "validate_cluster", "validate_for_strategy"]
+if TYPE_CHECKING:
+    from phalanx.cluster.resolvers.cluster_resolver import ClusterResolver
 
-TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+__all__ = [
+    "TASK_TYPES",
+    "TFConfig",
+    "parse_tf_config",
+    "validate",
+    "validate_cluster",
+    "validate_for_strategy",
+    "validate_task",
+]
+
+_ALLOWED = ", ".join(TASK_TYPES)
+_EXAMPLE = '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}'
+_SINGLETON_JOBS = ("chief", "evaluator")  # TF allows at most one task in each
 
 
-def parse_tf_config(text: str) -> dict[str, Any]:
-    """The TF_CONFIG JSON as a dict.
+@dataclass(frozen=True)
+class TFConfig:
+    """The fields of a ``TF_CONFIG`` (structure checked, cluster rules not yet)."""
+
+    cluster: ClusterSpec
+    task_type: str | None
+    task_id: int | None
+    rpc_layer: str | None
+    environment: str
+
+
+def parse_tf_config(text: str, source: str = "TF_CONFIG") -> TFConfig:
+    """Parses ``TF_CONFIG`` JSON into its fields.
+
+    An empty or blank text is an empty config (a single process, as TF reads it).
+
+    Args:
+        text: The JSON text.
+        source: Where the text came from, for messages.
 
     Raises:
-        ValueError: Malformed JSON (with the position) or not an object.
+        ValueError: Malformed JSON (the message shows the line, column and a caret), not an
+            object, no ``cluster``, or a ``cluster``/``task``/``rpc_layer``/``environment``
+            field of the wrong shape.
     """
+    if not text.strip():
+        return TFConfig(ClusterSpec({}), None, None, None, "")
+    config = _load_json(text, source)
+    if "cluster" not in config:
+        raise ValueError(
+            f"{source} has no 'cluster' field. Received keys: {sorted(config)}. HINT: {source}='{_EXAMPLE}'."
+        )
+    task_type, task_id = _parse_task(config.get("task", {}), source)
+    return TFConfig(
+        cluster=_parse_cluster(config["cluster"], source),
+        task_type=task_type,
+        task_id=task_id,
+        rpc_layer=_optional_string(config, "rpc_layer", source),
+        environment=_optional_string(config, "environment", source) or "",
+    )
+
+
+def _load_json(text: str, source: str) -> dict[str, Any]:
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
+        line = text.splitlines()[exc.lineno - 1] if text.splitlines() else ""
         raise ValueError(
-            f"TF_CONFIG is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}. "
-            f"Received: {text!r}."
+            f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+            f"(char {exc.pos}):\n    {line}\n    {' ' * (exc.colno - 1)}^\n"
+            f"HINT: {source} must be one JSON object, e.g. {_EXAMPLE}."
         ) from None
     if not isinstance(config, dict):
-        raise ValueError(f"TF_CONFIG must be a JSON object with 'cluster' and 'task'. Received: {text!r}.")
+        raise ValueError(
+            f"{source} must be a JSON object with 'cluster' and 'task' fields. "
+            f"Received: {text!r} (a JSON {type(config).__name__}). HINT: {_EXAMPLE}."
+        )
     return config
 
 
-def validate_cluster(cluster: ClusterSpec, task_type: str | None, task_id: int | None) -> None:
-    """Checks job names, the task, chief count and address uniqueness.
+def _parse_cluster(cluster: Any, source: str) -> ClusterSpec:
+    if not isinstance(cluster, dict):
+        raise ValueError(
+            f"{source} 'cluster' must be an object of job name -> list of 'host:port'. "
+            f'Received: {cluster!r}. HINT: "cluster": {{"worker": ["host1:2222", "host2:2222"]}}.'
+        )
+    try:
+        return ClusterSpec(cluster)
+    except ValueError as exc:
+        raise ValueError(f"{source} 'cluster' is invalid: {exc}") from None
+
+
+def _parse_task(task: Any, source: str) -> tuple[str | None, int | None]:
+    if not isinstance(task, dict):
+        raise ValueError(
+            f"{source} 'task' must be an object with 'type' and 'index'. Received: {task!r}. "
+            'HINT: "task": {"type": "worker", "index": 0}.'
+        )
+    if not task:
+        return None, None
+    for key in ("type", "index"):
+        if key not in task:
+            raise ValueError(
+                f"{source} 'task' has no {key!r}. Received: {task!r}. "
+                'HINT: "task": {"type": "worker", "index": 0}.'
+            )
+    if not isinstance(task["type"], str):
+        raise ValueError(f"{source} 'task' type must be a string. Received: {task['type']!r}.")
+    return task["type"], task["index"]
+
+
+def _optional_string(config: dict[str, Any], key: str, source: str) -> str | None:
+    value = config.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{source} {key!r} must be a string. Received: {value!r}.")
+    return value
+
+
+def validate(
+    cluster: ClusterSpec,
+    task_type: str | None,
+    task_id: object,
+    source: str = "TF_CONFIG",
+    require_task: bool = True,
+) -> None:
+    """Checks a cluster and this process's task in it; the resolvers call this at creation.
+
+    Args:
+        cluster: The cluster.
+        task_type: This process's job, or None when not given.
+        task_id: This process's index in its job, or None.
+        source: Where the configuration came from, for messages.
+        require_task: Whether a cluster of several tasks must say which task this is.
 
     Raises:
-        ValueError: The first problem found, naming the field.
+        ValueError: The first rule broken, naming the field (see `validate_cluster` and
+            `validate_task`), or no task given for a cluster of several tasks.
     """
-    _check_jobs(cluster)
-    _check_addresses(cluster)
-    if task_type is not None:
-        _check_task(cluster, task_type, task_id)
+    validate_cluster(cluster, source)
+    if task_type is None and task_id is None:
+        total = sum(cluster.num_tasks(job) for job in cluster.jobs)
+        if require_task and total > 1:
+            raise ValueError(
+                f"{source} 'cluster' has {total} tasks but no 'task' says which one this process is. "
+                'HINT: add "task": {"type": "worker", "index": 0}, with a different task in every process.'
+            )
+        return
+    validate_task(cluster, task_type, task_id, source)
 
 
-def _check_jobs(cluster: ClusterSpec) -> None:
+def validate_cluster(cluster: ClusterSpec, source: str = "TF_CONFIG") -> None:
+    """Checks job names, empty jobs, the chief and evaluator counts, and the addresses.
+
+    Raises:
+        ValueError: An unknown job (the allowed are chief, worker, ps, evaluator), a job with no
+            tasks, more than one chief or evaluator, an address that is not ``host:port``, or
+            one address given to two tasks.
+    """
     for job in cluster.jobs:
-        if job not in TASK_TYPES:
-            raise ValueError(f"TF_CONFIG cluster has an unknown job {job!r}. Allowed: {list(TASK_TYPES)}.")
-        if cluster.num_tasks(job) == 0:
-            raise ValueError(f"TF_CONFIG cluster job {job!r} has no tasks.")
-    if "chief" in cluster.jobs and cluster.num_tasks("chief") > 1:
+        _check_job(cluster, job, source)
+    _check_addresses(cluster, source)
+
+
+def _check_job(cluster: ClusterSpec, job: str, source: str) -> None:
+    if job not in TASK_TYPES:
         raise ValueError(
-            f"TF_CONFIG cluster has {cluster.num_tasks('chief')} chiefs; at most one is allowed."
+            f"{source} 'cluster' has an unknown job {job!r}. Allowed jobs: {_ALLOWED}. "
+            f"HINT: rename {job!r} to one of them (TF1's 'master' is now 'chief')."
+        )
+    count = cluster.num_tasks(job)
+    if count == 0:
+        raise ValueError(
+            f"{source} 'cluster' job {job!r} has no tasks. HINT: list its 'host:port' addresses, "
+            "or remove the job."
+        )
+    if job in _SINGLETON_JOBS and count > 1:
+        raise ValueError(
+            f"{source} 'cluster' has {count} {job!r} tasks; at most one {job} is allowed. "
+            f"Received: {cluster.as_dict()[job]!r}. HINT: keep one and make the others workers."
         )
 
 
-def _check_addresses(cluster: ClusterSpec) -> None:
+def _check_addresses(cluster: ClusterSpec, source: str) -> None:
     seen: dict[str, str] = {}
     for job in cluster.jobs:
         for index in cluster.task_indices(job):
             address = cluster.task_address(job, index)
+            try:
+                split_address(address)
+            except ValueError as exc:
+                raise ValueError(f"{source} 'cluster' {job}:{index}: {exc}") from None
             if address in seen:
                 raise ValueError(
-                    f"TF_CONFIG cluster address {address!r} is used by both {seen[address]} "
-                    f"and {job}:{index}."
+                    f"{source} 'cluster' gives the address {address!r} to both {seen[address]} and "
+                    f"{job}:{index}. Every task needs its own host:port. HINT: change one of the ports."
                 )
             seen[address] = f"{job}:{index}"
 
 
-def _check_task(cluster: ClusterSpec, task_type: str, task_id: int | None) -> None:
+def validate_task(
+    cluster: ClusterSpec, task_type: str | None, task_id: object, source: str = "TF_CONFIG"
+) -> None:
+    """Checks that ``task_type:task_id`` is a task of the cluster.
+
+    An ``evaluator`` need not be listed in the cluster (TF's rule: it runs on its own).
+
+    Raises:
+        ValueError: An unknown or missing type, a type that is not a job of the cluster, an
+            index that is not a non-negative integer, or an index past the job's size.
+    """
     if task_type not in TASK_TYPES:
-        raise ValueError(f"TF_CONFIG task type {task_type!r} is unknown. Allowed: {list(TASK_TYPES)}.")
-    if task_type not in cluster.jobs:
-        raise ValueError(f"TF_CONFIG task type {task_type!r} is not a job of the cluster {cluster.jobs}.")
+        raise ValueError(
+            f"{source} 'task' type {task_type!r} is unknown. Allowed types: {_ALLOWED}. "
+            'HINT: "task": {"type": "worker", "index": 0}.'
+        )
     if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 0:
-        raise ValueError(f"TF_CONFIG task index must be a non-negative integer. Received: {task_id!r}.")
+        raise ValueError(
+            f"{source} 'task' index must be a non-negative integer. Received: {task_id!r}. "
+            "HINT: indices count from 0 within each job."
+        )
+    if task_type not in cluster.jobs:
+        if task_type == "evaluator":
+            return
+        raise ValueError(
+            f"{source} 'task' type {task_type!r} is not a job of the 'cluster' (its jobs: {cluster.jobs}). "
+            f"HINT: add a {task_type!r} job to the cluster, or fix the task type."
+        )
     if task_id not in cluster.task_indices(task_type):
         raise ValueError(
-            f"TF_CONFIG task index {task_id} is out of range for job {task_type!r} "
-            f"with {cluster.num_tasks(task_type)} task(s)."
+            f"{source} 'task' index {task_id} is out of range: job {task_type!r} has "
+            f"{cluster.num_tasks(task_type)} task(s), with indices {cluster.task_indices(task_type)}. "
+            "HINT: indices count from 0."
         )
 
 
-def validate_for_strategy(cluster: ClusterSpec, strategy_name: str, allow_ps: bool) -> None:
-    """Rejects jobs the strategy cannot use.
+def validate_for_strategy(
+    resolver: ClusterResolver | ClusterSpec, strategy_name: str, allow_ps: bool
+) -> None:
+    """Rejects cluster jobs that a strategy cannot use.
+
+    Args:
+        resolver: The strategy's cluster resolver (or its ClusterSpec).
+        strategy_name: The strategy's class name, for the message.
+        allow_ps: Whether the strategy uses parameter servers.
 
     Raises:
         ValueError: A ``ps`` job given to a strategy without parameter servers.
     """
-    if not allow_ps and "ps" in cluster.jobs:
+    if isinstance(resolver, ClusterSpec):
+        spec, where = resolver, "the cluster"
+    else:
+        spec, where = resolver.cluster_spec(), f"{resolver.source}'s cluster"
+    if not allow_ps and "ps" in spec.jobs:
         raise ValueError(
-            f"{strategy_name} does not use parameter servers, but the cluster has a 'ps' job. "
-            "HINT: use ParameterServerStrategy, or remove 'ps' from TF_CONFIG."
+            f"{strategy_name} does not use parameter servers, but {where} has a 'ps' job "
+            f"with {spec.num_tasks('ps')} task(s): {spec.as_dict()['ps']!r}. "
+            "HINT: use ParameterServerStrategy, or remove 'ps' from the cluster."
         )
