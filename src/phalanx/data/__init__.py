@@ -1,6 +1,14 @@
-"""phalanx.data: the tf.data subset the distribution guides use, built on torch.utils.data."""
+"""phalanx.data: the tf.data subset the distribution guides use, built on torch.utils.data.
 
-from phalanx.data.dataset import AUTOTUNE, INFINITE, UNKNOWN, Dataset
+``Dataset`` chains sources and transformations (tf.data.Dataset); ``Options`` carries the
+auto-shard policy the distribution layer reads; ``INFINITE`` and ``UNKNOWN`` are the
+cardinality sentinels; ``AUTOTUNE`` lets phalanx pick a degree of parallelism.
+"""
+
+from phalanx.data.cardinality import INFINITE, UNKNOWN
+from phalanx.data.dataset import Dataset
 from phalanx.data.options import DistributeOptions, Options
+from phalanx.data.parallel import AUTOTUNE
+from phalanx.input.options import AutoShardPolicy
 
-__all__ = ["AUTOTUNE", "INFINITE", "UNKNOWN", "Dataset", "DistributeOptions", "Options"]
+__all__ = ["AUTOTUNE", "INFINITE", "UNKNOWN", "AutoShardPolicy", "Dataset", "DistributeOptions", "Options"]

@@ -1,480 +1,440 @@
 """phalanx.data.Dataset: the tf.data subset the distribution guides use, on torch.utils.data.
 
-A Dataset is an immutable chain of transformations over a source; every ``iter()`` starts
-from the beginning. A chain built on files remembers them (`source_files`) and can be
-rebuilt over a subset (`with_source_files`), which is how FILE auto-sharding works.
+A Dataset is an immutable chain of ops (`phalanx.data.op.Op`) over a source; every
+``iter()`` starts from the beginning. A chain built on files remembers them
+(`Dataset.source_files`) and can be rebuilt over a subset (`Dataset.with_source_files`),
+which is how the distribution layer shards by FILE.
 """
 
 from __future__ import annotations
 
-import glob
+import builtins
 import itertools
-import queue
-import threading
-import weakref
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from phalanx.data import structure
+from phalanx.data._checks import require_callable, require_int
+from phalanx.data.batching import Batch, Unbatch
+from phalanx.data.cardinality import INFINITE, describe, is_known
+from phalanx.data.combine import Concatenate, Zip
+from phalanx.data.interleave import Interleave
+from phalanx.data.op import Op
 from phalanx.data.options import Options
+from phalanx.data.parallel import AUTOTUNE, resolve_parallelism
+from phalanx.data.prefetch import Prefetch
+from phalanx.data.repeat import Repeat
+from phalanx.data.rows import Rows
+from phalanx.data.selection import Shard, Skip, Take
+from phalanx.data.shuffle import Shuffle
+from phalanx.data.sources import FileList, Generator, PathLike, Range, TensorSlices, as_paths, glob_files
+from phalanx.data.transforms import Cache, Enumerate, Filter, Map, WithOptions
 
-__all__ = ["AUTOTUNE", "INFINITE", "UNKNOWN", "Dataset"]
+__all__ = ["Dataset"]
 
-AUTOTUNE = -1
-INFINITE = -1
-UNKNOWN = -2
-
-Transform = Callable[[Any], Iterator[Any]]  # parent dataset (None for sources) -> elements
-
-
-def _apply(fn: Callable[..., Any], element: Any) -> Any:
-    return fn(*element) if isinstance(element, tuple) and not hasattr(element, "_fields") else fn(element)
+_PREFETCH_AUTOTUNE = 2  # elements buffered for prefetch(AUTOTUNE)
+_COUNT_HINT = "use -1 (or None for repeat) to mean all / forever."
 
 
 class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
-    """A re-iterable pipeline of elements (tensors, tuples or dicts of tensors).
+    """A re-iterable pipeline of elements: tensors, or tuples and dicts of them.
 
-    Usable directly with ``torch.utils.data.DataLoader(ds, batch_size=None)``.
+    Build one with a static constructor (`from_tensor_slices`, `list_files`, ...), then chain
+    transformations; each returns a new Dataset and leaves this one unchanged. A Dataset is a
+    torch ``IterableDataset``: ``DataLoader(ds, batch_size=None)`` yields its elements, and
+    with ``num_workers=n`` each worker process keeps every n-th element, so the loader gives
+    each element once, in order (the workers need the fork start method: ops hold lambdas).
+
+    Args:
+        op: The source or transformation (internal: use the constructors).
+        inputs: The datasets ``op`` reads from.
     """
 
-    def __init__(
-        self,
-        parent: Dataset | None,
-        transform: Transform,
-        cardinality: int,
-        files: list[str] | None = None,
-        rebuild: Callable[[list[str]], Dataset] | None = None,
-        options: Options | None = None,
-        tensors: Any = None,
-    ) -> None:
+    def __init__(self, op: Op, inputs: Sequence[Dataset] = ()) -> None:
         super().__init__()
-        self._parent, self._transform, self._cardinality = parent, transform, cardinality
-        self._files, self._rebuild = files, rebuild
-        self._options = options
-        self._tensors = tensors  # the source tensors of from_tensor_slices (fast batching)
-        self._epoch = 0
+        self._op, self._inputs = op, tuple(inputs)
+        self._cardinality: int = op.cardinality([d.cardinality() for d in self._inputs])
 
-    def __iter__(self) -> Iterator[Any]:
-        self._epoch += 1
-        return self._transform(self._parent)
+    def _then(self, op: Op) -> Dataset:
+        return Dataset(op, (self,))
 
-    def _derive(self, transform: Transform, cardinality: int) -> Dataset:
-        return Dataset(self, transform, cardinality)
+    def _rows(self) -> Rows | None:
+        """The source rows this dataset yields, if it only selects rows (see `phalanx.data.rows`)."""
+        return self._op.rows(self._inputs)
 
-    # ---------------------------------------------------------------- sources
+    # ------------------------------------------------------------------ sources
     @staticmethod
     def from_tensor_slices(tensors: Any) -> Dataset:
-        """One element per row of the given tensor, array, tuple or dict of them.
+        """One element per row of a tensor, array, list, or tuple/dict of them.
+
+        NumPy arrays become tensors sharing their memory and dtype (float64 stays float64).
 
         Raises:
-            ValueError: Components differ in their first dimension.
+            ValueError: A component is a scalar, or components differ in their first dimension.
         """
         data = structure.to_tensors(tensors)
-        n = structure.leading_size(data)
-        return Dataset(None, lambda _: (structure.index(data, i) for i in range(n)), n, tensors=data)
+        return Dataset(TensorSlices(data, structure.leading_size(data, "from_tensor_slices")))
 
     @staticmethod
     def from_tensors(tensors: Any) -> Dataset:
-        """A dataset of one element: ``tensors`` itself."""
+        """A dataset of exactly one element: ``tensors`` (converted like from_tensor_slices)."""
         data = structure.to_tensors(tensors)
-        return Dataset(None, lambda _: iter([data]), 1)
+        rows = structure.map_leaves(lambda v: v.unsqueeze(0) if isinstance(v, torch.Tensor) else [v], data)
+        return Dataset(TensorSlices(rows, 1))
 
     @staticmethod
-    def range(*args: int) -> Dataset:
-        """Integers as in Python's range, as int64 scalars."""
-        values = range(*args)
-        return Dataset(None, lambda _: (torch.tensor(v) for v in values), len(values))
+    def range(*args: int, dtype: torch.dtype = torch.int64) -> Dataset:
+        """Integers as ``range(stop)`` / ``range(start, stop[, step])`` gives them, as scalar tensors.
 
-    @staticmethod
-    def from_generator(generator: Callable[[], Iterable[Any]]) -> Dataset:
-        """Elements from ``generator()`` (called anew for every iteration)."""
-        if not callable(generator):
+        Raises:
+            TypeError: Not one to three int arguments.
+            ValueError: ``step`` is 0.
+        """
+        if not 1 <= len(args) <= 3 or not all(isinstance(a, int) for a in args):
             raise TypeError(
-                f"from_generator needs a callable returning an iterable. Received: {generator!r}."
+                f"Dataset.range takes 1 to 3 ints (stop | start, stop[, step]). Received: {args}."
             )
-        return Dataset(None, lambda _: (structure.to_tensors(e) for e in generator()), UNKNOWN)
+        if len(args) == 3 and args[2] == 0:
+            raise ValueError("Dataset.range's step must not be 0. Received: step=0.")
+        return Dataset(Range(builtins.range(*args), dtype))
 
     @staticmethod
-    def from_files(paths: list[str], reader: Callable[[str], Iterable[Any]]) -> Dataset:
-        """Elements read from each file in turn by ``reader(path)``; remembers the files."""
-        files = [str(p) for p in paths]
-
-        def make(subset: list[str]) -> Dataset:
-            return Dataset(
-                None,
-                lambda _: (structure.to_tensors(e) for f in subset for e in reader(f)),
-                UNKNOWN,
-                files=subset,
-                rebuild=make,
-            )
-
-        return make(files)
-
-    @staticmethod
-    def list_files(file_pattern: str | list[str], shuffle: bool = False, seed: int | None = None) -> Dataset:
-        """The paths matching the glob pattern(s), sorted (or shuffled with ``seed``).
+    def from_generator(generator: Callable[..., Iterable[Any]], args: tuple[Any, ...] = ()) -> Dataset:
+        """Elements from ``generator(*args)``, called anew for every pass; cardinality UNKNOWN.
 
         Raises:
-            ValueError: Nothing matches.
+            TypeError: ``generator`` is not callable (at iteration: it returned no iterable).
         """
-        patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
-        files = sorted({f for p in patterns for f in glob.glob(p)})
+        require_callable("from_generator's generator", generator)
+        return Dataset(Generator(lambda: generator(*args)))
+
+    @staticmethod
+    def from_files(paths: PathLike | Sequence[PathLike], reader: Callable[[str], Iterable[Any]]) -> Dataset:
+        """The elements ``reader(path)`` yields for each file in turn; remembers the files.
+
+        Raises:
+            TypeError: ``reader`` is not callable, or a path is not a str/PathLike.
+            ValueError: ``paths`` is empty.
+        """
+        files = as_paths("from_files", paths)
+        require_callable("from_files' reader", reader)
         if not files:
-            raise ValueError(f"No files match {patterns}.")
-        if shuffle:
-            order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed or 0)).tolist()
-            files = [files[i] for i in order]
+            raise ValueError("from_files needs at least one path. Received: []. HINT: check the file list.")
+        return Dataset(FileList(files)).flat_map(reader)
 
-        def make(subset: list[str]) -> Dataset:
-            return Dataset(None, lambda _: iter(list(subset)), len(subset), files=subset, rebuild=make)
+    @staticmethod
+    def list_files(
+        file_pattern: PathLike | Sequence[PathLike], shuffle: bool = False, seed: int | None = None
+    ) -> Dataset:
+        """The paths (str elements) matching glob pattern(s), sorted, or shuffled each epoch.
 
-        return make(files)
-
-    # ---------------------------------------------------------------- files and options
-    def source_files(self) -> list[str] | None:
-        """The files this pipeline reads, if it is built on files."""
-        node: Dataset | None = self
-        while node is not None:
-            if node._files is not None:
-                return list(node._files)
-            node = node._parent
-        return None
-
-    def with_source_files(self, files: list[str]) -> Dataset:
-        """The same chain of transformations over only ``files``.
+        Args:
+            file_pattern: A glob pattern or several; files matching any are listed once.
+            shuffle: Shuffle the list, anew each epoch (the shuffle runs after the file
+                source, so FILE sharding still splits the sorted list).
+            seed: Seed of that shuffle.
 
         Raises:
-            ValueError: This dataset is not built on files.
+            ValueError: No file matches.
         """
-        if self._rebuild is not None:
-            return self._rebuild(list(files))
-        if self._parent is None:
+        files = glob_files(as_paths("list_files", file_pattern))
+        ds = Dataset(FileList(files))
+        return ds.shuffle(len(files), seed=seed) if shuffle else ds
+
+    @staticmethod
+    def zip(*datasets: Dataset | Sequence[Dataset] | Mapping[str, Dataset]) -> Dataset:
+        """Elements of several datasets together: ``zip((a, b))`` or ``zip(a, b)`` gives tuples,
+        ``zip({"x": a, "y": b})`` dicts. Stops with the shortest.
+
+        Raises:
+            TypeError: An input is not a Dataset.
+            ValueError: No dataset is given.
+        """
+        given: Any = datasets[0] if len(datasets) == 1 and not isinstance(datasets[0], Dataset) else datasets
+        keys = [str(k) for k in given] if isinstance(given, Mapping) else None
+        parts = list(given.values()) if isinstance(given, Mapping) else list(given)
+        if not parts:
+            raise ValueError("Dataset.zip needs at least one dataset. Received none.")
+        for d in parts:
+            _require_dataset("Dataset.zip", d)
+        return Dataset(Zip(keys), parts)
+
+    # ------------------------------------------------------------------ files and options
+    def source_files(self) -> list[str] | None:
+        """The files this pipeline reads, walking the chain to its source; None if none.
+
+        Only single-input chains are walked: after zip or concatenate this is None.
+        """
+        node = self
+        while node._op.files is None:
+            if len(node._inputs) != 1:
+                return None
+            node = node._inputs[0]
+        return node._op.files
+
+    def with_source_files(self, files: Sequence[PathLike]) -> Dataset:
+        """The same chain of transformations, read from ``files`` instead of the source's.
+
+        Stateful steps start afresh (an empty cache, shuffles at their first epoch).
+
+        Raises:
+            ValueError: This dataset is not read from files.
+        """
+        paths = as_paths("with_source_files", files)
+        if self.source_files() is None:
             raise ValueError(
-                "This dataset is not read from files, so it cannot be rebuilt over a subset of files."
+                f"with_source_files needs a dataset read from files; this one is {self!r}. HINT: "
+                "build it from Dataset.list_files or Dataset.from_files."
             )
-        clone = Dataset(
-            self._parent.with_source_files(files),
-            self._transform,
-            UNKNOWN,
-            options=self._options,
-            tensors=None,
-        )
-        return clone
+        return self._rebuilt(paths)
+
+    def _rebuilt(self, files: list[str]) -> Dataset:
+        if self._op.files is not None:
+            return Dataset(self._op.with_files(files))
+        return Dataset(self._op.fresh(), (self._inputs[0]._rebuilt(files),))
 
     def with_options(self, options: Options) -> Dataset:
-        """This dataset with ``options`` merged over the existing ones."""
+        """This dataset with ``options`` merged over the chain's (fields set here win).
+
+        Raises:
+            TypeError: ``options`` is not a phalanx.data.Options.
+        """
         if not isinstance(options, Options):
-            raise TypeError(f"with_options needs phalanx.data.Options. Received: {type(options).__name__}.")
-        return Dataset(self, lambda parent: iter(parent), self._cardinality, options=options)
+            raise TypeError(f"with_options needs a phalanx.data.Options. Received: {type(options).__name__}.")
+        return self._then(WithOptions(options))
 
     def options(self) -> Options:
-        """The merged options of the chain."""
-        chain = []
-        node: Dataset | None = self
-        while node is not None:
-            if node._options is not None:
-                chain.append(node._options)
-            node = node._parent
+        """The options in effect: the inputs' merged, then the outermost setting of each field."""
         merged = Options()
-        for opts in reversed(chain):
-            merged = merged.merge(opts)
-        return merged
+        for d in self._inputs:
+            merged = merged.merge(d.options())
+        own = self._op.options
+        return merged.merge(own) if own is not None else merged
 
-    # ---------------------------------------------------------------- size
+    # ------------------------------------------------------------------ size and iteration
     def cardinality(self) -> int:
-        """Number of elements, `INFINITE` or `UNKNOWN`."""
+        """The number of elements when the chain tells it, else `INFINITE` or `UNKNOWN`."""
         return self._cardinality
 
     def __len__(self) -> int:
-        if self._cardinality < 0:
-            kind = "infinite" if self._cardinality == INFINITE else "unknown"
-            raise TypeError(f"The length of this dataset is {kind}. HINT: use cardinality(), or take(n).")
+        """The cardinality, when known.
+
+        Raises:
+            TypeError: The cardinality is INFINITE or UNKNOWN (so ``list(ds)`` still works).
+        """
+        if not is_known(self._cardinality):
+            reason = (
+                "repeat() without a count"
+                if self._cardinality == INFINITE
+                else "filter, a generator, files..."
+            )
+            raise TypeError(
+                f"This dataset's length is {describe(self._cardinality)} ({reason}), so len() is "
+                "undefined. HINT: check cardinality() first, or use take(n) for a known length."
+            )
         return self._cardinality
 
+    def __bool__(self) -> bool:
+        return True  # as tf.data: truth does not depend on a length that may be unknown
+
+    def __iter__(self) -> Iterator[Any]:
+        """A fresh pass over the elements, from the beginning."""
+        elements = self._op.iterate(self._inputs)
+        worker = torch.utils.data.get_worker_info()
+        # In a DataLoader worker, the dataset the loader holds (not the inner ones it reads)
+        # keeps every n-th element, so the loader yields each element once, in order.
+        if worker is not None and worker.num_workers > 1 and worker.dataset is self:
+            return itertools.islice(elements, worker.id, None, worker.num_workers)
+        return elements
+
     def as_numpy_iterator(self) -> Iterator[Any]:
-        """Elements with tensors converted to NumPy arrays."""
+        """The elements with every tensor converted to a NumPy array."""
         return (
             structure.map_leaves(lambda v: v.numpy() if isinstance(v, torch.Tensor) else v, e) for e in self
         )
 
-    # ---------------------------------------------------------------- transformations
+    def __repr__(self) -> str:
+        return f"<Dataset {self._describe()}, cardinality={describe(self._cardinality)}>"
+
+    def _describe(self) -> str:
+        if not self._inputs:
+            return self._op.describe()
+        if len(self._inputs) == 1:
+            return f"{self._inputs[0]._describe()} -> {self._op.describe()}"
+        return f"{self._op.describe()}({', '.join(d._describe() for d in self._inputs)})"
+
+    # ------------------------------------------------------------------ element-wise
     def map(
         self, fn: Callable[..., Any], num_parallel_calls: int | None = None, deterministic: bool | None = None
     ) -> Dataset:
-        """Applies ``fn`` to every element (tuples unpacked into arguments); in order.
+        """``fn`` applied to each element (a tuple is unpacked into arguments, as in tf.data).
 
-        ``num_parallel_calls`` > 1 (or AUTOTUNE) runs ``fn`` on that many threads.
-        """
-        workers = (
-            4 if num_parallel_calls == AUTOTUNE else (1 if num_parallel_calls is None else num_parallel_calls)
-        )
-        if workers < 1:
-            raise ValueError(f"num_parallel_calls must be >= 1 or AUTOTUNE. Received: {num_parallel_calls}.")
-        if workers == 1:
-            return self._derive(lambda p: (_apply(fn, e) for e in p), self._cardinality)
-        return self._derive(lambda p: _parallel_map(fn, iter(p), workers), self._cardinality)
-
-    def filter(self, predicate: Callable[..., Any]) -> Dataset:
-        """Keeps elements for which ``predicate`` is true."""
-        return self._derive(lambda p: (e for e in p if bool(_apply(predicate, e))), UNKNOWN)
-
-    def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
-        """Stacks consecutive elements; a partial last batch is kept unless ``drop_remainder``.
+        ``num_parallel_calls`` > 1 or `AUTOTUNE` calls ``fn`` on a thread pool; the output
+        order is always the input order (``deterministic`` is accepted for TF code).
 
         Raises:
-            ValueError: ``batch_size`` < 1.
+            TypeError: ``fn`` is not callable.
+            ValueError: ``num_parallel_calls`` is 0 or below -1.
         """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1. Received: {batch_size}.")
-        n = self._cardinality
-        card = n if n < 0 else (n // batch_size if drop_remainder else -(-n // batch_size))
-        if self._tensors is not None:  # slicing instead of stacking
-            data = self._tensors
+        require_callable("map's fn", fn)
+        return self._then(Map(fn, resolve_parallelism("map's num_parallel_calls", num_parallel_calls)))
 
-            def slices(_: Any) -> Iterator[Any]:
-                stop = n - n % batch_size if drop_remainder else n
-                return (
-                    structure.index(data, slice(i, min(i + batch_size, stop)))
-                    for i in range(0, stop, batch_size)
-                )
+    def filter(self, predicate: Callable[..., Any]) -> Dataset:
+        """Only the elements for which ``predicate`` returns true (cardinality UNKNOWN).
 
-            return self._derive(slices, card)
-        return self._derive(lambda p: _batches(iter(p), batch_size, drop_remainder), card)
+        Raises:
+            TypeError: ``predicate`` is not callable.
+        """
+        require_callable("filter's predicate", predicate)
+        return self._then(Filter(predicate))
 
-    def unbatch(self) -> Dataset:
-        """Splits batched elements into their rows."""
+    def enumerate(self, start: int = 0) -> Dataset:
+        """``(index, element)`` pairs, the index an int64 scalar tensor from ``start``."""
+        return self._then(Enumerate(require_int("enumerate's start", start, -(2**63))))
 
-        def rows(p: Any) -> Iterator[Any]:
-            for e in p:
-                for i in range(structure.unstack_len(e)):
-                    yield structure.index(e, i)
+    def cache(self) -> Dataset:
+        """The first complete pass kept in memory; later passes replay it."""
+        return self._then(Cache())
 
-        return self._derive(rows, UNKNOWN)
+    def prefetch(self, buffer_size: int) -> Dataset:
+        """Elements produced up to ``buffer_size`` ahead on a background thread (`AUTOTUNE`: 2).
 
+        The thread stops when the iterator is exhausted, closed or garbage-collected; an
+        exception raised while producing is raised to the consumer.
+
+        Raises:
+            ValueError: ``buffer_size`` is below -1.
+        """
+        size = _PREFETCH_AUTOTUNE if buffer_size == AUTOTUNE else buffer_size
+        require_int("prefetch's buffer_size", size, 0, "use phalanx.data.AUTOTUNE (-1) or a count >= 0.")
+        return self._then(Prefetch(size))
+
+    # ------------------------------------------------------------------ order and grouping
     def shuffle(
         self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True
     ) -> Dataset:
-        """tf.data's buffered shuffle; deterministic given ``seed`` (and the epoch when reshuffling).
+        """tf.data's buffered shuffle; a seed makes every epoch's order reproducible.
+
+        Args:
+            buffer_size: Elements held for random picks; the dataset size gives a full shuffle.
+            seed: Fixes the order of every epoch. Without one, a seed is drawn from torch's
+                global generator now (so ``torch.manual_seed`` fixes it too).
+            reshuffle_each_iteration: Order each pass (epoch) differently; the sequence of
+                orders is still fixed by the seed.
 
         Raises:
+            TypeError: ``buffer_size`` or ``seed`` is not an int.
             ValueError: ``buffer_size`` < 1.
         """
-        if buffer_size < 1:
-            raise ValueError(f"buffer_size must be >= 1. Received: {buffer_size}.")
-        base = seed if seed is not None else int(torch.randint(0, 2**62, ()).item())
-        holder: dict[str, int] = {"epoch": 0}
+        require_int("shuffle's buffer_size", buffer_size, 1, "use the dataset size for a full shuffle.")
+        if seed is not None:
+            require_int("shuffle's seed", seed, -(2**63))
+        return self._then(Shuffle(buffer_size, seed, bool(reshuffle_each_iteration)))
 
-        def shuffled(p: Any) -> Iterator[Any]:
-            epoch = holder["epoch"]
-            holder["epoch"] += 1 if reshuffle_each_iteration else 0
-            gen = torch.Generator().manual_seed(base + 1_000_003 * epoch)
-            return _buffer_shuffle(iter(p), buffer_size, gen)
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
+        """Consecutive elements stacked into batched tensors (tuples and dicts kept).
 
-        return self._derive(shuffled, self._cardinality)
-
-    def repeat(self, count: int | None = None) -> Dataset:
-        """Repeats the dataset ``count`` times (forever when None)."""
-
-        def repeated(p: Any) -> Iterator[Any]:
-            times = itertools.count() if count is None or count < 0 else range(count)
-            for _ in times:
-                yield from p
-
-        n = self._cardinality
-        card = INFINITE if count is None or count < 0 else (n * count if n >= 0 else n)
-        return self._derive(repeated, card if n != 0 else 0)
-
-    def take(self, count: int) -> Dataset:
-        """The first ``count`` elements (all when -1)."""
-        n = self._cardinality
-        card = n if count < 0 else (count if n in (INFINITE,) else (min(n, count) if n >= 0 else UNKNOWN))
-        return self._derive(lambda p: itertools.islice(p, None if count < 0 else count), card)
-
-    def skip(self, count: int) -> Dataset:
-        """All but the first ``count`` elements."""
-        n = self._cardinality
-        return self._derive(lambda p: itertools.islice(p, count, None), max(n - count, 0) if n >= 0 else n)
-
-    def shard(self, num_shards: int, index: int) -> Dataset:
-        """Every ``num_shards``-th element, starting at ``index``.
+        A partial last batch is kept unless ``drop_remainder``. Over tensor slices (optionally
+        shuffled, taken, skipped, sharded or repeated) a batch is cut with one slice or gather.
 
         Raises:
-            ValueError: ``num_shards`` < 1 or ``index`` outside [0, num_shards).
+            ValueError: ``batch_size`` < 1 (at iteration: elements differ in shape or structure).
         """
-        if num_shards < 1 or not 0 <= index < num_shards:
-            raise ValueError(
-                f"shard needs num_shards >= 1 and 0 <= index < num_shards. Received: {num_shards}, {index}."
-            )
-        n = self._cardinality
-        card = n if n < 0 else len(range(index, n, num_shards))
-        return self._derive(lambda p: itertools.islice(p, index, None, num_shards), card)
+        require_int("batch_size", batch_size, 1)
+        return self._then(Batch(batch_size, bool(drop_remainder)))
 
-    def enumerate(self, start: int = 0) -> Dataset:
-        """(index, element) pairs."""
-        return self._derive(
-            lambda p: ((torch.tensor(i), e) for i, e in enumerate(p, start)), self._cardinality
+    def unbatch(self) -> Dataset:
+        """The rows of every element, splitting batches apart (cardinality UNKNOWN)."""
+        return self._then(Unbatch())
+
+    def repeat(self, count: int | None = None) -> Dataset:
+        """The dataset ``count`` times over; forever when ``count`` is None or -1.
+
+        Raises:
+            ValueError: ``count`` is below -1.
+        """
+        return self._then(
+            Repeat(-1 if count is None else require_int("repeat's count", count, -1, _COUNT_HINT))
         )
 
+    def take(self, count: int) -> Dataset:
+        """The first ``count`` elements (all when -1).
+
+        Raises:
+            ValueError: ``count`` is below -1.
+        """
+        return self._then(Take(require_int("take's count", count, -1, _COUNT_HINT)))
+
+    def skip(self, count: int) -> Dataset:
+        """All but the first ``count`` elements (none when -1, as in tf.data).
+
+        Raises:
+            ValueError: ``count`` is below -1.
+        """
+        return self._then(Skip(require_int("skip's count", count, -1, _COUNT_HINT)))
+
+    def shard(self, num_shards: int, index: int) -> Dataset:
+        """Every ``num_shards``-th element, starting with element ``index``.
+
+        Raises:
+            ValueError: ``num_shards`` < 1, or ``index`` outside ``[0, num_shards)``.
+        """
+        require_int("shard's num_shards", num_shards, 1)
+        if not 0 <= require_int("shard's index", index, 0) < num_shards:
+            raise ValueError(
+                f"shard's index must be in [0, num_shards={num_shards}). Received: index={index}. "
+                "HINT: pass the worker's index, e.g. input_context.input_pipeline_id."
+            )
+        return self._then(Shard(num_shards, index))
+
+    # ------------------------------------------------------------------ combining
     def concatenate(self, other: Dataset) -> Dataset:
-        """This dataset's elements, then ``other``'s."""
-        a, b = self._cardinality, other._cardinality
-        card = INFINITE if INFINITE in (a, b) else (a + b if a >= 0 and b >= 0 else UNKNOWN)
-        return self._derive(lambda p: itertools.chain(p, other), card)
+        """This dataset's elements, then ``other``'s.
 
-    @staticmethod
-    def zip(datasets: tuple[Dataset, ...] | list[Dataset]) -> Dataset:
-        """Tuples of elements taken together from each dataset (stops at the shortest)."""
-        sets = tuple(datasets)
-        cards = [d.cardinality() for d in sets]
-        finite = [c for c in cards if c >= 0]
-        card = min(finite) if finite else (INFINITE if all(c == INFINITE for c in cards) else UNKNOWN)
-        return Dataset(None, lambda _: zip(*sets, strict=False), card)
+        Raises:
+            TypeError: ``other`` is not a Dataset.
+        """
+        _require_dataset("concatenate", other)
+        return Dataset(Concatenate(), (self, other))
 
-    def flat_map(self, fn: Callable[..., Dataset | Iterable[Any]]) -> Dataset:
-        """Maps each element to a dataset and flattens them in order."""
-        return self._derive(lambda p: (e for x in p for e in _apply(fn, x)), UNKNOWN)
+    def flat_map(self, fn: Callable[..., Iterable[Any]]) -> Dataset:
+        """Each element mapped to a Dataset (or iterable), their elements one after another.
+
+        Raises:
+            TypeError: ``fn`` is not callable (at iteration: it returned no iterable).
+        """
+        require_callable("flat_map's fn", fn)
+        return self._then(Interleave(fn, 1, 1, False, "flat_map"))
 
     def interleave(
         self,
-        fn: Callable[..., Dataset | Iterable[Any]],
+        fn: Callable[..., Iterable[Any]],
         cycle_length: int = 1,
         block_length: int = 1,
         num_parallel_calls: int | None = None,
     ) -> Dataset:
-        """Maps elements to datasets, taking ``block_length`` from each of ``cycle_length`` in turn."""
-        if cycle_length < 1 or block_length < 1:
-            raise ValueError(
-                f"cycle_length and block_length must be >= 1. Received: {cycle_length}, {block_length}."
-            )
-        return self._derive(lambda p: _interleave(iter(p), fn, cycle_length, block_length), UNKNOWN)
+        """Elements of ``fn(element)``'s datasets, ``cycle_length`` of them round-robin, in tf.data's order.
 
-    def cache(self) -> Dataset:
-        """Stores the first complete pass in memory; later passes replay it."""
-        store: dict[str, list[Any]] = {}
+        Args:
+            fn: Maps an element (a file path, say) to a Dataset or an iterable of elements.
+            cycle_length: Inner datasets open at once (`AUTOTUNE`: one per CPU).
+            block_length: Elements taken from one inner dataset before moving to the next.
+            num_parallel_calls: > 1 or `AUTOTUNE` reads each open inner dataset ahead on a
+                background thread; the order stays the same.
 
-        def cached(p: Any) -> Iterator[Any]:
-            if "items" in store:
-                yield from store["items"]
-                return
-            items = []
-            for e in p:
-                items.append(e)
-                yield e
-            store["items"] = items
-
-        return self._derive(cached, self._cardinality)
-
-    def prefetch(self, buffer_size: int = AUTOTUNE) -> Dataset:
-        """Produces up to ``buffer_size`` elements ahead on a background thread."""
-        size = 2 if buffer_size == AUTOTUNE else buffer_size
-        if size < 0:
-            raise ValueError(f"buffer_size must be >= 0 or AUTOTUNE. Received: {buffer_size}.")
-        if size == 0:
-            return self._derive(lambda p: iter(p), self._cardinality)
-        return self._derive(lambda p: _Prefetcher(iter(p), size), self._cardinality)
+        Raises:
+            TypeError: ``fn`` is not callable (at iteration: it returned no iterable).
+            ValueError: ``cycle_length`` or ``block_length`` < 1, or a bad ``num_parallel_calls``.
+        """
+        require_callable("interleave's fn", fn)
+        cycle = resolve_parallelism("interleave's cycle_length", cycle_length, "1 reads one file at a time.")
+        require_int("interleave's block_length", block_length, 1)
+        background = resolve_parallelism("interleave's num_parallel_calls", num_parallel_calls) > 1
+        return self._then(Interleave(fn, cycle, block_length, background, "interleave"))
 
 
-def _batches(it: Iterator[Any], n: int, drop: bool) -> Iterator[Any]:
-    while True:
-        chunk = list(itertools.islice(it, n))
-        if not chunk or (drop and len(chunk) < n):
-            return
-        yield structure.stack(chunk)
-
-
-def _buffer_shuffle(it: Iterator[Any], size: int, gen: torch.Generator) -> Iterator[Any]:
-    buffer = list(itertools.islice(it, size))
-    for element in it:
-        i = int(torch.randint(len(buffer), (), generator=gen))
-        yield buffer[i]
-        buffer[i] = element
-    for i in torch.randperm(len(buffer), generator=gen).tolist():
-        yield buffer[i]
-
-
-def _parallel_map(fn: Callable[..., Any], it: Iterator[Any], workers: int) -> Iterator[Any]:
-    with ThreadPoolExecutor(workers) as pool:
-        pending: deque[Future[Any]] = deque()
-        for element in it:
-            pending.append(pool.submit(_apply, fn, element))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
-def _interleave(it: Iterator[Any], fn: Callable[..., Any], cycle: int, block: int) -> Iterator[Any]:
-    active: list[Iterator[Any]] = []
-    exhausted_source = False
-    while active or not exhausted_source:
-        while len(active) < cycle and not exhausted_source:
-            try:
-                active.append(iter(_apply(fn, next(it))))
-            except StopIteration:
-                exhausted_source = True
-        for inner in list(active):
-            taken = list(itertools.islice(inner, block))
-            yield from taken
-            if len(taken) < block:
-                active.remove(inner)
-
-
-_DONE = object()
-
-
-class _Prefetcher:
-    """Iterator filled by a daemon thread through a bounded queue; errors re-raise here.
-
-    The thread stops when the consumer is garbage-collected or exhausted.
-    """
-
-    def __init__(self, source: Iterator[Any], size: int) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue(size)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=_produce, args=(source, self._queue, self._stop), name="phalanx-prefetch", daemon=True
-        )
-        self._thread.start()
-        weakref.finalize(self, self._stop.set)
-
-    def __iter__(self) -> _Prefetcher:
-        return self
-
-    def __next__(self) -> Any:
-        item = self._queue.get()
-        if item is _DONE:
-            self._stop.set()
-            raise StopIteration
-        if isinstance(item, _Failure):
-            self._stop.set()
-            raise item.error
-        return item
-
-    def close(self) -> None:
-        """Stops the producer thread."""
-        self._stop.set()
-
-
-class _Failure:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-def _produce(source: Iterator[Any], q: queue.Queue[Any], stop: threading.Event) -> None:
-    try:
-        for item in source:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
-                return
-        q.put(_DONE)
-    except BaseException as exc:  # handed to the consumer
-        q.put(_Failure(exc))
+def _require_dataset(what: str, value: Any) -> None:
+    if not isinstance(value, Dataset):
+        raise TypeError(f"{what} needs phalanx.data.Dataset inputs. Received: {type(value).__name__}.")

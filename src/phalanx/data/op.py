@@ -1,0 +1,67 @@
+"""Op: one step of a pipeline, either a source (no inputs) or a transformation of inputs.
+
+A `Dataset` is an op plus the datasets it reads from. Ops are immutable descriptions: each
+``iterate`` call starts a fresh pass, so a dataset can be iterated any number of times.
+What differs between transformations lives in their op class, never in checks on a kind.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from phalanx.data.dataset import Dataset
+    from phalanx.data.options import Options
+    from phalanx.data.rows import Rows
+
+__all__ = ["Op"]
+
+
+class Op(abc.ABC):
+    """A source or transformation; subclasses say how to iterate and how many elements come out.
+
+    Attributes:
+        name: The tf.data name of the operation (``"batch"``), shown in reprs.
+    """
+
+    name: str = "op"
+
+    @abc.abstractmethod
+    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+        """A fresh pass over the elements, reading from ``inputs``."""
+
+    @abc.abstractmethod
+    def cardinality(self, inputs: Sequence[int]) -> int:
+        """The element count given the inputs' cardinalities (or INFINITE/UNKNOWN)."""
+
+    def rows(self, inputs: Sequence[Dataset]) -> Rows | None:
+        """The source tensors and row order this op yields, when it yields plain rows of them.
+
+        `batch` uses it to slice or gather whole batches instead of stacking element by
+        element. None (the default) means the elements are not plain rows.
+        """
+        return None
+
+    @property
+    def files(self) -> list[str] | None:
+        """The files a source reads (None: not a file source, or not a source)."""
+        return None
+
+    def with_files(self, files: list[str]) -> Op:
+        """This file source over ``files`` instead. Only file sources override it."""
+        raise NotImplementedError(f"{self.name} does not read files.")
+
+    @property
+    def options(self) -> Options | None:
+        """The options this op sets (only `with_options` sets any)."""
+        return None
+
+    def fresh(self) -> Op:
+        """This op with empty state, for a rebuilt chain; stateless ops return themselves."""
+        return self
+
+    def describe(self) -> str:
+        """A short label for reprs, such as ``batch(32)``."""
+        return self.name
