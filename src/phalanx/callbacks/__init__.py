@@ -1,12 +1,23 @@
-"""Keras callbacks for `Model.fit` (phalanx.callbacks), with Keras' hook names."""
+"""Keras callbacks for `Model.fit` (``phalanx.callbacks``), with Keras' names and hooks.
 
-from phalanx.callbacks.callback import Callback, CallbackList
+Every worker runs every callback, so reads that are collectives stay in step; files are
+written by the chief only (others write a temporary copy that is removed), and only the
+chief prints.
+"""
+
+from phalanx.callbacks.callback import Callback
+from phalanx.callbacks.callback_list import CallbackList
+from phalanx.callbacks.csv_logger import CSVLogger
 from phalanx.callbacks.early_stopping import EarlyStopping
 from phalanx.callbacks.history import History
-from phalanx.callbacks.learning_rate import LearningRateScheduler, ReduceLROnPlateau
-from phalanx.callbacks.logging_callbacks import CSVLogger, LambdaCallback, TensorBoard, TerminateOnNaN
+from phalanx.callbacks.lambda_callback import LambdaCallback
+from phalanx.callbacks.learning_rate_scheduler import LearningRateScheduler
 from phalanx.callbacks.model_checkpoint import ModelCheckpoint
-from phalanx.callbacks.progbar import ProgbarLogger
+from phalanx.callbacks.monitor_callback import MonitorCallback
+from phalanx.callbacks.progbar_logger import ProgbarLogger
+from phalanx.callbacks.reduce_lr_on_plateau import ReduceLROnPlateau
+from phalanx.callbacks.tensorboard import TensorBoard
+from phalanx.callbacks.terminate_on_nan import TerminateOnNaN
 
 __all__ = [
     "BackupAndRestore",
@@ -18,6 +29,7 @@ __all__ = [
     "LambdaCallback",
     "LearningRateScheduler",
     "ModelCheckpoint",
+    "MonitorCallback",
     "ProgbarLogger",
     "ReduceLROnPlateau",
     "TensorBoard",
@@ -26,9 +38,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # BackupAndRestore lives with the training loop it resumes; import it lazily (no cycle).
+    # BackupAndRestore lives with the checkpointing it relies on; imported on first use (no cycle).
     if name == "BackupAndRestore":
         from phalanx.keras.backup_and_restore import BackupAndRestore
 
         return BackupAndRestore
-    raise AttributeError(name)
+    raise AttributeError(f"module 'phalanx.callbacks' has no attribute {name!r}")

@@ -1,105 +1,88 @@
-"""Callback and CallbackList, with Keras' hook names so users' callbacks port directly.
+"""Callback: the base of every callback, with Keras' hook names so users' callbacks port as is.
 
-Under several workers every worker runs every callback (a metric read inside one may be a
-collective); only writes to files are chief-only, through `phalanx.checkpoint`'s rule.
+Under several workers every worker runs every callback, in the same order: a hook may
+read a metric (a collective) or save the model (all workers take part). Only the writing of
+files is the chief's (see `_distributed_files`), and only the chief prints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["Callback", "CallbackList"]
+__all__ = ["Callback", "Logs"]
 
 Logs = dict[str, Any] | None
 
 
 class Callback:
-    """Base class: override the hooks you need. ``self.model`` and ``self.params`` are set by fit."""
+    """Base class: override the hooks you need. `Model.fit` sets ``model`` and ``params``.
+
+    Attributes:
+        model: The model being trained; callbacks may use ``model.stop_training``,
+            ``model.optimizer`` (a ``torch.optim.Optimizer``), ``model.strategy``,
+            ``model.state_dict()``/``load_state_dict()``, ``model.save(path)`` and
+            ``model.save_weights(path)``.
+        params: Run parameters: ``verbose``, ``epochs``, ``steps`` (None when unknown).
+    """
 
     def __init__(self) -> None:
         self.model: Any = None
         self.params: dict[str, Any] = {}
 
     def set_model(self, model: Any) -> None:
+        """Binds the callback to ``model``."""
         self.model = model
 
     def set_params(self, params: dict[str, Any]) -> None:
+        """Sets the run parameters."""
         self.params = params
 
-    def on_train_begin(self, logs: Logs = None) -> None: ...
-    def on_train_end(self, logs: Logs = None) -> None: ...
-    def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None: ...
-    def on_epoch_end(self, epoch: int, logs: Logs = None) -> None: ...
-    def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None: ...
-    def on_train_batch_end(self, batch: int, logs: Logs = None) -> None: ...
-    def on_test_begin(self, logs: Logs = None) -> None: ...
-    def on_test_end(self, logs: Logs = None) -> None: ...
-    def on_test_batch_begin(self, batch: int, logs: Logs = None) -> None: ...
-    def on_test_batch_end(self, batch: int, logs: Logs = None) -> None: ...
-    def on_predict_begin(self, logs: Logs = None) -> None: ...
-    def on_predict_end(self, logs: Logs = None) -> None: ...
-    def on_predict_batch_begin(self, batch: int, logs: Logs = None) -> None: ...
-    def on_predict_batch_end(self, batch: int, logs: Logs = None) -> None: ...
+    def on_train_begin(self, logs: Logs = None) -> None:
+        """Called at the start of `fit`."""
 
+    def on_train_end(self, logs: Logs = None) -> None:
+        """Called at the end of `fit` with the last epoch's logs."""
 
-_HOOKS = [name for name in vars(Callback) if name.startswith("on_")]
+    def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
+        """Called at the start of epoch ``epoch`` (0-based)."""
 
+    def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
+        """Called at the end of an epoch with its logs (validation keys start with ``val_``)."""
 
-class CallbackList(Callback):
-    """Calls every hook on every callback, in order.
+    def on_batch_begin(self, batch: int, logs: Logs = None) -> None:
+        """Keras' old name for `on_train_batch_begin` (which calls it)."""
 
-    Args:
-        callbacks: The callbacks.
-        add_history: Append a `History` (fit does; it becomes ``model.history``).
-        add_progbar: Append a `ProgbarLogger` (printed by the chief only).
-        model: The model the callbacks act on.
-        **params: Run parameters (``verbose``, ``epochs``, ``steps``).
-    """
+    def on_batch_end(self, batch: int, logs: Logs = None) -> None:
+        """Keras' old name for `on_train_batch_end` (which calls it)."""
 
-    def __init__(
-        self,
-        callbacks: Iterable[Callback] | None = None,
-        add_history: bool = False,
-        add_progbar: bool = False,
-        model: Any = None,
-        **params: Any,
-    ) -> None:
-        super().__init__()
-        from phalanx.callbacks.history import History
-        from phalanx.callbacks.progbar import ProgbarLogger
+    def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None:
+        """Called before training step ``batch`` (0-based within the epoch)."""
+        self.on_batch_begin(batch, logs)
 
-        self.callbacks = list(callbacks or [])
-        for cb in self.callbacks:
-            if not isinstance(cb, Callback):
-                raise TypeError(f"callbacks must be phalanx.callbacks.Callback instances. Received: {cb!r}.")
-        if add_progbar and not any(isinstance(c, ProgbarLogger) for c in self.callbacks):
-            self.callbacks.append(ProgbarLogger())
-        if add_history and not any(isinstance(c, History) for c in self.callbacks):
-            self.callbacks.append(History())
-        self.set_params(params)
-        if model is not None:
-            self.set_model(model)
+    def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
+        """Called after training step ``batch`` with the running logs of the epoch."""
+        self.on_batch_end(batch, logs)
 
-    def set_model(self, model: Any) -> None:
-        super().set_model(model)
-        for cb in self.callbacks:
-            cb.set_model(model)
+    def on_test_begin(self, logs: Logs = None) -> None:
+        """Called at the start of `evaluate` (and of validation inside `fit`)."""
 
-    def set_params(self, params: dict[str, Any]) -> None:
-        super().set_params(params)
-        for cb in self.callbacks:
-            cb.set_params(params)
+    def on_test_end(self, logs: Logs = None) -> None:
+        """Called at the end of `evaluate` with its logs."""
 
+    def on_test_batch_begin(self, batch: int, logs: Logs = None) -> None:
+        """Called before evaluation step ``batch``."""
 
-def _dispatcher(name: str) -> Any:
-    def dispatch(self: CallbackList, *args: Any, **kwargs: Any) -> None:
-        for cb in self.callbacks:
-            getattr(cb, name)(*args, **kwargs)
+    def on_test_batch_end(self, batch: int, logs: Logs = None) -> None:
+        """Called after evaluation step ``batch`` with the running logs."""
 
-    dispatch.__name__ = name
-    return dispatch
+    def on_predict_begin(self, logs: Logs = None) -> None:
+        """Called at the start of `predict`."""
 
+    def on_predict_end(self, logs: Logs = None) -> None:
+        """Called at the end of `predict`."""
 
-for _name in _HOOKS:
-    setattr(CallbackList, _name, _dispatcher(_name))
+    def on_predict_batch_begin(self, batch: int, logs: Logs = None) -> None:
+        """Called before prediction step ``batch``."""
+
+    def on_predict_batch_end(self, batch: int, logs: Logs = None) -> None:
+        """Called after prediction step ``batch``."""

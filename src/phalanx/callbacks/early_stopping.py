@@ -2,28 +2,43 @@
 
 from __future__ import annotations
 
-import copy
-import warnings
 from typing import Any
 
-from phalanx.callbacks._monitor import improvement
-from phalanx.callbacks.callback import Callback, Logs
+import torch
+
+from phalanx.callbacks._distributed_files import chief_print
+from phalanx.callbacks.callback import Logs
+from phalanx.callbacks.monitor_callback import MonitorCallback
 
 __all__ = ["EarlyStopping"]
 
 
-class EarlyStopping(Callback):
-    """Stops `fit` after ``patience`` epochs without an improvement of ``min_delta``.
+def snapshot(model: Any) -> dict[str, Any]:
+    """A deep copy of ``model.state_dict()``, tensors cloned to the CPU."""
+    out: dict[str, Any] = {}
+    for key, value in model.state_dict().items():
+        out[key] = value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
+    return out
+
+
+class EarlyStopping(MonitorCallback):
+    """Sets ``model.stop_training`` after ``patience`` epochs without improvement (Keras 3 rules).
+
+    Every worker sees the same global logs, so every worker stops at the same epoch.
 
     Args:
         monitor: Log key to watch.
         min_delta: Smallest change that counts as an improvement.
         patience: Epochs without improvement before stopping.
-        verbose: 1 prints when it stops.
+        verbose: 1 prints (on the chief) when it stops and when it restores weights.
         mode: "auto", "min" or "max".
-        baseline: Value the monitor must beat.
-        restore_best_weights: Load the weights of the best epoch when stopping or at the end.
-        start_from_epoch: Epochs to wait before watching.
+        baseline: A value to beat: the wait is reset only by epochs that beat it too.
+        restore_best_weights: At the end of training, load the weights of the best epoch
+            (a CPU copy of ``model.state_dict()`` kept while training).
+        start_from_epoch: Epochs to wait before watching (warm-up).
+
+    Raises:
+        ValueError: Unknown mode.
     """
 
     def __init__(
@@ -37,51 +52,44 @@ class EarlyStopping(Callback):
         restore_best_weights: bool = False,
         start_from_epoch: int = 0,
     ) -> None:
-        super().__init__()
-        self.monitor, self.patience, self.verbose = monitor, patience, verbose
-        self.baseline, self.restore_best_weights, self.start_from_epoch = (
-            baseline,
-            restore_best_weights,
-            start_from_epoch,
-        )
-        self._better, self._initial = improvement(monitor, mode)
-        # An improvement must beat the best by min_delta: current + |min_delta| < best in min mode (Keras).
-        self.min_delta = -abs(min_delta) if self._initial == float("inf") else abs(min_delta)
-        self.stopped_epoch = 0
+        super().__init__(monitor, mode, min_delta=min_delta)
+        self.patience, self.verbose, self.baseline = patience, verbose, baseline
+        self.restore_best_weights, self.start_from_epoch = restore_best_weights, start_from_epoch
+        self.wait = self.stopped_epoch = self.best_epoch = 0
+        self.best_weights: dict[str, Any] | None = None
 
     def on_train_begin(self, logs: Logs = None) -> None:
-        self.wait, self.stopped_epoch = 0, 0
-        self.best = self._initial if self.baseline is None else self.baseline
-        self.best_weights: dict[str, Any] | None = None
-        self.best_epoch = 0
+        self.wait = self.stopped_epoch = self.best_epoch = 0
+        self.best, self.best_weights = None, None
 
     def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
-        current = (logs or {}).get(self.monitor)
-        if current is None:
-            warnings.warn(
-                f"EarlyStopping: '{self.monitor}' is not in the logs ({sorted(logs or {})}).", stacklevel=2
-            )
-            return
-        if epoch < self.start_from_epoch:
+        if self.monitor_op is None:
+            self._set_monitor_op()
+        current = self._monitor_value(logs, "Early stopping")
+        if current is None or epoch < self.start_from_epoch:
             return
         if self.restore_best_weights and self.best_weights is None:
-            self.best_weights = _snapshot(self.model)
+            self.best_weights, self.best_epoch = snapshot(self.model), epoch
         self.wait += 1
-        if self._better(float(current) - self.min_delta, self.best):
-            self.best, self.best_epoch, self.wait = float(current), epoch, 0
+        if self._is_improvement(current, self.best):
+            self.best, self.best_epoch = current, epoch
             if self.restore_best_weights:
-                self.best_weights = _snapshot(self.model)
+                self.best_weights = snapshot(self.model)
+            # The wait restarts only when the baseline is beaten too.
+            if self.baseline is None or self._is_improvement(current, self.baseline):
+                self.wait = 0
             return
         if self.wait >= self.patience and epoch > 0:
             self.stopped_epoch = epoch
             self.model.stop_training = True
 
     def on_train_end(self, logs: Logs = None) -> None:
-        if self.stopped_epoch > 0 and self.verbose:
-            print(f"Epoch {self.stopped_epoch + 1}: early stopping")
+        if self.stopped_epoch > 0 and self.verbose > 0:
+            chief_print(self.model, f"Epoch {self.stopped_epoch + 1}: early stopping")
         if self.restore_best_weights and self.best_weights is not None:
+            if self.verbose > 0:
+                chief_print(
+                    self.model,
+                    f"Restoring model weights from the end of the best epoch: {self.best_epoch + 1}.",
+                )
             self.model.load_state_dict(self.best_weights)
-
-
-def _snapshot(model: Any) -> dict[str, Any]:
-    return {k: copy.deepcopy(v.detach().cpu()) for k, v in model.state_dict().items()}

@@ -1,23 +1,30 @@
-"""Keras metrics whose totals add up across replicas and workers (phalanx.metrics)."""
+"""Keras metrics (``phalanx.metrics``) whose totals add up across replicas and workers.
 
-from __future__ import annotations
+Every metric keeps additive totals (registered with `Metric.add_state`). Created inside a
+strategy scope they become SUM sync-on-read variables, so ``result()`` is the global,
+count-weighted value however the batches were split over replicas and workers.
+"""
 
-from typing import Any
-
+from phalanx.metrics._resolve import get
 from phalanx.metrics.accuracy import (
     Accuracy,
     BinaryAccuracy,
     CategoricalAccuracy,
-    MeanAbsoluteError,
-    MeanSquaredError,
-    RootMeanSquaredError,
     SparseCategoricalAccuracy,
     SparseTopKCategoricalAccuracy,
     TopKCategoricalAccuracy,
+    accuracy,
+    binary_accuracy,
+    categorical_accuracy,
+    sparse_categorical_accuracy,
+    sparse_top_k_categorical_accuracy,
+    top_k_categorical_accuracy,
 )
-from phalanx.metrics.confusion import AUC, Precision, Recall
+from phalanx.metrics.auc import AUC
 from phalanx.metrics.metric import Metric
+from phalanx.metrics.precision_recall import Precision, Recall
 from phalanx.metrics.reduction import Mean, MeanMetricWrapper, Sum
+from phalanx.metrics.regression import MeanAbsoluteError, MeanSquaredError, RootMeanSquaredError
 
 __all__ = [
     "AUC",
@@ -36,59 +43,11 @@ __all__ = [
     "SparseTopKCategoricalAccuracy",
     "Sum",
     "TopKCategoricalAccuracy",
+    "accuracy",
+    "binary_accuracy",
+    "categorical_accuracy",
     "get",
+    "sparse_categorical_accuracy",
+    "sparse_top_k_categorical_accuracy",
+    "top_k_categorical_accuracy",
 ]
-
-_BY_NAME: dict[str, Any] = {
-    "sparse_categorical_accuracy": SparseCategoricalAccuracy,
-    "categorical_accuracy": CategoricalAccuracy,
-    "binary_accuracy": BinaryAccuracy,
-    "top_k_categorical_accuracy": TopKCategoricalAccuracy,
-    "sparse_top_k_categorical_accuracy": SparseTopKCategoricalAccuracy,
-    "mae": MeanAbsoluteError,
-    "mean_absolute_error": MeanAbsoluteError,
-    "mse": MeanSquaredError,
-    "mean_squared_error": MeanSquaredError,
-    "root_mean_squared_error": RootMeanSquaredError,
-    "auc": AUC,
-    "precision": Precision,
-    "recall": Recall,
-}
-
-_ACCURACY_FOR_LOSS = {
-    "sparse_categorical_crossentropy": SparseCategoricalAccuracy,
-    "categorical_crossentropy": CategoricalAccuracy,
-    "binary_crossentropy": BinaryAccuracy,
-}
-
-
-def _loss_name(loss: Any) -> str | None:
-    if isinstance(loss, str):
-        return loss.lower()
-    return getattr(loss, "name", None)
-
-
-def get(identifier: Any, loss: Any = None) -> Metric:
-    """A metric from a Keras name, a Metric object or a per-example callable.
-
-    ``"accuracy"``/``"acc"`` is resolved from the loss as Keras does (sparse categorical
-    cross-entropy → SparseCategoricalAccuracy, ...) and keeps the name "accuracy".
-
-    Raises:
-        ValueError: Unknown name or unsupported type.
-    """
-    if isinstance(identifier, Metric):
-        return identifier
-    if isinstance(identifier, str):
-        key = identifier.lower()
-        if key in ("accuracy", "acc"):
-            cls = _ACCURACY_FOR_LOSS.get(_loss_name(loss) or "", Accuracy)
-            return cls(name=identifier)
-        if key in _BY_NAME:
-            return _BY_NAME[key](name=identifier)
-        raise ValueError(f"Unknown metric {identifier!r}. Known: ['accuracy', *{sorted(_BY_NAME)}].")
-    if callable(identifier):
-        return MeanMetricWrapper(identifier)
-    raise ValueError(
-        f"A metric must be a name, a phalanx.metrics.Metric or a callable. Received: {identifier!r}."
-    )

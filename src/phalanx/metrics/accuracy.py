@@ -1,4 +1,4 @@
-"""Accuracy metrics and regression errors, as Keras defines them."""
+"""Accuracy metrics, as Keras defines them: per-example match values averaged by `Mean`."""
 
 from __future__ import annotations
 
@@ -6,137 +6,187 @@ from typing import Any
 
 import torch
 
+from phalanx.losses._utils import as_float, float_pair
 from phalanx.metrics.reduction import MeanMetricWrapper
 
 __all__ = [
     "Accuracy",
     "BinaryAccuracy",
     "CategoricalAccuracy",
-    "MeanAbsoluteError",
-    "MeanSquaredError",
-    "RootMeanSquaredError",
     "SparseCategoricalAccuracy",
     "SparseTopKCategoricalAccuracy",
     "TopKCategoricalAccuracy",
+    "accuracy",
+    "binary_accuracy",
+    "categorical_accuracy",
+    "sparse_categorical_accuracy",
+    "sparse_top_k_categorical_accuracy",
+    "top_k_categorical_accuracy",
 ]
 
 
-def _t(x: Any) -> torch.Tensor:
-    return torch.as_tensor(x)
+def _matches(condition: torch.Tensor) -> torch.Tensor:
+    return condition.to(torch.get_default_dtype())
+
+
+def _sparse_targets(fn: str, y_true: Any, pred: torch.Tensor) -> torch.Tensor:
+    """Integer targets shaped like ``pred`` without its class axis (``[batch, 1]`` squeezed)."""
+    true = torch.as_tensor(y_true, device=pred.device)
+    if true.dim() == pred.dim() > 0 and true.shape[-1] == 1:
+        true = true.squeeze(-1)
+    if pred.dim() == 0 or true.shape != pred.shape[:-1]:
+        raise ValueError(
+            f"{fn} needs integer targets shaped like y_pred without its last (class) axis. "
+            f"Received: y_true.shape={tuple(true.shape)}, y_pred.shape={tuple(pred.shape)}. "
+            f"HINT: for one-hot targets use {fn.removeprefix('sparse_')}."
+        )
+    return true
+
+
+def _one_hot_targets(fn: str, y_true: Any, pred: torch.Tensor) -> torch.Tensor:
+    """Class ids from one-hot targets shaped like ``pred``."""
+    true = torch.as_tensor(y_true, device=pred.device)
+    if true.shape != pred.shape or pred.dim() == 0:
+        raise ValueError(
+            f"{fn} needs one-hot targets shaped like y_pred. Received: y_true.shape="
+            f"{tuple(true.shape)}, y_pred.shape={tuple(pred.shape)}. HINT: for integer class ids "
+            f"use sparse_{fn}."
+        )
+    return true.argmax(dim=-1)
 
 
 def accuracy(y_true: Any, y_pred: Any) -> torch.Tensor:
-    """1 where prediction equals target exactly."""
-    y_true, y_pred = _t(y_true), _t(y_pred)
-    return (y_true.reshape(y_pred.shape) == y_pred).to(torch.float64)
+    """1 where the prediction equals the target exactly, else 0 (element by element)."""
+    true, pred = float_pair(y_true, y_pred)
+    return _matches(true == pred)
 
 
 def binary_accuracy(y_true: Any, y_pred: Any, threshold: float = 0.5) -> torch.Tensor:
-    """1 where ``y_pred > threshold`` equals the 0/1 target."""
-    y_true, y_pred = _t(y_true), _t(y_pred)
-    return ((y_pred > threshold).to(torch.float64) == y_true.reshape(y_pred.shape).to(torch.float64)).to(
-        torch.float64
-    )
+    """1 where ``y_pred > threshold`` agrees with the 0/1 target (element by element)."""
+    true, pred = float_pair(y_true, y_pred)
+    return _matches((pred > threshold).to(true.dtype) == true)
 
 
 def categorical_accuracy(y_true: Any, y_pred: Any) -> torch.Tensor:
-    """1 where the arg-max of the prediction is the arg-max of the one-hot target."""
-    return (_t(y_true).argmax(-1) == _t(y_pred).argmax(-1)).to(torch.float64)
+    """1 where the arg-max of ``y_pred`` is the arg-max of the one-hot target.
+
+    Raises:
+        ValueError: ``y_true`` is not shaped like ``y_pred``.
+    """
+    pred = torch.as_tensor(y_pred)
+    return _matches(_one_hot_targets("categorical_accuracy", y_true, pred) == pred.argmax(dim=-1))
 
 
 def sparse_categorical_accuracy(y_true: Any, y_pred: Any) -> torch.Tensor:
-    """1 where the arg-max of the prediction is the integer target."""
-    y_true, y_pred = _t(y_true), _t(y_pred)
-    if y_true.dim() == y_pred.dim():
-        y_true = y_true.squeeze(-1)
-    return (y_pred.argmax(-1) == y_true.long()).to(torch.float64)
+    """1 where the arg-max of ``y_pred`` is the integer target.
+
+    Raises:
+        ValueError: ``y_true`` is not ``y_pred``'s shape without the class axis.
+    """
+    pred = torch.as_tensor(y_pred)
+    return _matches(_sparse_targets("sparse_categorical_accuracy", y_true, pred) == pred.argmax(dim=-1))
+
+
+def _in_top_k(targets: torch.Tensor, pred: torch.Tensor, k: int) -> torch.Tensor:
+    # Keras' in_top_k: the target's score is at least the k-th largest (ties count as in).
+    kth = pred.topk(min(k, pred.shape[-1]), dim=-1).values[..., -1:]
+    return _matches((pred.gather(-1, targets.long().unsqueeze(-1)) >= kth).squeeze(-1))
 
 
 def top_k_categorical_accuracy(y_true: Any, y_pred: Any, k: int = 5) -> torch.Tensor:
-    """1 where the one-hot target's class is among the k highest predictions."""
-    return sparse_top_k_categorical_accuracy(_t(y_true).argmax(-1), y_pred, k)
+    """1 where the one-hot target's class is among the ``k`` highest predictions.
+
+    Raises:
+        ValueError: ``y_true`` is not shaped like ``y_pred``.
+    """
+    pred = as_float(y_pred)
+    return _in_top_k(_one_hot_targets("top_k_categorical_accuracy", y_true, pred), pred, k)
 
 
 def sparse_top_k_categorical_accuracy(y_true: Any, y_pred: Any, k: int = 5) -> torch.Tensor:
-    """1 where the integer target is among the k highest predictions."""
-    y_true, y_pred = _t(y_true).long(), _t(y_pred)
-    if y_true.dim() == y_pred.dim():
-        y_true = y_true.squeeze(-1)
-    top = y_pred.topk(min(k, y_pred.shape[-1]), dim=-1).indices
-    return (top == y_true.unsqueeze(-1)).any(-1).to(torch.float64)
+    """1 where the integer target is among the ``k`` highest predictions.
+
+    Raises:
+        ValueError: ``y_true`` is not ``y_pred``'s shape without the class axis.
+    """
+    pred = as_float(y_pred)
+    return _in_top_k(_sparse_targets("sparse_top_k_categorical_accuracy", y_true, pred), pred, k)
 
 
-def squared_error(y_true: Any, y_pred: Any) -> torch.Tensor:
-    y_pred = _t(y_pred)
-    return (y_pred - _t(y_true).to(y_pred.dtype).reshape(y_pred.shape)) ** 2
-
-
-def absolute_error(y_true: Any, y_pred: Any) -> torch.Tensor:
-    y_pred = _t(y_pred)
-    return (y_pred - _t(y_true).to(y_pred.dtype).reshape(y_pred.shape)).abs()
+def _check_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive integer. Received: k={k!r}. HINT: k=5 is the default.")
+    return k
 
 
 class Accuracy(MeanMetricWrapper):
-    """How often predictions equal targets."""
+    """How often predictions equal targets exactly."""
 
-    def __init__(self, name: str = "accuracy") -> None:
-        super().__init__(accuracy, name)
+    _direction = "up"
+
+    def __init__(self, name: str = "accuracy", dtype: torch.dtype | str | None = None) -> None:
+        super().__init__(accuracy, name=name, dtype=dtype)
 
 
 class BinaryAccuracy(MeanMetricWrapper):
     """How often ``y_pred > threshold`` matches a 0/1 target."""
 
-    def __init__(self, name: str = "binary_accuracy", threshold: float = 0.5) -> None:
-        super().__init__(binary_accuracy, name, threshold=threshold)
+    _direction = "up"
+
+    def __init__(
+        self, name: str = "binary_accuracy", dtype: torch.dtype | str | None = None, threshold: float = 0.5
+    ) -> None:
+        super().__init__(binary_accuracy, name=name, dtype=dtype, threshold=threshold)
 
 
 class CategoricalAccuracy(MeanMetricWrapper):
     """How often the arg-max matches a one-hot target."""
 
-    def __init__(self, name: str = "categorical_accuracy") -> None:
-        super().__init__(categorical_accuracy, name)
+    _direction = "up"
+
+    def __init__(self, name: str = "categorical_accuracy", dtype: torch.dtype | str | None = None) -> None:
+        super().__init__(categorical_accuracy, name=name, dtype=dtype)
 
 
 class SparseCategoricalAccuracy(MeanMetricWrapper):
     """How often the arg-max matches an integer target."""
 
-    def __init__(self, name: str = "sparse_categorical_accuracy") -> None:
-        super().__init__(sparse_categorical_accuracy, name)
+    _direction = "up"
+
+    def __init__(
+        self, name: str = "sparse_categorical_accuracy", dtype: torch.dtype | str | None = None
+    ) -> None:
+        super().__init__(sparse_categorical_accuracy, name=name, dtype=dtype)
 
 
 class TopKCategoricalAccuracy(MeanMetricWrapper):
-    """How often a one-hot target is in the top k predictions."""
+    """How often a one-hot target is among the ``k`` highest predictions.
 
-    def __init__(self, k: int = 5, name: str = "top_k_categorical_accuracy") -> None:
-        super().__init__(top_k_categorical_accuracy, name, k=k)
+    Raises:
+        ValueError: ``k`` is not a positive integer.
+    """
+
+    _direction = "up"
+
+    def __init__(
+        self, k: int = 5, name: str = "top_k_categorical_accuracy", dtype: torch.dtype | str | None = None
+    ) -> None:
+        super().__init__(top_k_categorical_accuracy, name=name, dtype=dtype, k=_check_k(k))
 
 
 class SparseTopKCategoricalAccuracy(MeanMetricWrapper):
-    """How often an integer target is in the top k predictions."""
+    """How often an integer target is among the ``k`` highest predictions.
 
-    def __init__(self, k: int = 5, name: str = "sparse_top_k_categorical_accuracy") -> None:
-        super().__init__(sparse_top_k_categorical_accuracy, name, k=k)
+    Raises:
+        ValueError: ``k`` is not a positive integer.
+    """
 
+    _direction = "up"
 
-class MeanSquaredError(MeanMetricWrapper):
-    """Mean of squared errors over every element."""
-
-    def __init__(self, name: str = "mean_squared_error") -> None:
-        super().__init__(squared_error, name)
-
-
-class MeanAbsoluteError(MeanMetricWrapper):
-    """Mean of absolute errors over every element."""
-
-    def __init__(self, name: str = "mean_absolute_error") -> None:
-        super().__init__(absolute_error, name)
-
-
-class RootMeanSquaredError(MeanMetricWrapper):
-    """Square root of the mean squared error over every example seen."""
-
-    def __init__(self, name: str = "root_mean_squared_error") -> None:
-        super().__init__(squared_error, name)
-
-    def result(self) -> torch.Tensor:
-        return super().result().sqrt()
+    def __init__(
+        self,
+        k: int = 5,
+        name: str = "sparse_top_k_categorical_accuracy",
+        dtype: torch.dtype | str | None = None,
+    ) -> None:
+        super().__init__(sparse_top_k_categorical_accuracy, name=name, dtype=dtype, k=_check_k(k))

@@ -1,0 +1,45 @@
+"""Keras losses (``phalanx.losses``) that also give per-example values for distributed training.
+
+Every loss reduces like Keras when called (``sum_over_batch_size`` by default: the mean
+over the batch) and exposes ``per_example(y_true, y_pred, sample_weight)`` — weighted
+losses of shape ``[batch]`` — which `Model.fit` sums and divides by the *global* batch
+size, TensorFlow's distributed convention (see ``phalanx.compute_average_loss``).
+"""
+
+from phalanx.losses._resolve import get
+from phalanx.losses.functions import (
+    binary_crossentropy,
+    categorical_crossentropy,
+    huber,
+    mean_absolute_error,
+    mean_squared_error,
+    sparse_categorical_crossentropy,
+)
+from phalanx.losses.loss import Loss
+from phalanx.losses.losses import (
+    BinaryCrossentropy,
+    CategoricalCrossentropy,
+    Huber,
+    LossFunctionWrapper,
+    MeanAbsoluteError,
+    MeanSquaredError,
+    SparseCategoricalCrossentropy,
+)
+
+__all__ = [
+    "BinaryCrossentropy",
+    "CategoricalCrossentropy",
+    "Huber",
+    "Loss",
+    "LossFunctionWrapper",
+    "MeanAbsoluteError",
+    "MeanSquaredError",
+    "SparseCategoricalCrossentropy",
+    "binary_crossentropy",
+    "categorical_crossentropy",
+    "get",
+    "huber",
+    "mean_absolute_error",
+    "mean_squared_error",
+    "sparse_categorical_crossentropy",
+]
