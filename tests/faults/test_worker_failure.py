@@ -1,48 +1,88 @@
-"""A dead or missing worker becomes an error naming it on the others; nothing hangs."""
+"""A dead, silent or missing worker becomes an error naming it on the others; nothing hangs."""
 
 from __future__ import annotations
 
 import io
+import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from phalanx.cluster import launch
-from phalanx.cluster.launcher import task_environments
+import phalanx
+from phalanx.cluster import SimpleClusterResolver, launch
+from phalanx.communication.collectives import PeerUnavailableError
 
 pytestmark = pytest.mark.multiprocess
 SCRIPTS = Path(__file__).resolve().parents[1] / "multiprocess" / "scripts"
-BOUND_SECONDS = 12.0  # heartbeat timeout (10 s) + poll interval: the documented bound
+BOUND_SECONDS = 12.0  # heartbeat timeout (10 s) + beat (1 s) + poll (0.5 s): the documented bound
 
 
-def test_sigkilled_worker_is_named_by_the_survivor_within_the_bound(tmp_path):
-    # started by hand: the launcher would stop the survivor as soon as worker 1 dies
-    envs = task_environments(2)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPTS / "train_forever.py"), "1", "20", str(tmp_path)],
-            env={**os.environ, **envs[f"worker-{r}"]},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(2)
-    ]
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _start_workers(args, extra_env=None):
+    """Two workers from TF_CONFIG, started by hand (a launcher would stop the survivor)."""
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    procs = []
+    for index in range(2):
+        tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+        env = {**base, **(extra_env or {}), "TF_CONFIG": tf_config}
+        cmd = [sys.executable, str(SCRIPTS / "train_forever.py"), *map(str, args)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    return procs, workers
+
+
+def _finish(procs, timeout=90):
     try:
-        outputs = [p.communicate(timeout=90)[0].decode() for p in procs]
+        return [p.communicate(timeout=timeout)[0].decode() for p in procs]
     finally:
         for p in procs:
             p.kill()
+            p.wait()
+
+
+def test_sigkilled_worker_is_named_by_the_survivor_within_the_bound(tmp_path):
+    procs, workers = _start_workers([1, 20, tmp_path])
+    outputs = _finish(procs)
     assert procs[1].returncode == -signal.SIGKILL
     assert procs[0].returncode != 0
     error = (tmp_path / "error-0.txt").read_text().splitlines()
     elapsed, message = float(error[0]), "\n".join(error[1:])
     assert elapsed < BOUND_SECONDS, outputs[0]
-    assert "worker:1" in message
+    assert f"worker:1 ({workers[1]})" in message
     assert "PeerUnavailableError" in outputs[0]
+
+
+def test_a_worker_that_stops_answering_is_named_after_its_heartbeat_timeout(tmp_path):
+    # SIGSTOP keeps the sockets open: only the heartbeats can tell. A 2 s heartbeat timeout
+    # bounds the detection by 2 + 1 (beat) + 0.5 (poll) seconds.
+    procs, workers = _start_workers([1, 10, tmp_path, "STOP"], {"PHALANX_HEARTBEAT_TIMEOUT_SECONDS": "2"})
+    try:
+        survivor = procs[0].communicate(timeout=90)[0].decode()
+    finally:
+        for p in procs:
+            p.kill()  # the stopped worker too
+        _finish(procs)
+    assert procs[0].returncode != 0, survivor
+    error = (tmp_path / "error-0.txt").read_text().splitlines()
+    elapsed, message = float(error[0]), "\n".join(error[1:])
+    assert 1.0 < elapsed < 2 + 1 + 0.5 + 2.5, survivor  # 2.5 s of slack for a loaded machine
+    assert f"worker:1 ({workers[1]}) stopped sending heartbeats" in message
 
 
 def test_launcher_stops_the_others_and_fails_when_a_worker_dies(tmp_path):
@@ -54,16 +94,42 @@ def test_launcher_stops_the_others_and_fails_when_a_worker_dies(tmp_path):
     assert "worker-1 exited with code -9; stopping the other tasks" in out.getvalue()
 
 
-def test_a_worker_that_never_joins_is_named(tmp_path):
-    out = io.StringIO()
-    code = launch(
-        str(SCRIPTS / "never_joins.py"),
-        workers=2,
-        timeout=60,
-        out=out,
-        env={"PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1])])},
-    )
-    text = out.getvalue()
-    assert code != 0, text
-    assert "waiting for ['worker:1" in text
-    assert "to join" in text
+def _two_worker_resolver(index):
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    return SimpleClusterResolver({"worker": workers}, task_type="worker", task_id=index), workers
+
+
+def test_a_worker_that_never_joins_is_named_after_the_deadline(caplog):
+    resolver, workers = _two_worker_resolver(0)  # the chief; worker 1 never starts
+    start = time.monotonic()
+    with (
+        caplog.at_level(logging.WARNING, logger="phalanx"),
+        pytest.raises(
+            PeerUnavailableError, match=rf"Gave up after 1.5s waiting for \['worker:1 \({workers[1]}\)'\]"
+        ),
+    ):
+        phalanx.MultiWorkerMirroredStrategy(resolver, join_timeout=1.5)
+    assert 1.5 <= time.monotonic() - start < 5
+    assert f"Still waiting for ['worker:1 ({workers[1]})'] to join" in caplog.text  # logged while waiting
+
+
+def test_a_chief_that_never_starts_is_named_after_the_deadline(caplog, monkeypatch):
+    resolver, workers = _two_worker_resolver(1)
+    monkeypatch.setenv("PHALANX_JOIN_TIMEOUT_SECONDS", "1.5")  # the variable sets the default
+    with (
+        caplog.at_level(logging.WARNING, logger="phalanx"),
+        pytest.raises(
+            PeerUnavailableError, match=rf"waiting for \['worker:0 \({workers[0]}\)'\] to join: nothing"
+        ),
+    ):
+        phalanx.MultiWorkerMirroredStrategy(resolver)
+    assert f"Still waiting for ['worker:0 ({workers[0]})'] to join (the chief" in caplog.text
+
+
+def test_a_chief_whose_port_is_taken_says_so():
+    resolver, workers = _two_worker_resolver(0)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", int(workers[0].rsplit(":", 1)[1])))
+        taken.listen()
+        with pytest.raises(ValueError, match="must serve the rendezvous at port .* cannot listen there"):
+            phalanx.MultiWorkerMirroredStrategy(resolver, join_timeout=1)

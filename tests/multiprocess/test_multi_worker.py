@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +31,32 @@ def _launch(script, args, workers=2, timeout=120):
     return code, out.getvalue()
 
 
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _clean_env():
+    """This environment without any cluster configuration."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TF_CONFIG")}
+    return {**env, "PYTHONPATH": ENV["PYTHONPATH"]}
+
+
+def _tf_config_envs(cluster):
+    """One environment per task with TF_CONFIG only (torchrun's variables removed)."""
+    base = _clean_env()
+    return [
+        {**base, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": i}})}
+        for job in ("chief", "worker")
+        for i in range(len(cluster.get(job, [])))
+    ]
+
+
 def _results(tmp_path, workers):
     return [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(workers)], [
         torch.load(tmp_path / f"state-{r}.pt")["state"] for r in range(workers)
@@ -39,6 +68,8 @@ def test_two_workers_reproduce_ctl_mirrored(tmp_path):
     assert code == 0, output
     assert "[worker-1] done 1 2" in output
     results, states = _results(tmp_path, 2)
+    assert results[0]["plain_parameters"] == 4  # the DDP layout
+    assert results[0]["buckets"]
     ref, meta = oracle.reference("ctl_mirrored")
     for r in range(2):
         np.testing.assert_allclose(results[r]["losses"], ref["losses"], **oracle.LOSS_TOL)
@@ -48,11 +79,28 @@ def test_two_workers_reproduce_ctl_mirrored(tmp_path):
     assert [results[0]["seen"][0][0], results[1]["seen"][0][0]] == meta["replica_indices_per_step"][0]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_two_workers_sharing_a_gpu_over_gloo_reproduce_ctl_mirrored(tmp_path):
+    code, output = _launch("ctl_oracle.py", [tmp_path, 1, 256, "cuda"])
+    assert code == 0, output
+    results, states = _results(tmp_path, 2)
+    assert results[0]["buckets"]  # gradient buckets of CUDA tensors, all-reduced by gloo
+    ref, _ = oracle.reference("ctl_mirrored")
+    gpu_tol = {"rtol": 1e-4, "atol": 1e-5}  # kernels differ from the CPU recording
+    for r in range(2):
+        np.testing.assert_allclose(results[r]["losses"], ref["losses"], **gpu_tol)
+        for name, value in states[r].items():
+            np.testing.assert_allclose(value.numpy(), ref[f"final/torch/{name}"], **gpu_tol)
+
+
 def test_two_workers_with_two_local_replicas_equal_four_replicas(tmp_path):
     code, output = _launch("ctl_oracle.py", [tmp_path, 2, 250])
     assert code == 0, output
     results, states = _results(tmp_path, 2)
     assert results[0]["replicas"] == 4
+    assert results[0]["plain_parameters"] == 0  # mirrored variables
+    assert not results[0]["buckets"]
     strategy = phalanx.MirroredStrategy([f"cpu:{i}" for i in range(4)])
     losses, state, seen = oracle.run_ctl(strategy, n=250)
     strategy._threads.close()
@@ -69,7 +117,75 @@ def test_uneven_workers_end_the_epoch_together(tmp_path):
     results = [json.loads((tmp_path / f"steps-{r}.json").read_text()) for r in range(2)]
     assert results[0]["sizes"] == [4, 4, 0, 0] * 2  # worker 0 ran out: empty batches, same steps
     assert results[1]["sizes"] == [4, 4, 4, 4] * 2
+    # FILE: worker 0 reads 32 rows (4 batches of 8, 4 per replica), worker 1 reads 8
+    assert results[0]["file"] == [4] * 8
+    assert results[1]["file"] == [4, 4] + [0] * 6
+    # OFF: each worker reads its own dataset whole (24 and 16 rows)
+    assert results[0]["off"] == [4] * 6
+    assert results[1]["off"] == [4] * 4 + [0] * 2
     assert results[0]["weight"] == results[1]["weight"]
+
+
+def _expected_collectives(n):
+    rows = [[10.0 * r + i for i in range(r + 1)] for r in range(n)]
+    flat = [v for row in rows for v in row]
+    return {
+        "replicas": n,
+        "gather": flat,
+        "reduce_sum_axis0": sum(flat),
+        "reduce_mean_axis0": sum(flat) / len(flat),
+        "reduce_sum": [n * (n + 1) / 2] * 2,
+        "reduce_mean": [(n + 1) / 2] * 2,
+    }
+
+
+def _check_collectives(tmp_path, local):
+    n = 2 * local
+    results = []
+    for rank in range(2):
+        result = json.loads((tmp_path / f"checks-{rank}.json").read_text())
+        assert result["is_chief"] is result["should_checkpoint"] is (rank == 0)
+        for key, value in _expected_collectives(n).items():
+            assert result[key] == pytest.approx(value), key
+        ids = [rank * local + i for i in range(local)]  # global replica ids of this worker
+        assert result["replica_sum"] == [n * (n + 1) / 2] * local
+        assert result["replica_mean"] == [(n + 1) / 2] * local
+        assert result["replica_gather"] == [_expected_collectives(n)["gather"]] * local
+        assert result["replica_grad"] == [[float(n * (g + 1))] * 3 for g in ids]
+        assert "fixed when it was created" in result["implementation_error"]
+        results.append(result)
+    return results
+
+
+def test_reduce_gather_and_all_reduce_across_two_workers_of_two_replicas(tmp_path):
+    code, output = _launch("collectives_checks.py", [tmp_path, 2])
+    assert code == 0, output
+    _check_collectives(tmp_path, 2)
+
+
+def test_collectives_and_gradient_buckets_with_one_replica_per_worker(tmp_path):
+    code, output = _launch("collectives_checks.py", [tmp_path, 1])
+    assert code == 0, output
+    assert "after close: " in output
+    for rank, result in enumerate(_check_collectives(tmp_path, 1)):
+        assert result["plain_parameters"]
+        assert result["initial_values_from_chief"]
+        # reverse creation order in 4 KB buckets (the 1 MB first-bucket cap does not bind)
+        assert result["buckets"] == [
+            [[2], [2, 30], [3], [3, 3], [4], [4, 30], [30]],
+            [[30, 30], [30]],
+            [[30, 20]],
+        ]
+        # bucketed sums equal one plain all-reduce per tensor (unused here or everywhere,
+        # accumulated over two backward passes) and give the same weights
+        assert result["bucket_mismatches"] == []
+        assert result["second_optimizer_bias_grad"] == [2.0] * 4
+        assert "not created in this strategy's scope" in result["outside_scope_error"]
+        chief_dir = str(tmp_path / "saved")
+        assert result["write_dirpath"] == (chief_dir if rank == 0 else f"{chief_dir}/workertemp_1")
+        if rank == 1:  # made for the worker (the chief's folder is the caller's to make)
+            assert result["write_dirpath_exists"]
+        assert result["temp_removed"]
 
 
 def test_keras_under_two_workers_restore_metrics_and_predict_order(tmp_path):
@@ -114,3 +230,52 @@ def test_per_call_timeout_of_communication_options(tmp_path):
     assert code == 7, output
     assert "[worker-0] timed out: all_reduce failed on worker:0" in output
     assert "no answer within 1s" in output
+
+
+def _run_program(tmp_path, launcher):
+    script = [str(SCRIPTS / "tf_config_program.py"), str(tmp_path)]
+    if launcher == "torchrun":  # torchrun's agent serves the rendezvous store itself
+        env = _clean_env()
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        cmd += ["--master-port", str(_free_ports(1)[0]), *script]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        return sorted(lines, key=lambda r: r["rank"])
+    chief, worker = (f"127.0.0.1:{p}" for p in _free_ports(2))
+    envs = _tf_config_envs({"chief": [chief], "worker": [worker]})
+    out = subprocess.PIPE
+    procs = [
+        subprocess.Popen([sys.executable, *script], env=env, stdout=out, stderr=subprocess.STDOUT)
+        for env in envs
+    ]
+    try:
+        outputs = [p.communicate(timeout=90)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+
+
+@pytest.mark.parametrize(
+    ("launcher", "tasks", "resolver"),
+    [
+        ("tf_config", ["chief:0", "worker:0"], "TFConfigClusterResolver"),
+        ("torchrun", ["worker:0", "worker:1"], "TorchrunClusterResolver"),
+    ],
+)
+def test_the_same_program_configured_by_tf_config_or_torchrun(tmp_path, launcher, tasks, resolver):
+    first, second = _run_program(tmp_path, launcher)
+    assert [first["task"], second["task"]] == tasks
+    assert [first["rank"], second["rank"]] == [0, 1]
+    assert [first["is_chief"], second["is_chief"]] == [True, False]
+    assert first["resolver"] == second["resolver"] == resolver
+    assert first["replicas"] == second["replicas"] == 2
+    for key in ("loss", "weight", "bias"):
+        assert first[key] == second[key]  # bit for bit: same broadcast start, same sums
+    assert first["weight"] == pytest.approx(3.0, abs=1e-2)
+    assert first["bias"] == pytest.approx(0.5, abs=1e-2)
+    saved = torch.load(tmp_path / "model" / "weights.pt")
+    assert saved["weight"].item() == first["weight"]
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["weights.pt"]  # no workertemp left

@@ -1,12 +1,32 @@
 """DDP-style gradient buckets: all-reduce gradients while backward is still running.
 
 Used by MultiWorkerMirroredStrategy with one local replica, where parameters stay plain
-``nn.Parameter``s. Parameters are grouped into buckets of about ``bucket_bytes`` in reverse
-creation order (the order backward produces gradients); when every gradient of a bucket has
-arrived (``register_post_accumulate_grad_hook``), the bucket's all-reduce starts
-asynchronously. Buckets are launched strictly in index order on every worker, so the
-collectives match across workers. ``optimizer.step()`` waits for all buckets and installs
-the sums as views of the bucket buffers.
+``nn.Parameter``s. The parameters a worker created in the strategy's scope are grouped into
+buckets in *reverse registration order* (about the order backward produces their gradients,
+and the same on every worker because every worker builds the same model): the first bucket
+holds about ``first_bucket_bytes`` (1 MiB, so the last layers' gradients start moving early),
+the others about ``bucket_bytes`` (25 MiB), one dtype and device per bucket, as DDP does.
+
+One backward pass is one *round*:
+
+* When a parameter's gradient has been accumulated (``register_post_accumulate_grad_hook``),
+  it is copied into its bucket; when every gradient of a bucket is in, the bucket's
+  all-reduce starts asynchronously. Buckets start strictly in index order on every worker,
+  so the collectives match across workers.
+* At the end of the backward pass (an autograd-engine callback) each parameter this pass did
+  not reach contributes its current ``.grad`` (zeros if None) and every remaining bucket
+  starts, so each round issues exactly one all-reduce per bucket on every worker, whatever
+  the data did.
+* Each bucket also carries one "has a gradient" flag per parameter; after the sum, a
+  parameter that no worker has a gradient for keeps its ``.grad`` untouched (None after
+  ``zero_grad()``), as on one device.
+
+`synchronize` (the optimizer-step pre-hook, all workers) waits for the last round and gives
+every parameter the **sum** over workers as ``.grad``, a view of its bucket (no copy).
+Until then ``.grad`` holds this worker's own gradient, so several backward passes before one
+step (gradient accumulation, or a reentrant checkpoint's inner backward) accumulate locally
+and the last round, which carries every parameter's current ``.grad``, sums the
+accumulation. After a step with no new round (a second optimizer), `synchronize` does nothing.
 """
 
 from __future__ import annotations
@@ -17,116 +37,255 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-__all__ = ["GradientBuckets"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "GradientBuckets"]
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
-FIRST_BUCKET_BYTES = 1024 * 1024  # small, so the last layers' gradients start moving early (as DDP)
+FIRST_BUCKET_BYTES = 1024 * 1024
+
+Launch = Callable[[torch.Tensor], Any]  # starts an async in-place SUM all-reduce, returns its work
+Wait = Callable[[Any, str], None]  # waits for that work (raises on failure)
 
 
 class _Bucket:
+    """A flat buffer: the gradients of ``params`` back to back, then one flag per parameter."""
+
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
         self.params = params
-        self.buffer = torch.zeros(
-            sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device
-        )
-        offsets, start = [], 0
+        self.offsets: list[int] = []
+        numel = 0
         for p in params:
-            offsets.append(start)
-            start += p.numel()
-        self.offsets = offsets
-        self.ready: set[int] = set()
-        self.work: Any = None
+            self.offsets.append(numel)
+            numel += p.numel()
+        self.numel = numel
+        self.buffer = torch.zeros(numel + len(params), dtype=params[0].dtype, device=params[0].device)
+        self.flags = self.buffer[numel:]  # (num_params,) after the sum: how many workers had a gradient
+        self.had = [0.0] * len(params)  # this worker's flags for the current round
+        self.ready = [False] * len(params)
+        self.work: Any = None  # the running all-reduce of the current round
 
     def view(self, i: int) -> torch.Tensor:
         p = self.params[i]
         return self.buffer[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
 
+    def put(self, i: int, grad: torch.Tensor | None) -> None:
+        view = self.view(i)
+        if grad is None:
+            view.zero_()
+        elif view.data_ptr() != grad.data_ptr():
+            view.copy_(grad)
+        self.had[i] = 0.0 if grad is None else 1.0
+        self.ready[i] = True
+
+    def complete(self) -> bool:
+        return all(self.ready)
+
 
 class GradientBuckets:
-    """Overlapped gradient all-reduce for the parameters one worker created in scope.
+    """Overlapped, bucketed gradient all-reduce for the parameters one worker created in scope.
 
     Args:
-        is_active: Whether a backward belongs to a step of the strategy (inside its ``run``).
-        wait: ``wait(work, what)`` — waits for an async collective with the strategy's deadline.
-        bucket_bytes: Bucket size (0: 25 MiB, as DDP).
+        launch: ``launch(buffer) -> work`` starts an async in-place SUM all-reduce.
+        wait: ``wait(work, what)`` waits for it with the strategy's deadline and health check.
+        is_active: Whether a backward pass belongs to the strategy (runs inside its ``run``);
+            hooks of other backward passes do nothing.
+        bucket_bytes: Bucket size (0: 25 MiB).
+        first_bucket_bytes: Size of the first bucket (default 1 MiB, capped at ``bucket_bytes``).
     """
 
     def __init__(
-        self, is_active: Callable[[], bool], wait: Callable[[Any, str], None], bucket_bytes: int = 0
+        self,
+        launch: Launch,
+        wait: Wait,
+        is_active: Callable[[], bool] = lambda: True,
+        bucket_bytes: int = 0,
+        first_bucket_bytes: int = FIRST_BUCKET_BYTES,
     ) -> None:
-        self._is_active = is_active
-        self._wait = wait
+        self._launch, self._wait, self._is_active = launch, wait, is_active
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
-        self._params: list[weakref.ref[torch.nn.Parameter]] = []
+        self._first_bytes = min(first_bucket_bytes, self._bucket_bytes)
+        self._params: list[weakref.ref[torch.nn.Parameter]] = []  # trainable, registration order
+        self._frozen: list[weakref.ref[torch.nn.Parameter]] = []  # requires_grad=False when added
+        self._ids: set[int] = set()
+        self._handles: list[Any] = []
         self._buckets: list[_Bucket] | None = None
         self._where: dict[int, tuple[int, int]] = {}
         self._next_launch = 0
-        self._lock = threading.Lock()
+        self._round_open = False  # hooks fired; the end-of-backward callback is queued
+        self._round_done = False  # a round finished since the last synchronize
+        self._lock = threading.RLock()
 
+    # ---------------------------------------------------------------- registration
     def add(self, param: torch.nn.Parameter) -> None:
-        """Tracks a parameter created in the strategy's scope."""
-        if param.requires_grad:
-            self._params.append(weakref.ref(param))
-            self._buckets = None  # rebuilt before the next backward
-            param.register_post_accumulate_grad_hook(self._on_grad)
+        """Tracks a parameter created in the strategy's scope (same order on every worker).
+
+        A parameter that does not require a gradient yet is tracked from the first `refresh`
+        after it does (each ``run`` refreshes).
+        """
+        if id(param) in self._ids:
+            return  # shared by two modules (tied weights)
+        with self._lock:
+            self._ids.add(id(param))
+            if param.requires_grad:
+                self._track(param)
+            else:
+                self._frozen.append(weakref.ref(param))
+
+    def _track(self, param: torch.nn.Parameter) -> None:
+        self._params.append(weakref.ref(param))
+        self._handles.append(param.register_post_accumulate_grad_hook(self._on_grad))
+        self._buckets = None  # rebuilt at the next round
+
+    def refresh(self) -> None:
+        """Starts tracking frozen parameters that now require a gradient (before each run)."""
+        if not self._frozen:
+            return
+        with self._lock:
+            still = []
+            for ref in self._frozen:
+                p = ref()
+                if p is not None and p.requires_grad:
+                    self._track(p)
+                elif p is not None:
+                    still.append(ref)
+            self._frozen = still
+
+    def tracks(self, param: torch.Tensor) -> bool:
+        """Whether ``param`` was added (created in the strategy's scope)."""
+        return id(param) in self._ids
+
+    @property
+    def buckets(self) -> list[list[torch.nn.Parameter]]:
+        """The parameters of each bucket, in launch order (built on first use)."""
+        with self._lock:
+            return [b.params for b in self._ensure_built()]
+
+    def _ensure_built(self) -> list[_Bucket]:
+        if self._buckets is None:
+            self._flush_running()
+            self._buckets = self._build()
+            self._next_launch = 0
+        return self._buckets
 
     def _build(self) -> list[_Bucket]:
         params = [p for p in (ref() for ref in reversed(self._params)) if p is not None]
-        buckets: list[_Bucket] = []
-        current: list[torch.nn.Parameter] = []
-        size = 0
+        closed: list[list[torch.nn.Parameter]] = []
+        open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.nn.Parameter], int]] = {}
+        started: set[tuple[torch.device, torch.dtype]] = set()
         for p in params:
-            if current and (
-                size + p.numel() * p.element_size() > self._bucket_bytes or p.dtype != current[0].dtype
-            ):
-                buckets.append(_Bucket(current))
-                current, size = [], 0
-            current.append(p)
-            size += p.numel() * p.element_size()
-        if current:
-            buckets.append(_Bucket(current))
+            key = (p.device, p.dtype)
+            members, size = open_.get(key, ([], 0))
+            limit = self._bucket_bytes if key in started else self._first_bytes
+            nbytes = p.numel() * p.element_size()
+            if members and size + nbytes > limit:
+                closed.append(members)
+                started.add(key)
+                members, size = [], 0
+            open_[key] = ([*members, p], size + nbytes)
+        closed.extend(members for members, _ in open_.values() if members)
+        buckets = [_Bucket(members) for members in closed]
         self._where = {id(p): (b, i) for b, bucket in enumerate(buckets) for i, p in enumerate(bucket.params)}
         return buckets
 
+    # ---------------------------------------------------------------- during backward
     def _on_grad(self, param: torch.Tensor) -> None:
         if not self._is_active():
             return
         with self._lock:
-            if self._buckets is None:
-                self._buckets = self._build()
+            buckets = self._ensure_built()
+            if not self._round_open:
+                self._start_round(buckets)
             b, i = self._where[id(param)]
-            bucket = self._buckets[b]
-            assert param.grad is not None
-            bucket.view(i).copy_(param.grad)
-            bucket.ready.add(i)
-            self._launch_ready()
+            bucket = buckets[b]
+            if bucket.work is not None:
+                raise RuntimeError(
+                    "A parameter received a second gradient in one backward pass after its "
+                    "bucket's all-reduce had started, so the sum would miss it. This happens "
+                    "when a parameter is used both inside and outside a reentrant activation "
+                    "checkpoint. Received: a second gradient for a parameter of shape "
+                    f"{tuple(param.shape)} (bucket {b}). HINT: use "
+                    "torch.utils.checkpoint.checkpoint(..., use_reentrant=False)."
+                )
+            bucket.put(i, param.grad)
+            self._launch_ready(buckets)
 
-    def _launch_ready(self) -> None:
-        assert self._buckets is not None
-        while self._next_launch < len(self._buckets):
-            bucket = self._buckets[self._next_launch]
-            if len(bucket.ready) < len(bucket.params):
-                return
-            bucket.work = dist.all_reduce(bucket.buffer, async_op=True)
+    def _start_round(self, buckets: list[_Bucket]) -> None:
+        """First gradient of a backward pass: wait for the previous round's buffers."""
+        self._flush_running()
+        for bucket in buckets:
+            bucket.ready = [False] * len(bucket.params)
+        self._next_launch = 0
+        self._round_open = True
+        self._round_done = False
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_round)
+
+    def _end_round(self) -> None:
+        """End of the backward pass: parameters it did not reach contribute their current
+        ``.grad`` (an earlier pass's, or None); start every bucket."""
+        with self._lock:
+            buckets = self._ensure_built()
+            for bucket in buckets:
+                for i, ready in enumerate(bucket.ready):
+                    if not ready:
+                        bucket.put(i, bucket.params[i].grad)
+            self._launch_ready(buckets)
+            self._round_open = False
+            self._round_done = True
+
+    def abort_round(self) -> None:
+        """Forgets a round whose backward pass raised (its end-of-backward callback never ran)."""
+        with self._lock:
+            self._round_open = False
+
+    def _launch_ready(self, buckets: list[_Bucket]) -> None:
+        while self._next_launch < len(buckets) and buckets[self._next_launch].complete():
+            bucket = buckets[self._next_launch]
+            storage = bucket.buffer.untyped_storage().data_ptr()
+            for p in bucket.params:
+                # A .grad that is a view of this buffer (installed at the last step) must not be
+                # written by autograd while the buffer is being reduced: give it its own memory.
+                g = p.grad
+                if g is not None and g.untyped_storage().data_ptr() == storage:
+                    p.grad = g.clone()
+            bucket.flags.copy_(torch.tensor(bucket.had, dtype=bucket.flags.dtype))
+            bucket.work = self._launch(bucket.buffer)
             self._next_launch += 1
 
+    def _flush_running(self) -> None:
+        """Waits for the all-reduces still running (their result is superseded)."""
+        for bucket in self._buckets or []:
+            if bucket.work is not None:
+                work, bucket.work = bucket.work, None
+                self._wait(work, "the gradient all-reduce")
+
+    # ---------------------------------------------------------------- at optimizer.step()
     def synchronize(self) -> None:
-        """Waits for every bucket and installs the summed gradients (before optimizer.step)."""
+        """Waits for the last round and installs the summed gradients (all workers).
+
+        Called before ``optimizer.step()``. A parameter that some worker gave a gradient
+        gets the sum over workers as ``.grad`` (a view of its bucket); one that no worker
+        gave a gradient keeps its ``.grad``.
+
+        Raises:
+            PeerUnavailableError: (from ``wait``) a worker died or stopped answering.
+        """
         with self._lock:
-            if self._buckets is None:
-                self._buckets = self._build()
-            for bucket in self._buckets:  # parameters that got no gradient count as zeros
-                for i in range(len(bucket.params)):
-                    if i not in bucket.ready:
-                        bucket.view(i).zero_()
-                        bucket.ready.add(i)
-            self._launch_ready()
+            if not self._round_done or self._buckets is None:
+                return  # nothing new since the last step (e.g. a second optimizer)
+            self._round_done = False
             for bucket in self._buckets:
-                self._wait(bucket.work, "the gradient all-reduce")
+                work, bucket.work = bucket.work, None
+                if work is not None:
+                    self._wait(work, "the gradient all-reduce")
+                had = bucket.flags.tolist()
                 for i, p in enumerate(bucket.params):
-                    p.grad = bucket.view(i)
-                bucket.ready.clear()
-                bucket.work = None
-            self._next_launch = 0
+                    if had[i] > 0:
+                        p.grad = bucket.view(i)
+
+    def close(self) -> None:
+        """Removes the hooks and waits for running all-reduces (all workers)."""
+        with self._lock:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            self._flush_running()

@@ -1,17 +1,40 @@
 """Cross-process collectives with deadlines and a health check (the transport of MultiWorkerMirroredStrategy).
 
-Bounds (defaults): joining waits ``join_timeout`` (120 s) and logs every 5 s which tasks it
-still waits for; a worker that dies is reported as soon as its sockets close (SIGKILL:
-at once) or, if it stops answering, when its heartbeat is ``heartbeat_timeout`` (10 s)
-old — every collective polls the health check, so the bound is heartbeat_timeout plus a
-poll interval (< 12 s). A collective that does not finish in ``collective_timeout`` fails
-too. Each error names the missing tasks.
+`WorkerGroup` wraps one torch.distributed process group of the training tasks (rank =
+worker index, world = number of workers). Every worker creates it, and then calls the same
+collectives in the same order ("all workers"); nothing here is called by one worker alone.
+
+Bounds (defaults; each also has an environment variable, read when a group is made):
+
+* **Joining** waits at most ``join_timeout`` (120 s, ``PHALANX_JOIN_TIMEOUT_SECONDS``) for
+  every task to check in at the chief's TCPStore, logging on ``logging.getLogger("phalanx")``
+  every 5 s (a third of shorter deadlines) which tasks it still waits for, then raises
+  `PeerUnavailableError` naming them.
+* **A worker that dies** (crash, SIGKILL, machine lost): the collective that waits for it
+  fails as soon as gloo sees its sockets close (at once after a SIGKILL); with two workers
+  the error names the other one at once, with more it names the task whose heartbeat
+  stopped, within the heartbeat bound below.
+* **A worker that stops answering** (hung, stopped, cut off): every worker adds to its
+  heartbeat counter in the chief's store every `HEARTBEAT_INTERVAL` (1 s) and reads the
+  others'; a counter that has not moved for ``heartbeat_timeout`` (10 s,
+  ``PHALANX_HEARTBEAT_TIMEOUT_SECONDS``) marks that task dead. Waiting collectives look at
+  the health check every `POLL_SECONDS` (0.5 s), so the error comes within
+  heartbeat_timeout + 1 s + 0.5 s (about 11.5 s < 12 s by default).
+* **Any collective** fails after ``collective_timeout`` (the strategy's timeout, or
+  ``CommunicationOptions.timeout_seconds`` per call). The process group is created with the
+  same timeout, so gloo's own deadline can cap a longer per-call timeout.
+
+Every error is a `PeerUnavailableError` naming the missing task(s) and is sticky: after a
+failure, every later collective of the group raises at once (restart the job).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -21,24 +44,170 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["PeerUnavailableError", "WorkerGroup"]
+__all__ = [
+    "DEFAULT_HEARTBEAT_TIMEOUT",
+    "DEFAULT_JOIN_TIMEOUT",
+    "HEARTBEAT_INTERVAL",
+    "POLL_SECONDS",
+    "HealthCheck",
+    "PeerUnavailableError",
+    "WorkerGroup",
+    "seconds_from_env",
+]
 
 log = logging.getLogger("phalanx")
 
+DEFAULT_JOIN_TIMEOUT = 120.0
+DEFAULT_HEARTBEAT_TIMEOUT = 10.0
+HEARTBEAT_INTERVAL = 1.0
+POLL_SECONDS = 0.5
+LOG_EVERY_SECONDS = 5.0
+JOIN_TIMEOUT_ENV = "PHALANX_JOIN_TIMEOUT_SECONDS"
+HEARTBEAT_TIMEOUT_ENV = "PHALANX_HEARTBEAT_TIMEOUT_SECONDS"
+_RESTART_HINT = "HINT: check that task's log; restart the job (BackupAndRestore resumes it)."
+
 
 class PeerUnavailableError(RuntimeError):
-    """Another worker died, stopped answering, or never joined."""
+    """Another worker died, stopped answering, or never joined (the message names it)."""
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A positive number of seconds from environment variable ``name`` (``default`` if unset).
+
+    Raises:
+        ValueError: The variable is set but is not a positive number.
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{name} must be a positive number of seconds. Received: {name}={text!r}.")
+    return value
+
+
+class HealthCheck:
+    """Heartbeats of every worker in a shared store, and the verdict on the others.
+
+    `beat` is one round: add 1 to this worker's counter, read every peer's, and remember
+    when each last changed. A peer whose counter has not changed for ``timeout`` seconds is
+    dead, unless it announced that it left (`leave`). `start` runs rounds every ``interval``
+    on a daemon thread with its own store connection.
+
+    Args:
+        connect: Opens a store connection (called on the heartbeat thread).
+        rank, world_size: This worker and the number of workers.
+        name: ``name(rank) -> "worker:1 (host:port)"``, for messages.
+        timeout: Seconds without a heartbeat before a peer counts as dead.
+        interval: Seconds between rounds.
+        clock: Monotonic clock (a fake one in tests).
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        rank: int,
+        world_size: int,
+        name: Callable[[int], str],
+        timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+        interval: float = HEARTBEAT_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._connect = connect
+        self._rank, self._world = rank, world_size
+        self._name, self._timeout, self._interval, self._clock = name, timeout, interval, clock
+        self._seen: dict[int, tuple[bytes, float]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failure: str | None = None
+
+    @staticmethod
+    def key(rank: int) -> str:
+        """The store key of ``rank``'s heartbeat counter."""
+        return f"heartbeat/{rank}"
+
+    def beat(self, store: Any) -> str | None:
+        """One round (see class doc); returns the failure found so far, if any."""
+        now = self._clock()
+        try:
+            store.add(self.key(self._rank), 1)
+            peers = [r for r in range(self._world) if r != self._rank]
+            values = store.multi_get([self.key(r) for r in peers]) if peers else []
+        except Exception as exc:  # the store lives in the chief's process
+            log.debug("heartbeat round failed", exc_info=True)
+            self.failure = self.failure or f"the chief {self._name(0)} is unreachable ({exc})"
+            return self.failure
+        for peer, value in zip(peers, values, strict=True):
+            last = self._seen.get(peer)
+            if last is None or last[0] != value:
+                self._seen[peer] = (value, now)
+            elif now - last[1] > self._timeout and self.failure is None:
+                left = store.check([f"left/{peer}"])
+                what = "left the cluster (closed its strategy)" if left else "stopped sending heartbeats"
+                self.failure = f"{self._name(peer)} {what} {now - last[1]:.1f}s ago"
+        return self.failure
+
+    def dead_peer(self) -> str | None:
+        """The failure found by the heartbeats, if any (None while every peer beats)."""
+        return self.failure
+
+    def start(self) -> None:
+        """Runs `beat` every ``interval`` seconds on a daemon thread until `stop`."""
+        self._thread = threading.Thread(target=self._run, name="phalanx-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            store = self._connect()
+        except Exception as exc:
+            log.debug("heartbeat store unreachable", exc_info=True)
+            self.failure = self.failure or f"the chief {self._name(0)} is unreachable ({exc})"
+            return
+        while not self._stop.is_set():
+            self.beat(store)
+            self._stop.wait(self._interval)
+
+    def stop(self) -> None:
+        """Stops the thread and waits for it (a daemon stopped inside a store call at
+        interpreter exit aborts the process)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout=15)
+
+
+def _log_every(join_timeout: float) -> float:
+    return min(LOG_EVERY_SECONDS, max(join_timeout / 3, 0.2))
+
+
+def _strip_brackets(host: str) -> str:
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 class WorkerGroup:
-    """A torch.distributed process group of the workers, with check-in and heartbeats.
+    """The process group of the training tasks, with check-in, heartbeats and deadlines.
+
+    Made by every worker at the same time (all workers): connects to the chief's TCPStore
+    (hosted by rank 0 at ``host:port``, or torchrun's agent store), checks in and waits for
+    every task, then initialises the process group (or reuses an initialised one of the same
+    rank and size) and starts the health check. See the module docstring for the bounds.
 
     Args:
-        host, port: The chief's address; its TCPStore is the rendezvous.
-        rank, world_size: This worker and the number of workers.
+        host, port: The chief's address, where the rendezvous store listens.
+        rank, world_size: This worker (0 = chief) and the number of workers.
         backend: "gloo" or "nccl".
-        task_name: ``fn(rank) -> "worker:1 (host:port)"`` for messages.
-        join_timeout, collective_timeout, heartbeat_timeout: Seconds (see module docstring).
+        task_name: ``task_name(rank) -> "worker:1 (host:port)"``, for messages.
+        join_timeout: Seconds to wait for every task to check in.
+        collective_timeout: Default deadline of each collective, in seconds.
+        heartbeat_timeout: Seconds without a heartbeat before a task counts as dead.
+
+    Raises:
+        PeerUnavailableError: A task did not join within ``join_timeout`` (it is named).
+        ValueError: The address cannot be served, or an existing process group has another
+            rank or size.
     """
 
     def __init__(
@@ -49,126 +218,225 @@ class WorkerGroup:
         world_size: int,
         backend: str,
         task_name: Callable[[int], str],
-        join_timeout: float = 120.0,
-        collective_timeout: float = 300.0,
-        heartbeat_timeout: float = 10.0,
+        join_timeout: float = DEFAULT_JOIN_TIMEOUT,
+        collective_timeout: float = 600.0,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
     ) -> None:
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.backend = rank, world_size, backend
         self._name = task_name
+        self._host, self._port = _strip_brackets(host), port
         self._collective_timeout = collective_timeout
-        self._heartbeat_timeout = heartbeat_timeout
         self._failure: str | None = None
-        self._stop = threading.Event()
-        self._store = dist.TCPStore(
-            host,
-            port,
+        self._closed = False
+        # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; restarts reuse it.
+        self._agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if self._agent_store else "0"
+        self._prefix = f"phalanx/{restart}/"
+        deadline = time.monotonic() + join_timeout
+        self._store = self._open_store(deadline, join_timeout)
+        self._check_in(deadline, join_timeout)
+        self._group, self._owns_group = self._init_group(backend)
+        self._health = HealthCheck(
+            # its own connection, whose operations time out with the heartbeat: a chief that
+            # stops answering is reported within the same bound as any other task
+            lambda: self._open_store(time.monotonic() + heartbeat_timeout, heartbeat_timeout, heartbeat=True),
+            rank,
             world_size,
-            is_master=rank == 0,
-            timeout=timedelta(seconds=join_timeout),
-            wait_for_workers=False,
+            task_name,
+            timeout=heartbeat_timeout,
         )
-        self._check_in(join_timeout)
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore("phalanx/pg", self._store),
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=collective_timeout),
-        )
-        self._group = dist.group.WORLD
-        self._heartbeat = threading.Thread(
-            target=self._beat, args=(host, port), name="phalanx-heartbeat", daemon=True
-        )
-        self._heartbeat.start()
-        # A daemon thread stopped inside a store call at interpreter exit aborts the process.
-        atexit.register(self._stop_heartbeat)
+        self._health.start()
+        atexit.register(self._at_exit)
 
-    # ---------------------------------------------------------------- joining and health
-    def _check_in(self, deadline_s: float) -> None:
-        self._store.set(f"phalanx/joined/{self.rank}", "1")
+    # ---------------------------------------------------------------- joining
+    def _open_store(self, deadline: float, wait_seconds: float, heartbeat: bool = False) -> Any:
+        """A connection to the rendezvous store; rank 0 serves it (unless torchrun does).
+
+        Store operations time out after ``wait_seconds`` (at least 10 s, except for the
+        heartbeat's connection).
+        """
+        timeout = timedelta(seconds=wait_seconds if heartbeat else max(wait_seconds, 10.0))
+        serve = self.rank == 0 and not self._agent_store and not heartbeat
+        if serve:
+            try:
+                store = dist.TCPStore(
+                    self._host, self._port, None, is_master=True, timeout=timeout, wait_for_workers=False
+                )
+            except RuntimeError as exc:
+                raise ValueError(
+                    f"The chief {self._name(0)} must serve the rendezvous at port {self._port}, but "
+                    f"it cannot listen there. Received: {exc}. HINT: the chief's address in the "
+                    "cluster spec must name a free port of this machine."
+                ) from None
+        else:
+            self._wait_until_reachable(deadline, wait_seconds, quiet=heartbeat)
+            store = dist.TCPStore(self._host, self._port, None, is_master=False, timeout=timeout)
+        return dist.PrefixStore(self._prefix, store)
+
+    def _wait_until_reachable(self, deadline: float, join_timeout: float, quiet: bool) -> None:
+        # Probe with a plain socket: a TCPStore client retrying by itself floods stderr.
         start = last_log = time.monotonic()
         while True:
-            missing = [r for r in range(self.world_size) if not self._store.check([f"phalanx/joined/{r}"])]
+            try:
+                with socket.create_connection((self._host, self._port), timeout=1.0):
+                    return
+            except OSError:
+                pass
+            now = time.monotonic()
+            if now > deadline:
+                raise PeerUnavailableError(
+                    f"Gave up after {join_timeout:g}s waiting for ['{self._name(0)}'] to join: "
+                    f"nothing listens at {self._host}:{self._port}, where the chief serves the "
+                    "rendezvous. HINT: start every task of the cluster, and check the chief's "
+                    "address in TF_CONFIG (or MASTER_ADDR/MASTER_PORT)."
+                )
+            if not quiet and now - last_log >= _log_every(join_timeout):
+                log.warning(
+                    "Still waiting for ['%s'] to join (the chief, serving the rendezvous; %.0fs of %gs).",
+                    self._name(0),
+                    now - start,
+                    join_timeout,
+                )
+                last_log = now
+            time.sleep(0.1)
+
+    def _check_in(self, deadline: float, join_timeout: float) -> None:
+        self._store.add(HealthCheck.key(self.rank), 1)
+        start = last_log = time.monotonic()
+        while True:
+            missing = self.missing_tasks()
             if not missing:
                 return
-            waited = time.monotonic() - start
-            if waited > deadline_s:
+            now = time.monotonic()
+            if now > deadline:
                 raise PeerUnavailableError(
-                    f"Gave up after {deadline_s:.0f}s waiting for {[self._name(r) for r in missing]} "
-                    "to join. "
-                    "HINT: start every task of TF_CONFIG's cluster, and check their addresses."
+                    f"Gave up after {join_timeout:g}s waiting for {missing} to join. "
+                    "HINT: start every task of the cluster (TF_CONFIG's 'cluster'), check their "
+                    f"addresses, or allow longer with {JOIN_TIMEOUT_ENV}."
                 )
-            if time.monotonic() - last_log > 5:
-                log.warning("Still waiting for %s to join (%.0fs).", [self._name(r) for r in missing], waited)
-                last_log = time.monotonic()
+            if now - last_log >= _log_every(join_timeout):
+                waited = now - start
+                log.warning("Still waiting for %s to join (%.0fs of %gs).", missing, waited, join_timeout)
+                last_log = now
             time.sleep(0.05)
 
-    def _beat(self, host: str, port: int) -> None:
-        try:
-            store = dist.TCPStore(host, port, self.world_size, is_master=False, timeout=timedelta(seconds=10))
-        except Exception as exc:  # the chief's store is gone
-            log.debug("heartbeat store unreachable", exc_info=True)
-            self._failure = f"the chief {self._name(0)} is unreachable ({exc})"
-            return
-        seen: dict[int, tuple[str, float]] = {}
-        while not self._stop.is_set():
-            try:
-                now = time.monotonic()
-                store.set(f"phalanx/heartbeat/{self.rank}", str(time.time()))
-                for peer in range(self.world_size):
-                    if peer == self.rank:
-                        continue
-                    value = (
-                        store.get(f"phalanx/heartbeat/{peer}").decode()
-                        if store.check([f"phalanx/heartbeat/{peer}"])
-                        else ""
-                    )
-                    if peer not in seen or seen[peer][0] != value:
-                        seen[peer] = (value, now)  # alive: its heartbeat changed
-                    elif now - seen[peer][1] > self._heartbeat_timeout:
-                        self._failure = (
-                            f"{self._name(peer)} stopped sending heartbeats {now - seen[peer][1]:.1f}s ago"
-                        )
-            except Exception as exc:  # the store (on the chief) died
-                log.debug("heartbeat failed", exc_info=True)
-                self._failure = self._failure or f"the chief {self._name(0)} is unreachable ({exc!r})"
-            self._stop.wait(1.0)
+    def missing_tasks(self) -> list[str]:
+        """The tasks that have not checked in yet, by name."""
+        return [self._name(r) for r in range(self.world_size) if not self._store.check([HealthCheck.key(r)])]
 
-    def _raise_failure(self, what: str, cause: BaseException | None = None) -> None:
+    def _init_group(self, backend: str) -> tuple[Any, bool]:
+        timeout = timedelta(seconds=self._collective_timeout)
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend,
+                store=dist.PrefixStore("pg", self._store),
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=timeout,
+            )
+            return dist.group.WORLD, True
+        if (dist.get_rank(), dist.get_world_size()) != (self.rank, self.world_size):
+            raise ValueError(
+                "torch.distributed is already initialised with another rank or size than this "
+                f"cluster's. Received: rank {dist.get_rank()} of {dist.get_world_size()}, cluster: "
+                f"rank {self.rank} of {self.world_size}. HINT: let the strategy initialise "
+                "torch.distributed, or initialise it with the cluster's rank and world size."
+            )
+        if dist.get_backend() == backend:
+            return dist.group.WORLD, False
+        return dist.new_group(backend=backend, timeout=timeout), False
+
+    # ---------------------------------------------------------------- failures
+    @property
+    def failure(self) -> str | None:
+        """Why this group can no longer be used, or None while it is healthy."""
+        return self._failure or self._health.dead_peer()
+
+    def _raise(self, what: str, cause: BaseException | None = None) -> None:
+        self._failure = self.failure or "it was closed"
         raise PeerUnavailableError(
-            f"{what} failed on {self._name(self.rank)}: {self._failure}. "
-            "HINT: check that task's log; restart the job (BackupAndRestore resumes it)."
+            f"{what} failed on {self._name(self.rank)}: {self._failure}. {_RESTART_HINT}"
         ) from cause
 
-    def _wait(self, work: Any, what: str, timeout: float | None = None) -> None:
-        limit = self._collective_timeout if timeout is None else timeout
-        start = time.monotonic()
-        pause = 0.00005  # sleep, never spin: gloo threads need the cores
-        while True:
-            try:
-                if work.is_completed():
-                    work.wait()
-                    return
-            except RuntimeError as exc:  # a peer's socket closed: name it
-                self._blame(exc, what)
-            if self._failure is not None:
-                self._raise_failure(what)
-            if time.monotonic() - start > limit:
-                self._failure = f"no answer within {limit:g}s"
-                self._raise_failure(what)
-            time.sleep(pause)
-            pause = min(0.0005, pause * 1.5)
+    def _check_usable(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(
+                f"{what} was called after the strategy was closed. HINT: create a new "
+                "MultiWorkerMirroredStrategy (on every worker)."
+            )
+        if self.failure is not None:
+            self._raise(what)
 
     def _blame(self, exc: RuntimeError, what: str) -> None:
-        deadline = time.monotonic() + self._heartbeat_timeout + 2
-        while self._failure is None and time.monotonic() < deadline:
-            if self.world_size == 2:
-                self._failure = f"{self._name(1 - self.rank)} closed its connection ({exc})"
-            time.sleep(0.2)
-        self._failure = self._failure or f"a peer closed its connection ({exc})"
-        self._raise_failure(what, exc)
+        """A collective failed inside torch.distributed: name the task responsible."""
+        text = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        if "timed out" in text.lower() and self.failure is None:
+            self._failure = (
+                f"no answer within the process group's timeout ({self._collective_timeout:g}s; "
+                f"every worker still sends heartbeats, so one is stuck or called another collective): {text}"
+            )
+        elif self.world_size == 2:
+            self._failure = self.failure or f"{self._name(1 - self.rank)} closed its connection ({text})"
+        else:  # the heartbeats tell which peer is gone
+            deadline = time.monotonic() + self._health._timeout + 2 * HEARTBEAT_INTERVAL
+            while self.failure is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self._failure = self.failure or f"a peer closed its connection ({text})"
+        self._raise(what, exc)
+
+    # ---------------------------------------------------------------- waiting (all workers)
+    def wait(self, work: Any, what: str, timeout: float | None = None) -> None:
+        """Waits for an async collective, watching the health check and the deadline.
+
+        Args:
+            work: What ``torch.distributed.<collective>(..., async_op=True)`` returned.
+            what: The collective, for messages.
+            timeout: Seconds (default: the group's collective timeout).
+
+        Raises:
+            PeerUnavailableError: A peer died or stopped answering, or the deadline passed.
+        """
+        limit = self._collective_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if self._wait_some(work, min(POLL_SECONDS, max(remaining, 0.001))):
+                    return
+            except RuntimeError as exc:
+                if work.is_completed():  # finished with an error: a peer's socket closed
+                    self._blame(exc, what)
+            if self.failure is not None:
+                self._raise(what)
+            if time.monotonic() >= deadline:
+                self._failure = f"no answer within {limit:g}s"
+                self._raise(what)
+
+    def _wait_some(self, work: Any, seconds: float) -> bool:
+        """True once ``work`` finished; False after ``seconds`` without (raises its error)."""
+        if self.backend == "gloo":
+            # Blocks on a condition variable: wakes exactly at completion, no polling.
+            work.wait(timedelta(seconds=seconds))  # raises "timed out" while still running
+            return True
+        end = time.monotonic() + seconds  # nccl: its timed wait may abort the communicator
+        pause = 0.00005
+        while not work.is_completed():
+            if time.monotonic() > end:
+                return False
+            time.sleep(pause)  # sleep, never spin: the communication threads need the cores
+            pause = min(0.001, pause * 2)
+        work.wait()
+        return True
 
     # ---------------------------------------------------------------- collectives (all workers)
+    def all_reduce_async(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> Any:
+        """Starts an in-place all-reduce and returns its work; pass it to `wait` (all workers).
+
+        Precondition: same shape and dtype on every worker, same call order.
+        """
+        self._check_usable("all_reduce")
+        return dist.all_reduce(tensor, op=op, group=self._group, async_op=True)
+
     def all_reduce(
         self,
         tensor: torch.Tensor,
@@ -176,33 +444,44 @@ class WorkerGroup:
         what: str = "all_reduce",
         timeout: float | None = None,
     ) -> torch.Tensor:
-        """In-place all-reduce of a contiguous tensor (every worker, same shape and dtype).
+        """In-place all-reduce of a contiguous tensor (all workers; same shape and dtype).
 
         ``timeout`` overrides the group's collective timeout for this call.
         """
-        if self._failure is not None:
-            self._raise_failure(what)
-        self._wait(dist.all_reduce(tensor, op=op, async_op=True), what, timeout)
+        self._check_usable(what)
+        self.wait(dist.all_reduce(tensor, op=op, group=self._group, async_op=True), what, timeout)
         return tensor
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-        """In-place broadcast from worker ``src`` (every worker)."""
-        self._wait(dist.broadcast(tensor, src, async_op=True), "broadcast")
+    def broadcast(
+        self, tensor: torch.Tensor, src: int = 0, what: str = "broadcast", timeout: float | None = None
+    ) -> torch.Tensor:
+        """In-place broadcast from worker ``src`` (all workers; same shape and dtype)."""
+        self._check_usable(what)
+        self.wait(dist.broadcast(tensor, src, group=self._group, async_op=True), what, timeout)
         return tensor
 
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every worker's tensor (same shape everywhere), in rank order."""
+    def all_gather(
+        self, tensor: torch.Tensor, what: str = "all_gather", timeout: float | None = None
+    ) -> list[torch.Tensor]:
+        """Every worker's tensor, in rank order (all workers; same shape and dtype everywhere)."""
+        self._check_usable(what)
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self._wait(dist.all_gather(out, tensor.contiguous(), async_op=True), "all_gather")
+        self.wait(dist.all_gather(out, tensor.contiguous(), group=self._group, async_op=True), what, timeout)
         return out
 
-    def _stop_heartbeat(self) -> None:
-        self._stop.set()
-        if self._heartbeat.is_alive() and self._heartbeat is not threading.current_thread():
-            self._heartbeat.join(timeout=15)
+    # ---------------------------------------------------------------- shutdown
+    def _at_exit(self) -> None:
+        self._health.stop()
 
     def close(self) -> None:
-        """Stops the heartbeat and destroys the process group (every worker)."""
-        self._stop_heartbeat()
-        if dist.is_initialized():
+        """Announces that this worker leaves, stops the heartbeat and destroys the process
+        group if this object created it (all workers, at the end of the program)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._health.stop()
+        with contextlib.suppress(Exception):  # the chief's store may be gone already
+            self._store.set(f"left/{self.rank}", "1")
+        atexit.unregister(self._at_exit)
+        if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()

@@ -3,69 +3,126 @@
 from __future__ import annotations
 
 import os
+import shutil
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from phalanx import context
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.cluster.validation import validate_for_strategy
 from phalanx.communication.bucketing import GradientBuckets
-from phalanx.communication.collectives import WorkerGroup
+from phalanx.communication.collectives import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_JOIN_TIMEOUT,
+    HEARTBEAT_TIMEOUT_ENV,
+    JOIN_TIMEOUT_ENV,
+    WorkerGroup,
+    seconds_from_env,
+)
 from phalanx.communication.options import CommunicationImplementation, CommunicationOptions
+from phalanx.strategies._gradients import GradientSync
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 from phalanx.values import ReduceOp
+from phalanx.variables import DistributedVariable
 
 __all__ = ["MultiWorkerMirroredStrategy"]
 
 
 def _local_devices(resolver: ClusterResolver) -> list[str]:
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        local_rank = os.environ.get("LOCAL_RANK")
-        if local_rank is not None:
-            return [f"cuda:{int(local_rank) % torch.cuda.device_count()}"]
-        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    return ["cpu:0"]
+    """This worker's GPU (LOCAL_RANK's) or all its GPUs, else one CPU replica."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return ["cpu:0"]
+    local_rank = getattr(resolver, "local_rank", None)
+    if local_rank is None and os.environ.get("LOCAL_RANK", "").strip().isdigit():
+        local_rank = int(os.environ["LOCAL_RANK"])
+    if local_rank is not None:
+        return [f"cuda:{int(local_rank) % count}"]
+    return [f"cuda:{i}" for i in range(count)]
 
 
-class _BucketSync:
-    """The optimizer-step hook of the DDP layout: wait for the buckets, install the sums."""
+def _task_name(resolver: ClusterResolver) -> Callable[[int], str]:
+    """``name(rank) -> "worker:1 (host:port)"`` for messages."""
+    named = getattr(resolver, "task_name", None)
+    if callable(named):
+        return named  # type: ignore[no-any-return]
+    return lambda rank: f"worker:{rank}"
 
-    def __init__(self, buckets: GradientBuckets) -> None:
+
+class _BucketSync(GradientSync):
+    """The optimizer-step merge point of the DDP layout (one local replica, several workers).
+
+    Before the step: waits for the gradient buckets and installs the sums (all workers);
+    parameters kept as distributed variables (annotated ones) go through the base merge.
+    """
+
+    def __init__(self, strategy: MultiWorkerMirroredStrategy, buckets: GradientBuckets) -> None:
+        super().__init__(strategy)
         self._buckets = buckets
+        self._checked: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
 
     def before_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
+        """Sums gradients across workers before ``optimizer.step()`` (all workers)."""
+        self._check_params(optimizer)
         self._buckets.synchronize()
+        super().before_step(optimizer, index)
 
-    def after_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
-        """Nothing to do: parameters are plain and updated in place."""
-
-    def reset_thread(self) -> None:
-        """No per-thread state."""
+    def _check_params(self, optimizer: torch.optim.Optimizer) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if self._checked.get(optimizer) == len(params):
+            return
+        for p in params:
+            if not isinstance(p, DistributedVariable) and not self._buckets.tracks(p):
+                raise RuntimeError(
+                    f"optimizer.step() inside {self._strategy!r}.run got a parameter (shape "
+                    f"{tuple(p.shape)}) that was not created in this strategy's scope, so its "
+                    "gradient would not be summed across workers and the workers would drift "
+                    "apart. HINT: create the model and the optimizer inside `with strategy.scope():`."
+                )
+        self._checked[optimizer] = len(params)
 
 
 class MultiWorkerMirroredStrategy(Strategy):
     """Synchronous data-parallel training, one process per worker (tf.distribute.MultiWorkerMirroredStrategy).
 
-    Each worker runs the same program; ``num_replicas_in_sync`` is workers x local replicas.
-    The cluster comes from the resolver (TF_CONFIG, torchrun's environment or SLURM by
-    default). Variables are broadcast from the chief before the first step; at
-    ``optimizer.step()`` gradients are summed over the local replicas, then across workers
-    with a torch.distributed collective (gloo = RING, nccl = NCCL). Every collective has a
-    deadline, and a dead or silent worker becomes a `PeerUnavailableError` naming it on every
-    other worker (bounds in `phalanx.communication.collectives`).
+    Every worker runs the same program; ``num_replicas_in_sync`` is workers x local replicas.
+    The cluster comes from the resolver (``TF_CONFIG``, torchrun's variables or SLURM by
+    default); the chief (``chief:0``, else ``worker:0``) serves the rendezvous at its address.
+    Cross-worker collectives run on a torch.distributed process group: gloo for
+    ``CommunicationImplementation.RING``, nccl for ``NCCL`` (CUDA tensors); ``AUTO`` picks
+    NCCL when every local device is a GPU and NCCL is available, else gloo.
+
+    * **One local replica** (the DDP layout): parameters stay plain ``nn.Parameter``s; their
+      gradients are summed across workers in buckets while backward runs (see
+      `phalanx.communication.bucketing`) and ``optimizer.step()`` waits for them.
+    * **Several local replicas**: parameters are `MirroredVariable`s; at the step gradients
+      are summed over the local replicas, then across workers.
+    * Gradients are **summed** over all replicas (TF's convention; DDP averages). Divide the
+      loss by the global batch size (`phalanx.compute_average_loss`).
+    * Initial values of every parameter and buffer created in ``scope()`` are broadcast from
+      the chief at the first ``run`` after they were created (all workers).
+
+    Every collective has a deadline and a health check: a worker that dies or stops answering
+    becomes a `PeerUnavailableError` naming it on the others, within ``heartbeat_timeout`` +
+    1.5 s (about 12 s by default; see `phalanx.communication.collectives`).
 
     Args:
         cluster_resolver: Where the workers are; default ``phalanx.cluster.resolve_cluster()``.
-        communication_options: Implementation and timeout of collectives.
-        devices: This worker's replica devices (default: its GPU(s), else one CPU replica).
-        join_timeout: Seconds to wait for every worker to start.
+        communication_options: `CommunicationOptions`: implementation, collective timeout
+            (default 600 s) and gradient bucket size (``bytes_per_pack``, default 25 MiB).
+        devices: This worker's replica devices (default: its LOCAL_RANK GPU, else all its
+            GPUs, else one CPU replica; ``["cpu:0", "cpu:1"]`` gives two CPU replicas).
+        join_timeout: Seconds to wait for every worker to start (default
+            ``PHALANX_JOIN_TIMEOUT_SECONDS``, else 120).
+        heartbeat_timeout: Seconds of silence after which a worker counts as dead (default
+            ``PHALANX_HEARTBEAT_TIMEOUT_SECONDS``, else 10).
 
     Raises:
-        ValueError: The cluster has a ``ps`` job, this task is not a chief/worker, or NCCL is
-            asked for without GPUs.
+        ValueError: The cluster has a ``ps`` job, this task is not a chief or worker, NCCL is
+            asked for without GPUs, or a timeout is not positive.
+        PeerUnavailableError: A worker did not join within ``join_timeout`` (it is named).
     """
 
     def __init__(
@@ -73,59 +130,86 @@ class MultiWorkerMirroredStrategy(Strategy):
         cluster_resolver: ClusterResolver | None = None,
         communication_options: CommunicationOptions | None = None,
         devices: Sequence[str | torch.device] | None = None,
-        join_timeout: float = 120.0,
+        join_timeout: float | None = None,
+        heartbeat_timeout: float | None = None,
     ) -> None:
-        resolver = cluster_resolver or resolve_cluster()
-        validate_for_strategy(resolver.cluster_spec(), "MultiWorkerMirroredStrategy", allow_ps=False)
+        resolver = cluster_resolver if cluster_resolver is not None else resolve_cluster()
+        validate_for_strategy(resolver, "MultiWorkerMirroredStrategy", allow_ps=False)
         if resolver.task_type not in (None, "chief", "worker"):
             raise ValueError(
-                f"MultiWorkerMirroredStrategy runs on chief and worker tasks; this task is "
-                f"{resolver.task_type!r}. HINT: an evaluator runs its own OneDevice/Mirrored strategy."
+                "MultiWorkerMirroredStrategy runs on chief and worker tasks. Received: task "
+                f"{resolver.task_type}:{resolver.task_id}. HINT: an evaluator runs its own "
+                "OneDeviceStrategy or MirroredStrategy."
             )
-        self._options = communication_options or CommunicationOptions()
-        timeout = self._options.timeout_seconds or DEFAULT_TIMEOUT_SECONDS
+        options = communication_options if communication_options is not None else CommunicationOptions()
+        if not isinstance(options, CommunicationOptions):
+            raise TypeError(
+                "communication_options must be a phalanx.CommunicationOptions. Received: "
+                f"{type(options).__name__}."
+            )
+        timeout = options.timeout_seconds or DEFAULT_TIMEOUT_SECONDS
         super().__init__(list(devices) if devices is not None else _local_devices(resolver), None, timeout)
         self._resolver = resolver
+        self._options = options
         self._num_workers = resolver.num_workers
         self._worker_index = resolver.worker_index
+        self._backend = self._pick_backend()
+        self._comm_device = torch.device("cpu") if self._backend == "gloo" else self._devices[0]
+        self._unbroadcast: list[weakref.ref[torch.Tensor]] = []
+        self._plain: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._running = False
+        self._closed = False
         self._group: WorkerGroup | None = None
-        self._plain_params: list[weakref.ref[torch.nn.Parameter]] = []
         self._buckets: GradientBuckets | None = None
         if self._num_workers > 1:
-            host, port = resolver.chief_address().rsplit(":", 1)
-            self._group = WorkerGroup(
-                host,
-                int(port),
-                self._worker_index,
-                self._num_workers,
-                self._backend(),
-                resolver.task_name,
-                join_timeout=join_timeout,
-                collective_timeout=timeout,
-            )
+            self._group = self._join(join_timeout, heartbeat_timeout)
+            if self._num_local_replicas == 1:
+                self._buckets = self._make_buckets(self._group)
+                self._gradients = _BucketSync(self, self._buckets)
 
-    def _in_my_replica(self) -> bool:
-        replica = context._state.replica
-        return replica is not None and replica[0] is self
+    def _join(self, join_timeout: float | None, heartbeat_timeout: float | None) -> WorkerGroup:
+        join = join_timeout
+        if join is None:
+            join = seconds_from_env(JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT)
+        beat = heartbeat_timeout
+        if beat is None:
+            beat = seconds_from_env(HEARTBEAT_TIMEOUT_ENV, DEFAULT_HEARTBEAT_TIMEOUT)
+        for name, value in (("join_timeout", join), ("heartbeat_timeout", beat)):
+            if not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds. Received: {value!r}.")
+        host, _, port = self._resolver.chief_address().rpartition(":")
+        return WorkerGroup(
+            host,
+            int(port),
+            self._worker_index,
+            self._num_workers,
+            self._backend,
+            _task_name(self._resolver),
+            join_timeout=join,
+            collective_timeout=self._timeout,
+            heartbeat_timeout=beat,
+        )
 
-    def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
-        if self._buckets is None:
-            return super()._create_parameter(module, name, param)
-        device = self._devices[0]
-        if param.device != device:
-            param = torch.nn.Parameter(param.detach().to(device), requires_grad=param.requires_grad)
-        self._buckets.add(param)
-        self._plain_params.append(weakref.ref(param))
-        return param
+    def _make_buckets(self, group: WorkerGroup) -> GradientBuckets:
+        me = weakref.ref(self)
 
-    def _backend(self) -> str:
+        def is_active() -> bool:
+            strategy = me()
+            return strategy is not None and strategy._running
+
+        return GradientBuckets(
+            group.all_reduce_async, group.wait, is_active, bucket_bytes=self._options.bytes_per_pack
+        )
+
+    def _pick_backend(self) -> str:
         impl = self._options.implementation
         gpus = all(d.type == "cuda" for d in self._devices)
         if impl is CommunicationImplementation.NCCL:
             if not gpus or not torch.distributed.is_nccl_available():
                 raise ValueError(
-                    "CommunicationImplementation.NCCL needs CUDA devices and an NCCL-enabled torch. "
-                    "HINT: use RING (gloo) on CPU."
+                    "CommunicationImplementation.NCCL needs CUDA devices and a torch built with "
+                    f"NCCL. Received: devices {list(self._device_names)}, NCCL available: "
+                    f"{torch.distributed.is_nccl_available()}. HINT: use RING (gloo) on CPU."
                 )
             return "nccl"
         if impl is CommunicationImplementation.AUTO and gpus and torch.distributed.is_nccl_available():
@@ -135,11 +219,18 @@ class MultiWorkerMirroredStrategy(Strategy):
     # ---------------------------------------------------------------- identity
     @property
     def cluster_resolver(self) -> ClusterResolver:
+        """The resolver this strategy's cluster came from."""
         return self._resolver
 
     @property
     def is_chief(self) -> bool:
+        """Whether this worker is the chief (``chief:0``, else ``worker:0``)."""
         return self._resolver.is_chief
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """Whether this worker's checkpoints are kept (the chief's only)."""
+        return self.is_chief
 
     def __repr__(self) -> str:
         return (
@@ -148,51 +239,138 @@ class MultiWorkerMirroredStrategy(Strategy):
         )
 
     def write_dirpath(self, dirpath: str) -> str:
-        """Where this worker should write ``dirpath``'s files: the path on the chief, a
-        ``workertemp_<task>`` sibling elsewhere (remove it after writing)."""
+        """Where this worker writes files meant for ``dirpath`` (TF's ``write_dirpath``).
+
+        Every worker runs the same save code (a save may read aggregated values, which is a
+        collective); the chief writes to ``dirpath``, the others to
+        ``dirpath/workertemp_<task_id>`` (created here), which `remove_temp_dirpath` removes.
+        """
         if self.is_chief:
             return dirpath
-        task = f"{self._resolver.task_type}_{self._resolver.task_id}"
-        return os.path.join(
-            os.path.dirname(os.path.abspath(dirpath)), f"workertemp_{task}", os.path.basename(dirpath)
-        )
+        path = os.path.join(dirpath, f"workertemp_{self._resolver.task_id}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def remove_temp_dirpath(self, dirpath: str) -> None:
+        """Removes this worker's ``workertemp_<task_id>`` folder under ``dirpath`` (non-chief)."""
+        if not self.is_chief:
+            shutil.rmtree(os.path.join(dirpath, f"workertemp_{self._resolver.task_id}"), ignore_errors=True)
 
     # ---------------------------------------------------------------- variables
-    def _before_run(self) -> None:
-        super()._before_run()
-        if self._group is None:
-            return
-        alive = [ref() for ref in self._variables] + [ref() for ref in self._plain_params]
-        fresh = [v for v in alive if v is not None and not getattr(v, "_from_chief", False)]
-        if not fresh:
-            return
-        with torch.no_grad():
-            for var in fresh:  # the chief's initial values, in registration order (the same everywhere)
-                primary = var._components[0]
-                staged = (
-                    primary.detach().cpu().contiguous() if self._group_on_cpu(primary) else primary.detach()
-                )
-                self._group.broadcast(staged, 0)
-                primary.copy_(staged)
-                var._dirty = True
-                self._materialize(var)
-                var._from_chief = True
+    def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
+        """One local replica: a plain parameter on the device, tracked for the gradient
+        buckets and the chief's broadcast. Otherwise (or if annotated): a MirroredVariable."""
+        if (
+            self._num_local_replicas > 1
+            or isinstance(param, DistributedVariable)
+            or hasattr(param, "_phalanx_aggregation")
+        ):
+            return super()._create_parameter(module, name, param)
+        known = self._plain.get(id(param))
+        if known is not None and known() is param:
+            return None  # the same parameter in a second module (tied weights)
+        device = self._devices[0]
+        if param.device != device:
+            param = torch.nn.Parameter(param.detach().to(device), requires_grad=param.requires_grad)
+        self._plain[id(param)] = weakref.ref(param)
+        if self._group is not None:
+            self._unbroadcast.append(weakref.ref(param))
+        if self._buckets is not None:
+            self._buckets.add(param)
+        return param
 
-    def _group_on_cpu(self, tensor: torch.Tensor) -> bool:
-        return self._backend() == "gloo" and tensor.device.type != "cpu"
+    def _register(self, var: DistributedVariable) -> DistributedVariable:
+        var = super()._register(var)
+        if self._group is not None:
+            self._unbroadcast.append(weakref.ref(var))
+        return var
+
+    def _before_run(self) -> None:
+        if self._unbroadcast:
+            self._broadcast_from_chief()
+        super()._before_run()
+        if self._buckets is not None:
+            self._buckets.refresh()
+
+    def _broadcast_from_chief(self) -> None:
+        """Gives every worker the chief's values of the variables created since the last
+        broadcast (all workers; one broadcast per dtype, in creation order)."""
+        assert self._group is not None
+        fresh = [t for t in (ref() for ref in self._unbroadcast) if t is not None]
+        self._unbroadcast = []
+        targets = [t._components[0] if isinstance(t, DistributedVariable) else t for t in fresh]
+        with torch.no_grad():
+            for dtype in dict.fromkeys(t.dtype for t in targets):
+                group = [t for t in targets if t.dtype == dtype]
+                flat = torch.cat([t.detach().reshape(-1).to(self._comm_device) for t in group])  # (total,)
+                self._group.broadcast(flat, 0, what="the broadcast of initial values from the chief")
+                start = 0
+                for t in group:
+                    t.copy_(flat[start : start + t.numel()].view_as(t))
+                    start += t.numel()
+        for var in fresh:
+            if isinstance(var, DistributedVariable):
+                var._dirty = True
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """`Strategy.run` on every local replica of every worker (all workers call it).
+
+        With one local replica, backward passes inside ``fn`` start the gradient buckets'
+        all-reduces; ``optimizer.step()`` inside ``fn`` waits for them.
+
+        Raises:
+            RuntimeError: The strategy was closed.
+            PeerUnavailableError: A worker died or stopped answering (it is named).
+        """
+        if self._closed:
+            raise RuntimeError(
+                f"{self!r}.run was called after close(). HINT: create a new "
+                "MultiWorkerMirroredStrategy (on every worker)."
+            )
+        self._running = True
+        try:
+            return super().run(fn, args, kwargs)
+        finally:
+            self._running = False
+            if self._buckets is not None:
+                self._buckets.abort_round()
 
     # ---------------------------------------------------------------- cross-worker collectives
+    def _stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` as the process group takes it: contiguous, on its device (no copy if it is)."""
+        return tensor.detach().to(self._comm_device).contiguous()
+
+    def _call_timeout(self, options: CommunicationOptions | None) -> float | None:
+        if options is None:
+            return None
+        impl = options.implementation
+        wanted = {CommunicationImplementation.RING: "gloo", CommunicationImplementation.NCCL: "nccl"}
+        if impl in wanted and wanted[impl] != self._backend:  # type: ignore[index]
+            raise ValueError(
+                f"This strategy's collectives run on {self._backend}, fixed when it was created; "
+                f"a call cannot switch them. Received: CommunicationOptions(implementation={impl}). "
+                "HINT: give the implementation to MultiWorkerMirroredStrategy(communication_options=...)."
+            )
+        return self._options.merge(options).timeout_seconds
+
     def _cross_worker_all_reduce(
         self, tensor: torch.Tensor, op: Any, options: CommunicationOptions | None = None
     ) -> torch.Tensor:
-        """Sums ``tensor`` across workers (all workers). Callers pass buffers they own: the
-        sum may be written into ``tensor`` itself, with no copy."""
+        """Sums (or averages) ``tensor`` across workers (all workers; same shape and dtype).
+
+        Callers pass buffers they own: the result may be written into ``tensor`` itself.
+        ``options.timeout_seconds`` overrides the deadline for this call.
+        """
         if self._group is None:
             return tensor
-        staged = tensor.detach().cpu() if self._group_on_cpu(tensor) else tensor.detach()
-        staged = staged.contiguous()
-        per_call = options.timeout_seconds if options is not None else None  # CommunicationOptions per call
-        self._group.all_reduce(staged, timeout=per_call)
+        timeout = self._call_timeout(options)
+        staged = self._stage(tensor)
+        self._group.all_reduce(staged, timeout=timeout)
         result = staged if staged.device == tensor.device else staged.to(tensor.device)
         if ReduceOp.coerce(op) is ReduceOp.MEAN:
             result = result / self._num_workers
@@ -205,35 +383,46 @@ class MultiWorkerMirroredStrategy(Strategy):
         local_sizes: list[int],
         options: CommunicationOptions | None = None,
     ) -> tuple[torch.Tensor, list[int]]:
+        """Concatenates every worker's ``tensor`` along ``axis`` (all workers; sizes along
+        ``axis`` may differ, other dimensions must match): gathers the sizes, then the
+        tensors padded to the longest, then trims.
+
+        Returns:
+            The concatenation in worker order, and every replica's size along ``axis``.
+        """
         if self._group is None:
             return tensor, local_sizes
-        sizes = torch.tensor(local_sizes, dtype=torch.int64)
-        all_sizes = [int(s) for part in self._group.all_gather(sizes) for s in part]
-        local = tensor.movedim(axis, 0)
-        longest = max(
-            sum(all_sizes[w * len(local_sizes) : (w + 1) * len(local_sizes)])
-            for w in range(self._num_workers)
-        )
-        padded = torch.zeros((longest, *local.shape[1:]), dtype=local.dtype)
-        padded[: local.shape[0]] = local.cpu()
-        parts = self._group.all_gather(padded)
-        per_worker = [
-            sum(all_sizes[w * len(local_sizes) : (w + 1) * len(local_sizes)])
-            for w in range(self._num_workers)
-        ]
+        timeout = self._call_timeout(options)
+        local = len(local_sizes)
+        sizes = torch.tensor(local_sizes, dtype=torch.int64, device=self._comm_device)
+        all_sizes = [int(s) for part in self._group.all_gather(sizes, timeout=timeout) for s in part]
+        per_worker = [sum(all_sizes[w * local : (w + 1) * local]) for w in range(self._num_workers)]
+        moved = self._stage(tensor.movedim(axis, 0))  # (rows, ...)
+        padded = torch.zeros((max(per_worker), *moved.shape[1:]), dtype=moved.dtype, device=self._comm_device)
+        padded[: moved.shape[0]] = moved
+        parts = self._group.all_gather(padded, timeout=timeout)  # workers x (longest, ...)
         gathered = torch.cat([p[:n] for p, n in zip(parts, per_worker, strict=True)]).movedim(0, axis)
         return gathered.to(tensor.device), all_sizes
 
     def _any_worker_has_data(self, has_data: bool) -> bool:
+        """Whether any worker still has input this step: an all-reduce MAX (all workers, every step)."""
         if self._group is None:
             return has_data
-        flag = torch.tensor([1 if has_data else 0], dtype=torch.int64)
+        flag = torch.tensor([int(has_data)], dtype=torch.int64, device=self._comm_device)
         self._group.all_reduce(flag, torch.distributed.ReduceOp.MAX, what="the end-of-data agreement")
         return bool(flag.item())
 
     def close(self) -> None:
-        """Leaves the cluster: stops the health check and destroys the process group (all workers)."""
-        if self._group is not None:
-            self._group.close()
-            self._group = None
-        self._threads.close()
+        """Leaves the cluster: waits for running gradient all-reduces, stops the health check
+        and destroys the process group (all workers, at the end; idempotent). Collectives
+        afterwards raise RuntimeError."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._buckets is not None:
+                self._buckets.close()
+        finally:
+            if self._group is not None:
+                self._group.close()
+            self._threads.close()

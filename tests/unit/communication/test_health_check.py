@@ -1,0 +1,105 @@
+"""The heartbeat health check, one round at a time, on an in-process store with a fake clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch.distributed as dist
+
+from phalanx.communication.collectives import HealthCheck, seconds_from_env
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _name(rank: int) -> str:
+    return f"worker:{rank} (host{rank}:2222)"
+
+
+def _check(store, clock, rank=0, world=3):
+    return HealthCheck(lambda: store, rank, world, _name, timeout=10.0, interval=1.0, clock=clock)
+
+
+def _peers_beat(store, ranks):
+    for r in ranks:
+        store.add(HealthCheck.key(r), 1)
+
+
+def test_beating_peers_are_healthy_and_a_silent_one_is_named_after_the_timeout():
+    store, clock = dist.HashStore(), Clock()
+    check = _check(store, clock)
+    _peers_beat(store, [1, 2])
+    assert check.beat(store) is None
+    for _ in range(10):  # worker 2 goes silent; worker 1 keeps beating
+        clock.now += 1.0
+        _peers_beat(store, [1])
+        assert check.beat(store) is None
+    clock.now += 0.5
+    failure = check.beat(store)
+    assert failure == "worker:2 (host2:2222) stopped sending heartbeats 10.5s ago"
+    assert check.dead_peer() == failure
+    assert int(store.get(HealthCheck.key(0))) == 12  # this worker beat every round
+
+
+def test_a_peer_that_left_is_reported_as_leaving():
+    store, clock = dist.HashStore(), Clock()
+    check = _check(store, clock, world=2)
+    _peers_beat(store, [1])
+    check.beat(store)
+    store.set("left/1", "1")
+    clock.now += 11
+    assert check.beat(store) == "worker:1 (host1:2222) left the cluster (closed its strategy) 11.0s ago"
+
+
+class BrokenStore:
+    def add(self, key: str, value: int) -> int:
+        raise RuntimeError("Connection reset by peer")
+
+
+def test_an_unreachable_store_means_the_chief_is_gone():
+    check = _check(BrokenStore(), Clock(), rank=1)
+    assert (
+        check.beat(BrokenStore())
+        == "the chief worker:0 (host0:2222) is unreachable (Connection reset by peer)"
+    )
+
+
+def test_the_thread_reports_a_store_it_cannot_reach():
+    def connect():
+        raise RuntimeError("connection refused")
+
+    check = HealthCheck(connect, 1, 2, _name, timeout=10.0, interval=0.01)
+    check.start()
+    check.stop()
+    assert check.failure == "the chief worker:0 (host0:2222) is unreachable (connection refused)"
+
+
+def test_the_thread_beats_until_stopped():
+    store = dist.HashStore()
+    _peers_beat(store, [1])
+    check = HealthCheck(lambda: store, 0, 2, _name, timeout=10.0, interval=0.01)
+    check.start()
+    deadline = time.monotonic() + 10
+    while int(store.get(HealthCheck.key(0))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    check.stop()
+    assert int(store.get(HealthCheck.key(0))) >= 3
+    assert check.failure is None
+
+
+def test_seconds_from_env(monkeypatch):
+    monkeypatch.delenv("PHALANX_TEST_SECONDS", raising=False)
+    assert seconds_from_env("PHALANX_TEST_SECONDS", 7.0) == 7.0
+    monkeypatch.setenv("PHALANX_TEST_SECONDS", " 2.5 ")
+    assert seconds_from_env("PHALANX_TEST_SECONDS", 7.0) == 2.5
+    for bad in ("soon", "0", "-3"):
+        monkeypatch.setenv("PHALANX_TEST_SECONDS", bad)
+        message = rf"PHALANX_TEST_SECONDS must be a positive number of seconds. Received: \w+='{bad}'"
+        with pytest.raises(ValueError, match=message):
+            seconds_from_env("PHALANX_TEST_SECONDS", 7.0)
