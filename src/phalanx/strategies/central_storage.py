@@ -5,7 +5,7 @@ TF: tf.distribute.experimental.CentralStorageStrategy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -14,7 +14,14 @@ from phalanx.communication.packing import unpack
 from phalanx.devices import canonical_name, torch_device
 from phalanx.strategies.mirrored import default_devices
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
-from phalanx.variables import DistributedVariable, MirroredVariable, VariableAggregation, in_optimizer_step
+from phalanx.variables import (
+    _GRAD_SET,
+    _REQUIRES_GRAD_SET,
+    DistributedVariable,
+    MirroredVariable,
+    VariableAggregation,
+    in_optimizer_step,
+)
 
 __all__ = ["CentralStorageStrategy"]
 
@@ -38,6 +45,16 @@ class CentralVariable(MirroredVariable):
 
     def _replica_leaf(self, index: int) -> torch.Tensor:
         return self._compute[index]
+
+    def _cross_replica_call(
+        self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        if func in (_GRAD_SET, _REQUIRES_GRAD_SET):
+            # Gradients accumulate on the compute leaves: `zero_grad()` or freezing outside
+            # `run` must reach them too, not only the central storage.
+            for leaf in self._compute:
+                func(leaf, *args[1:])
+        return super()._cross_replica_call(func, args, kwargs)
 
 
 class CentralStorageStrategy(Strategy):
