@@ -110,7 +110,8 @@ def experimental_set_strategy(strategy: Strategy | None) -> None:
     """Makes ``strategy`` current on this thread as if its scope were entered; None undoes it.
 
     Raises:
-        RuntimeError: A scope is open on top of the one this call set, so it cannot be left.
+        RuntimeError: A scope is open on top of the one this call set, so it cannot be left,
+            or the call is inside a ``with strategy.scope():`` block.
     """
     old = _state.set_strategy_scope
     if old is not None:
@@ -121,6 +122,12 @@ def experimental_set_strategy(strategy: Strategy | None) -> None:
             )
         old[0].__exit__(None, None, None)
         _state.set_strategy_scope = None
+    if _state.stack:
+        raise RuntimeError(
+            "experimental_set_strategy must not be called inside a `with strategy.scope():` block "
+            "(it would be left when that block ends). HINT: call it before entering the scope, or "
+            "use the scope alone."
+        )
     if strategy is not None:
         scope = strategy.scope()
         scope.__enter__()

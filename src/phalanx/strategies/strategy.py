@@ -52,6 +52,21 @@ class ValueContext:
         )
 
 
+def _check_gpus_exist(names: Sequence[str]) -> None:
+    """Raises ValueError naming the CUDA devices this machine does not have."""
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing = [n for n in names if n.startswith("cuda:") and int(n.split(":")[1]) >= available]
+    if missing:
+        raise ValueError(
+            f"This machine has no {missing[0]}: it has {available} CUDA device(s). Received: "
+            f"devices {list(names)}. HINT: use cuda:0..cuda:{available - 1}, or logical CPU replicas "
+            "such as ['cpu:0', 'cpu:1']."
+            if available
+            else f"This machine has no {missing[0]}: it has no CUDA device. Received: devices "
+            f"{list(names)}. HINT: use logical CPU replicas such as ['cpu:0', 'cpu:1']."
+        )
+
+
 class Strategy(VariablePolicyMixin, ReductionMixin):
     """Distributes one training program over replicas (tf.distribute.Strategy).
 
@@ -76,6 +91,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         names = [canonical_name(d) for d in devices]
         if len(set(names)) != len(names):
             raise ValueError(f"Devices must be distinct. Received: {list(devices)}.")
+        _check_gpus_exist(names)
         self._device_names = tuple(names)
         self._devices = tuple(torch_device(n) for n in names)
         self._num_local_replicas = len(names)

@@ -1,4 +1,4 @@
-"""Contexts: default strategy, scopes, replica and cross-replica context, threads, misuse."""
+"""Contexts: default strategy, scopes, replica and cross-replica context, threads, mixing strategies."""
 
 from __future__ import annotations
 
@@ -8,15 +8,28 @@ import pytest
 import torch
 
 import phalanx
+from phalanx.strategies import DefaultStrategy
+
+
+def _context_snapshot():
+    ctx = phalanx.get_replica_context()
+    return (
+        phalanx.get_strategy(),
+        phalanx.has_strategy(),
+        phalanx.in_cross_replica_context(),
+        None if ctx is None else ctx.replica_id_in_sync_group,
+    )
 
 
 def test_default_strategy_outside_any_scope():
     strategy = phalanx.get_strategy()
+    assert isinstance(strategy, DefaultStrategy)
+    assert strategy is phalanx.get_strategy()  # a singleton
     assert not phalanx.has_strategy()
     assert not phalanx.in_cross_replica_context()
     ctx = phalanx.get_replica_context()
-    assert ctx.replica_id_in_sync_group == 0
-    assert ctx.num_replicas_in_sync == 1
+    assert ctx.strategy is strategy
+    assert (ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync) == (0, 1)
     assert strategy.run(lambda a, b=1: a + b, args=(1,), kwargs={"b": 2}) == 3
     assert strategy.reduce("sum", torch.tensor(3.0)).item() == 3.0
     assert ctx.all_reduce("sum", torch.tensor(2.0)).item() == 2.0
@@ -24,93 +37,115 @@ def test_default_strategy_outside_any_scope():
     assert strategy.extended is strategy
     assert strategy.should_checkpoint
     assert strategy.cluster_resolver is None
+    with strategy.scope():  # the default scope changes nothing
+        assert not phalanx.has_strategy()
+        assert phalanx.get_replica_context() is ctx
 
 
-def test_scope_run_and_merge_contexts(mirrored_2cpu):
+@pytest.mark.parametrize("name", ["one_device", "mirrored_2cpu", "central_storage_2cpu"])
+def test_contexts_in_scope_in_run_and_in_merge_call(name, request):
+    strategy = request.getfixturevalue(name)
+    assert _context_snapshot()[1:] == (False, False, 0)
+    with strategy.scope() as entered:
+        assert entered is strategy
+        assert _context_snapshot() == (strategy, True, True, None)
+        with strategy.scope():  # nesting the same scope is fine
+            assert _context_snapshot() == (strategy, True, True, None)
+        assert _context_snapshot() == (strategy, True, True, None)
+
     seen = {}
-    with mirrored_2cpu.scope() as s:
-        assert s is mirrored_2cpu
-        assert phalanx.get_strategy() is mirrored_2cpu
-        assert phalanx.has_strategy()
-        assert phalanx.in_cross_replica_context()
-        assert phalanx.get_replica_context() is None
-        with mirrored_2cpu.scope():  # nesting the same scope is fine
-            assert phalanx.in_cross_replica_context()
 
     def fn():
+        in_replica = _context_snapshot()
+        with strategy.scope():  # re-entering the scope inside run keeps the replica context
+            in_scope = _context_snapshot()
         ctx = phalanx.get_replica_context()
-        seen[ctx.replica_id_in_sync_group] = (
-            threading.current_thread().name,
-            phalanx.in_cross_replica_context(),
-        )
-        return ctx.merge_call(
-            lambda strategy, v: (phalanx.in_cross_replica_context(), strategy.experimental_local_results(v)),
-            args=(ctx.replica_id_in_sync_group,),
-        )
+        in_merge = ctx.merge_call(lambda s: _context_snapshot())
+        seen[ctx.replica_id_in_sync_group] = (in_replica, in_scope, in_merge, threading.current_thread())
 
-    result = mirrored_2cpu.run(fn)
-    assert sorted(seen) == [0, 1]
-    assert seen[0][1] is False
-    assert seen[0][0] != seen[1][0]  # replicas run on different threads
-    assert mirrored_2cpu.experimental_local_results(result)[0] == (True, (0, 1))
-    assert not phalanx.has_strategy()
+    strategy.run(fn)
+    assert sorted(seen) == list(range(strategy.num_replicas_in_sync))
+    for index, (in_replica, in_scope, in_merge, _) in seen.items():
+        assert in_replica == (strategy, True, False, index)
+        assert in_scope == in_replica
+        assert in_merge == (strategy, True, True, None)
+    assert len({thread for *_, thread in seen.values()}) == len(seen)  # one thread per replica
+    assert _context_snapshot()[1:] == (False, False, 0)  # everything was popped
 
 
-def test_threads_see_their_own_context(mirrored_2cpu):
-    results = []
+def test_threads_see_their_own_context(mirrored_2cpu, one_device):
+    entered, release = threading.Event(), threading.Event()
+    seen = {}
+
+    def other_thread():
+        seen["before"] = _context_snapshot()[1:]
+        with one_device.scope():
+            seen["inside"] = phalanx.get_strategy()
+            entered.set()
+            release.wait(5)
+
     with mirrored_2cpu.scope():
-        thread = threading.Thread(target=lambda: results.append(phalanx.has_strategy()))
+        thread = threading.Thread(target=other_thread)
         thread.start()
-        thread.join()
-    assert results == [False]
+        assert entered.wait(5)
+        # both scopes are open at once, each on its own thread
+        assert phalanx.get_strategy() is mirrored_2cpu
+        release.set()
+        thread.join(5)
+    assert seen == {"before": (False, False, 0), "inside": one_device}
 
 
-def test_experimental_set_strategy(one_device):
+def test_experimental_set_strategy_sets_replaces_and_unsets(one_device, mirrored_2cpu):
     phalanx.experimental_set_strategy(one_device)
-    assert phalanx.get_strategy() is one_device
+    assert _context_snapshot() == (one_device, True, True, None)
+    phalanx.experimental_set_strategy(mirrored_2cpu)  # replaces, no mixing error
+    assert phalanx.get_strategy() is mirrored_2cpu
+    out = mirrored_2cpu.run(lambda: phalanx.get_replica_context().replica_id_in_sync_group)
+    assert mirrored_2cpu.experimental_local_results(out) == (0, 1)
     phalanx.experimental_set_strategy(None)
     assert not phalanx.has_strategy()
+    phalanx.experimental_set_strategy(None)  # unsetting twice is harmless
+    assert not phalanx.has_strategy()
+
+
+def test_experimental_set_strategy_cannot_leave_a_scope_opened_on_top(one_device):
     phalanx.experimental_set_strategy(one_device)
-    with one_device.scope(), pytest.raises(RuntimeError, match="another scope is open"):
+    with one_device.scope(), pytest.raises(RuntimeError, match="another scope is open on top of it"):
         phalanx.experimental_set_strategy(None)
     phalanx.experimental_set_strategy(None)
+    assert not phalanx.has_strategy()
 
 
-def test_mixing_scopes_and_misuse(one_device, mirrored_2cpu):
-    with one_device.scope(), pytest.raises(RuntimeError, match="Mixing different strategies"):
-        mirrored_2cpu.scope().__enter__()
-    with one_device.scope(), pytest.raises(RuntimeError, match="inside the scope of"):
+def test_experimental_set_strategy_inside_a_scope_is_refused(one_device):
+    with one_device.scope(), pytest.raises(RuntimeError, match="inside"):
+        phalanx.experimental_set_strategy(one_device)
+    assert not phalanx.has_strategy()  # leaving the scope left nothing behind
+
+
+def test_experimental_set_strategy_to_another_strategy_inside_a_scope_is_refused(one_device, mirrored_2cpu):
+    with one_device.scope(), pytest.raises(RuntimeError, match="inside"):
+        phalanx.experimental_set_strategy(mirrored_2cpu)
+    assert not phalanx.has_strategy()
+
+
+def test_mixing_two_strategies_scopes_raises_a_helpful_error(one_device, mirrored_2cpu):
+    with (
+        one_device.scope(),
+        pytest.raises(RuntimeError, match="Mixing different strategies") as info,
+        mirrored_2cpu.scope(),
+    ):
+        pass
+    message = str(info.value)
+    assert "MirroredStrategy" in message
+    assert "OneDeviceStrategy" in message
+    assert "HINT" in message
+    with one_device.scope(), pytest.raises(RuntimeError, match=r"\.run was called inside the scope of"):
         mirrored_2cpu.run(lambda: None)
-    with pytest.raises(RuntimeError, match="must be called in cross-replica context"):
-        mirrored_2cpu.run(lambda: mirrored_2cpu.reduce("sum", torch.ones(1)))
-    with pytest.raises(RuntimeError, match="gather must be called in cross-replica"):
-        mirrored_2cpu.run(lambda: mirrored_2cpu.gather(torch.ones(1), axis=0))
-    with pytest.raises(RuntimeError, match="inside another run"):
-        mirrored_2cpu.run(lambda: mirrored_2cpu.run(lambda: None))
-    with pytest.raises(TypeError, match="takes args as a tuple or list"):
-        mirrored_2cpu.run(lambda x: x, args=torch.ones(1))
-    with pytest.raises(TypeError, match="kwargs must be a dict"):
-        mirrored_2cpu.run(lambda: None, kwargs=[1])
-    with pytest.raises(TypeError, match="needs a callable"):
-        mirrored_2cpu.run(3)
-    with pytest.raises(ValueError, match="reduce op must be"):
-        mirrored_2cpu.reduce("max", torch.ones(1))
-    with pytest.raises(TypeError, match="merge_call args must be a tuple"):
-        phalanx.get_replica_context().merge_call(lambda s: None, args=3)
 
+    def enter_other_scope():
+        with one_device.scope():
+            pass
 
-def test_device_and_cross_device_op_errors():
-    with pytest.raises(ValueError, match="Unknown device"):
-        phalanx.MirroredStrategy(["tpu:0"])
-    with pytest.raises(ValueError, match="Devices must be distinct"):
-        phalanx.MirroredStrategy(["cpu:0", "/cpu:0"])
-    with pytest.raises(ValueError, match="at least one device"):
-        phalanx.MirroredStrategy([])
-    assert phalanx.MirroredStrategy(["/gpu:0"]).worker_devices == ("cuda:0",)
-    for ops in (phalanx.NcclAllReduce(), phalanx.HierarchicalCopyAllReduce()):
-        with pytest.raises(ValueError, match="works across CUDA devices only"):
-            ops.reduce("sum", phalanx.PerReplica([torch.ones(1), torch.ones(1)]), "cpu")
-    with pytest.raises(ValueError, match="num_packs must be >= 1"):
-        phalanx.NcclAllReduce(num_packs=0)
-    with pytest.raises(ValueError, match="at least one component"):
-        phalanx.PerReplica([])
+    with pytest.raises(RuntimeError, match="Mixing different strategies"):
+        mirrored_2cpu.run(enter_other_scope)
+    assert not phalanx.has_strategy()
