@@ -12,7 +12,10 @@ Run: python benchmarks/bench_multiworker.py [--quick]
    (gloo) on the same per-worker batches. ratio = phalanx / DDP examples per second (goal >= 1.0).
 
 Both sides of each case are timed in alternating rounds in the same processes; the best
-round of each counts. Nothing is asserted: the ratios are printed.
+round of each counts. Nothing is asserted: the ratios are printed. Both workers run on this
+machine, so phalanx's all-reduces take the shared-memory transport
+(`phalanx.communication.shared_memory`); run with PHALANX_SHARED_MEMORY=0 to measure its gloo
+path, the one workers on different machines use.
 """
 
 from __future__ import annotations
@@ -136,6 +139,8 @@ def worker(quick: bool) -> None:
     lines = _bench_all_reduce(strategy, quick)
     lines.append(_bench_training(strategy, rank, quick))
     if rank == 0:
+        transport = "shared memory (same machine)" if strategy._group.uses_shared_memory else "gloo"
+        lines.insert(0, f"phalanx cross-worker transport: {transport}; PHALANX_SHARED_MEMORY=0 forces gloo")
         print("\n".join(lines), flush=True)
     strategy.close()
 

@@ -56,8 +56,10 @@ def _finish(procs, timeout=90):
             p.wait()
 
 
-def test_sigkilled_worker_is_named_by_the_survivor_within_the_bound(tmp_path):
-    procs, workers = _start_workers([1, 20, tmp_path])
+@pytest.mark.parametrize("transport", ["shared_memory", "gloo"])
+def test_sigkilled_worker_is_named_by_the_survivor_within_the_bound(tmp_path, transport):
+    env = {"PHALANX_SHARED_MEMORY": "1" if transport == "shared_memory" else "0"}
+    procs, workers = _start_workers([1, 20, tmp_path], env)
     outputs = _finish(procs)
     assert procs[1].returncode == -signal.SIGKILL
     assert procs[0].returncode != 0

@@ -23,10 +23,15 @@ SCRIPTS = Path(__file__).parent / "scripts"
 ENV = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def _launch(script, args, workers=2, timeout=120):
+def _launch(script, args, workers=2, timeout=120, env=None):
     out = io.StringIO()
     code = launch(
-        str(SCRIPTS / script), workers=workers, args=[str(a) for a in args], env=ENV, timeout=timeout, out=out
+        str(SCRIPTS / script),
+        workers=workers,
+        args=[str(a) for a in args],
+        env=env or ENV,
+        timeout=timeout,
+        out=out,
     )
     return code, out.getvalue()
 
@@ -163,11 +168,14 @@ def test_reduce_gather_and_all_reduce_across_two_workers_of_two_replicas(tmp_pat
     _check_collectives(tmp_path, 2)
 
 
-def test_collectives_and_gradient_buckets_with_one_replica_per_worker(tmp_path):
-    code, output = _launch("collectives_checks.py", [tmp_path, 1])
+@pytest.mark.parametrize("transport", ["shared_memory", "gloo"])
+def test_collectives_and_gradient_buckets_with_one_replica_per_worker(tmp_path, transport):
+    env = {**ENV, "PHALANX_SHARED_MEMORY": "1" if transport == "shared_memory" else "0"}
+    code, output = _launch("collectives_checks.py", [tmp_path, 1], env=env)
     assert code == 0, output
     assert "after close: " in output
     for rank, result in enumerate(_check_collectives(tmp_path, 1)):
+        assert result["uses_shared_memory"] == (transport == "shared_memory")
         assert result["plain_parameters"]
         assert result["initial_values_from_chief"]
         # reverse creation order in 4 KB buckets (the 1 MB first-bucket cap does not bind)

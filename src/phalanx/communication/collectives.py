@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -43,6 +44,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from phalanx.communication.shared_memory import PeerGoneError, SharedMemoryAllReduce, shared_memory_supported
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TIMEOUT",
@@ -62,6 +65,7 @@ DEFAULT_HEARTBEAT_TIMEOUT = 10.0
 HEARTBEAT_INTERVAL = 1.0
 POLL_SECONDS = 0.5
 LOG_EVERY_SECONDS = 5.0
+LEAVE_TIMEOUT = 10.0
 JOIN_TIMEOUT_ENV = "PHALANX_JOIN_TIMEOUT_SECONDS"
 HEARTBEAT_TIMEOUT_ENV = "PHALANX_HEARTBEAT_TIMEOUT_SECONDS"
 _RESTART_HINT = "HINT: check that task's log; restart the job (BackupAndRestore resumes it)."
@@ -179,6 +183,15 @@ class HealthCheck:
             thread.join(timeout=15)
 
 
+def _boot_id() -> str:
+    """This machine's boot id (tells machines apart where host names repeat), or ''."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def _log_every(join_timeout: float) -> float:
     return min(LOG_EVERY_SECONDS, max(join_timeout / 3, 0.2))
 
@@ -246,6 +259,7 @@ class WorkerGroup:
             timeout=heartbeat_timeout,
         )
         self._health.start()
+        self._shm = self._open_shared_memory()
         atexit.register(self._at_exit)
 
     # ---------------------------------------------------------------- joining
@@ -346,6 +360,43 @@ class WorkerGroup:
             return dist.group.WORLD, False
         return dist.new_group(backend=backend, timeout=timeout), False
 
+    def _open_shared_memory(self) -> SharedMemoryAllReduce | None:
+        """The same-machine transport when every worker runs on this machine and allows it
+        (all workers reach the same answer from the identities they publish)."""
+        if self.backend != "gloo":
+            return None
+        me = {
+            "ok": shared_memory_supported(),
+            "host": socket.gethostname(),
+            "boot": _boot_id(),
+            "pid": os.getpid(),
+        }
+        self._store.set(f"machine/{self.rank}", json.dumps(me))
+        keys = [f"machine/{r}" for r in range(self.world_size)]
+        everyone = [json.loads(v) for v in self._store.multi_get(keys)]
+        same = all(e["ok"] and (e["host"], e["boot"]) == (me["host"], me["boot"]) for e in everyone)
+        if not same:
+            return None
+        # its own gloo group: the transport's thread agrees on segments without interleaving
+        # with the collectives of the training thread
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self._collective_timeout))
+        pids = [int(e["pid"]) for e in everyone]
+        return SharedMemoryAllReduce(
+            f"{self._port}-{pids[0]}",
+            self.rank,
+            self.world_size,
+            pids,
+            group,
+            lambda: self.failure,
+            self._name,
+            self._collective_timeout,
+        )
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        """Whether CPU all-reduces go through shared memory (every worker on this machine)."""
+        return self._shm is not None
+
     # ---------------------------------------------------------------- failures
     @property
     def failure(self) -> str | None:
@@ -404,6 +455,9 @@ class WorkerGroup:
                 if self._wait_some(work, min(POLL_SECONDS, max(remaining, 0.001))):
                     return
             except RuntimeError as exc:
+                if isinstance(exc, PeerGoneError):  # the shared-memory transport names the peer
+                    self._failure = self.failure or exc.failure
+                    self._raise(what, exc)
                 if work.is_completed():  # finished with an error: a peer's socket closed
                     self._blame(exc, what)
             if self.failure is not None:
@@ -435,6 +489,8 @@ class WorkerGroup:
         Precondition: same shape and dtype on every worker, same call order.
         """
         self._check_usable("all_reduce")
+        if self._shm is not None and self._shm.handles(tensor, op):
+            return self._shm.all_reduce_async(tensor, op)
         return dist.all_reduce(tensor, op=op, group=self._group, async_op=True)
 
     def all_reduce(
@@ -449,7 +505,7 @@ class WorkerGroup:
         ``timeout`` overrides the group's collective timeout for this call.
         """
         self._check_usable(what)
-        self.wait(dist.all_reduce(tensor, op=op, group=self._group, async_op=True), what, timeout)
+        self.wait(self.all_reduce_async(tensor, op), what, timeout)
         return tensor
 
     def broadcast(
@@ -471,17 +527,37 @@ class WorkerGroup:
 
     # ---------------------------------------------------------------- shutdown
     def _at_exit(self) -> None:
+        if self._shm is not None:
+            self._shm.close()
         self._health.stop()
 
     def close(self) -> None:
-        """Announces that this worker leaves, stops the heartbeat and destroys the process
-        group if this object created it (all workers, at the end of the program)."""
+        """Announces that this worker leaves, waits (up to 10 s) until every healthy worker
+        did, stops the heartbeat and destroys the process group if this object created it
+        (all workers, at the end of the program)."""
         if self._closed:
             return
         self._closed = True
-        self._health.stop()
+        if self._shm is not None:
+            self._shm.close()
         with contextlib.suppress(Exception):  # the chief's store may be gone already
             self._store.set(f"left/{self.rank}", "1")
+            self._wait_for_the_others_to_leave()
+        self._health.stop()
         atexit.unregister(self._at_exit)
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+    def _wait_for_the_others_to_leave(self) -> None:
+        """Returns once every healthy worker reached `close` (at most `LEAVE_TIMEOUT`).
+
+        gloo finishes a collective on one worker before the last bytes reached the others:
+        a worker that destroyed its group (or exited) at once could break a peer's collective
+        and abort that process. Nobody leaves while a healthy peer may still be in one.
+        """
+        keys = [f"left/{r}" for r in range(self.world_size)]
+        deadline = time.monotonic() + LEAVE_TIMEOUT
+        while self.failure is None and time.monotonic() < deadline:
+            if self._store.check(keys):
+                return
+            time.sleep(0.01)

@@ -23,7 +23,12 @@ strategy = phalanx.MultiWorkerMirroredStrategy(
 )
 rank = strategy.cluster_resolver.worker_index
 n = strategy.num_replicas_in_sync
-result = {"replicas": n, "is_chief": strategy.is_chief, "should_checkpoint": strategy.should_checkpoint}
+result = {
+    "replicas": n,
+    "is_chief": strategy.is_chief,
+    "should_checkpoint": strategy.should_checkpoint,
+    "uses_shared_memory": strategy._group.uses_shared_memory,
+}
 
 
 # ---------------------------------------------------------------- cross-replica reduce and gather

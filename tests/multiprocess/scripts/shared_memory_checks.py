@@ -1,0 +1,72 @@
+"""All-reduces through the shared-memory transport, checked against gloo on the same workers.
+
+Writes ``shm-<rank>.json`` to OUT_DIR: whether the transport was used, every case's agreement
+with gloo (bit for bit, or close where gloo sums in another order) and across workers, and the
+files of this job left in /dev/shm after close().
+
+usage: shared_memory_checks.py OUT_DIR
+"""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import phalanx
+from phalanx.communication.shared_memory import CHUNK_ELEMENTS
+
+out_dir = sys.argv[1]
+strategy = phalanx.MultiWorkerMirroredStrategy()
+group = strategy._group
+rank = strategy.cluster_resolver.worker_index
+result = {"uses_shared_memory": group.uses_shared_memory, "cases": {}}
+
+cases = [
+    ("float32", 1, "sum"),
+    ("float32", 1000, "sum"),
+    ("float32", 5001, "sum"),  # not a power of two: a part of a larger slot
+    ("float32", CHUNK_ELEMENTS + 3, "sum"),  # two chunks
+    ("float64", 777, "sum"),
+    ("bfloat16", 300, "sum"),
+    ("int64", 64, "sum"),
+    ("float32", 513, "max"),
+    ("float32", 513, "min"),
+    ("float32", 1000, "sum"),  # a size seen before: its segment is reused
+]
+ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+for i, (dtype_name, numel, op) in enumerate(cases):
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(1000 * i + rank)  # different on every worker
+    if dtype.is_floating_point:
+        value = torch.randn(numel, generator=g).to(dtype)
+    else:
+        value = torch.randint(-1000, 1000, (numel,), generator=g, dtype=dtype)
+    ours, reference = value.clone(), value.clone()
+    group.all_reduce(ours, ops[op])  # the transport
+    dist.all_reduce(reference, ops[op])  # gloo directly
+    tol = 0.05 if dtype == torch.bfloat16 else 1e-5  # gloo may sum 3 workers in another order
+    copies = [torch.empty_like(ours) for _ in range(dist.get_world_size())]
+    dist.all_gather(copies, ours)
+    result["cases"][f"{i}-{dtype_name}-{numel}-{op}"] = {
+        "equal": bool(torch.equal(ours, reference)),
+        "close": bool(torch.allclose(ours.double(), reference.double(), rtol=tol, atol=tol)),
+        "same_on_every_worker": all(torch.equal(c, ours) for c in copies),
+    }
+
+# an async all-reduce overlapping a gloo collective of the training thread
+pending = torch.full((4096,), float(rank + 1))
+work = group.all_reduce_async(pending)
+flag = torch.tensor([rank], dtype=torch.int64)
+group.all_reduce(flag, dist.ReduceOp.MAX, what="a small collective meanwhile")
+group.wait(work, "the overlapped all-reduce")
+del work  # a gloo work that outlives its process group aborts the interpreter at exit
+result["overlapped"] = pending[0].item()
+result["reduce_sum"] = strategy.reduce("sum", torch.tensor([rank + 1.0]), axis=None).item()
+
+token = group._shm._token if group._shm is not None else None
+strategy.close()
+result["left_in_dev_shm"] = sorted(f for f in os.listdir("/dev/shm") if token and token in f)
+with open(os.path.join(out_dir, f"shm-{rank}.json"), "w") as f:
+    json.dump(result, f)
