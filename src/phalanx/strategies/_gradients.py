@@ -64,6 +64,12 @@ class GradientSync:
             set_in_optimizer_step(True)
             return
         grads = [c.grad for c in like]
+        if any(g is not None and g.is_sparse for g in grads):
+            raise NotImplementedError(
+                f"Sparse gradients (nn.Embedding(sparse=True)) are summed by {self._strategy!r} "
+                "only with CPU replicas of one worker and the default cross-device ops. HINT: "
+                "use sparse=False, or CPU replicas."
+            )
         packed = pack(grads, like)
         none_mask = [g is None for g in grads]
         reduced, all_none = self._strategy._rendezvous.exchange(
@@ -100,14 +106,19 @@ class GradientSync:
         values = s._rendezvous.exchange(
             index, ([leaf.grad for leaf in leaves], mask), lead, what="optimizer.step()"
         )
+        whole: dict[int, torch.Tensor] = {}  # sums this replica made of sparse gradients
         with torch.no_grad():
             for k in range(len(leaves)):
-                chunks = [torch.tensor_split(v[0][k].view(-1), n)[index] for v in values]
-                for chunk in chunks[1:]:
-                    chunks[0].add_(chunk)
-                for chunk in chunks[1:]:
-                    chunk.copy_(chunks[0])
-        s._rendezvous.exchange(index, None, what="optimizer.step() (gradient sum)")
+                grads = [v[0][k] for v in values]
+                if all(g.is_contiguous() for g in grads):
+                    _sum_slice(grads, n, index)
+                elif k % n == index:  # strided or sparse: one replica sums the whole tensor
+                    total = _sum_whole(grads)
+                    if total is not None:
+                        whole[k] = total
+        sparse = s._rendezvous.exchange(index, whole, _merge_dicts, what="optimizer.step() (gradient sum)")
+        for k, total in sparse.items():
+            leaves[k].grad = total.clone()
         return [all(v[1][k] for v in values) for k in range(len(leaves))]
 
     def _lead(
@@ -133,6 +144,31 @@ class GradientSync:
     def reset_thread(self) -> None:
         """Clears per-thread step state after a replica's run ends (also after an error)."""
         set_in_optimizer_step(False)
+
+
+def _sum_slice(grads: list[torch.Tensor], n: int, index: int) -> None:
+    """Writes the sum of slice ``index`` (of ``n``) of contiguous ``grads`` into all of them."""
+    chunks = [torch.tensor_split(g.view(-1), n)[index] for g in grads]
+    for chunk in chunks[1:]:
+        chunks[0].add_(chunk)
+    for chunk in chunks[1:]:
+        chunk.copy_(chunks[0])
+
+
+def _sum_whole(grads: list[torch.Tensor]) -> torch.Tensor | None:
+    """Sums whole gradients: writes a dense sum into every one, returns a sparse one."""
+    total = grads[0]
+    for g in grads[1:]:
+        total = total + g
+    if total.is_sparse:
+        return total.coalesce()
+    for g in grads:
+        g.copy_(total)
+    return None
+
+
+def _merge_dicts(values: list[dict[int, torch.Tensor]]) -> dict[int, torch.Tensor]:
+    return {k: v for d in values for k, v in d.items()}
 
 
 def install_own_copy(

@@ -10,6 +10,7 @@ import torch
 
 from phalanx import context
 from phalanx.values import DistributedValues, ReduceOp, local_results
+from phalanx.variables import DistributedVariable
 
 if TYPE_CHECKING:
     from phalanx.strategies.strategy import Strategy
@@ -31,7 +32,13 @@ class ReductionMixin:
     """`reduce`, `gather` and `experimental_local_results` for `Strategy`."""
 
     def experimental_local_results(self: Strategy, value: Any) -> tuple[Any, ...]:
-        """The components of ``value`` on this worker's replicas, in replica order."""
+        """The components of ``value`` on this worker's replicas, in replica order.
+
+        A distributed variable gives its per-replica tensors (one for a CentralStorage
+        variable, which is stored once); a plain value gives ``(value,)``.
+        """
+        if isinstance(value, DistributedVariable):
+            return value.components
         return local_results(value)
 
     def _check_cross_replica(self: Strategy, what: str, instead: str) -> None:
@@ -47,8 +54,9 @@ class ReductionMixin:
 
         Args:
             reduce_op: SUM or MEAN.
-            value: A per-replica value (or nest of them), as returned by `run`; plain values
-                count as identical on every replica.
+            value: A per-replica value (or nest of them), as returned by `run`; a plain value
+                counts as identical on every local replica (MEAN gives it back; SUM gives it
+                times the local replicas, summed over workers).
             axis: None reduces across replicas only. An axis also reduces along it; MEAN
                 then divides by the true number of elements across replicas, so partial
                 batches give the right mean.
@@ -65,11 +73,18 @@ class ReductionMixin:
         return _map_values(lambda v: self._reduce_one(op, v, axis), value)
 
     def _reduce_one(self: Strategy, op: ReduceOp, value: Any, axis: int | None) -> torch.Tensor:
-        components = [torch.as_tensor(c) for c in local_results(value)]
         home = self._devices[0]
+        if isinstance(value, DistributedValues):
+            components = [torch.as_tensor(c) for c in value.values]
+            copies = 1
+        else:  # a plain value is the same on every local replica
+            components = [torch.as_tensor(value)]
+            copies = self._num_local_replicas
         if axis is not None:
-            count = sum(c.shape[axis] for c in components)
+            count = copies * sum(c.shape[axis] for c in components)
             components = [c.sum(dim=axis) for c in components]
+        if copies > 1:
+            components = [components[0] * copies]
         if len(components) == 1 and self._num_workers == 1:
             total = components[0]
         else:

@@ -143,15 +143,23 @@ class VariablePolicyMixin:
                 "strategy.extended.update for other writes."
             )
         value = torch.as_tensor(args[1]).to(self._devices[index])
-        merged = self._rendezvous.exchange(
-            index,
-            value,
-            lambda values: self._aggregate_values(var._aggregation, values),
-            what=f"MirroredVariable.{name}",
-        )
-        with torch.no_grad():
-            func(var._components[index], merged.to(self._devices[index]))
+
+        def combine(values: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
+            merged = self._aggregate_values(var._aggregation, values)
+            return merged, self._write_merged_once(var, func, merged)
+
+        merged, written = self._rendezvous.exchange(index, value, combine, what=f"MirroredVariable.{name}")
+        if not written:
+            with torch.no_grad():
+                func(var._components[index], merged.to(self._devices[index]))
         return var
+
+    def _write_merged_once(
+        self: Strategy, var: DistributedVariable, func: Callable[..., Any], merged: torch.Tensor
+    ) -> bool:
+        """Applies a merged replica write once for all replicas, before any goes on; False if
+        each replica writes its own component instead (the default)."""
+        return False
 
     def _aggregate_values(
         self: Strategy, aggregation: VariableAggregation, values: list[torch.Tensor]

@@ -153,6 +153,18 @@ class CentralStorageStrategy(Strategy):
             if index != 0 or none:
                 leaf.grad = None
 
+    def _write_merged_once(
+        self, var: DistributedVariable, func: Callable[..., Any], merged: torch.Tensor
+    ) -> bool:
+        if not isinstance(var, CentralVariable):
+            return False
+        central = var._components[0]
+        with torch.no_grad():
+            func(central, merged.to(central.device))
+        if var._compute:
+            self._refresh(var, range(self._num_local_replicas))
+        return True
+
     def _after_optimizer_step(self, index: int) -> None:
         # Replicas wait for replica 0's update of the central variables, then refresh copies.
         self._rendezvous.exchange(index, None, what="the end of optimizer.step()")

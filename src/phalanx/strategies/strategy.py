@@ -26,7 +26,7 @@ from phalanx.strategies._rendezvous import Rendezvous
 from phalanx.strategies._replica_threads import ReplicaThreads
 from phalanx.strategies._variable_policy import VariablePolicyMixin
 from phalanx.strategies.replica_context import ReplicaContext
-from phalanx.values import PerReplica, regroup, select_replica
+from phalanx.values import DistributedValues, PerReplica, regroup, select_replica
 
 if TYPE_CHECKING:
     from phalanx.cluster import ClusterResolver
@@ -190,6 +190,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
 
         Raises:
             TypeError: ``args`` is not a tuple/list or ``kwargs`` not a dict.
+            ValueError: A distributed argument does not have one component per local replica.
             RuntimeError: Called inside another ``run`` or inside another strategy's scope.
         """
         self._check_run_call(fn, args, kwargs)
@@ -254,6 +255,8 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
             )
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"strategy.run kwargs must be a dict. Received: {type(kwargs).__name__}.")
+        for value in (*args, *(kwargs or {}).values()):
+            self._check_components(value)
         replica = context._state.replica
         if replica is not None and not replica[0]._is_default:
             raise RuntimeError(
@@ -267,6 +270,23 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
                 f"{self!r}.run was called inside the scope of {current!r}. HINT: use the "
                 "strategy whose scope is open."
             )
+
+    def _check_components(self, value: Any) -> None:
+        """Raises ValueError for a distributed value without one component per local replica."""
+        if isinstance(value, DistributedValues):
+            if len(value.values) != self._num_local_replicas:
+                raise ValueError(
+                    f"strategy.run got a {type(value).__name__} with {len(value.values)} components, "
+                    f"but {self!r} has {self._num_local_replicas} local replica(s). HINT: make it "
+                    "with this strategy (experimental_distribute_dataset or "
+                    "experimental_distribute_values_from_function)."
+                )
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                self._check_components(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                self._check_components(v)
 
     def _device_scope(self, i: int) -> contextlib.AbstractContextManager[Any]:
         device = self._devices[i]

@@ -136,12 +136,6 @@ def test_reduce_of_run_results(any_strategy):
     assert any_strategy.reduce("sum", out, axis=0).item() == pytest.approx(everything.sum().item())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: strategies/_reduction.py _reduce_one treats a plain value (the same on every "
-    "replica, e.g. the same object returned by every replica) as ONE component, so MEAN divides it "
-    "by num_replicas_in_sync",
-)
 @pytest.mark.parametrize("name", ["mirrored_2cpu", "central_storage_2cpu"])
 def test_mean_of_a_value_identical_on_every_replica_is_that_value(name, request):
     strategy = request.getfixturevalue(name)
@@ -152,12 +146,6 @@ def test_mean_of_a_value_identical_on_every_replica_is_that_value(name, request)
     torch.testing.assert_close(strategy.reduce("mean", {"v": 4.0}, axis=None)["v"], torch.tensor(4.0))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: experimental_local_results of a distributed variable returns (variable,) instead "
-    "of its per-replica components (strategies/_reduction.py experimental_local_results; TF returns "
-    "the components of a variable created in scope)",
-)
 def test_local_results_of_a_variable_are_its_components(mirrored_2cpu):
     with mirrored_2cpu.scope():
         layer = nn.Linear(2, 2)
@@ -167,12 +155,6 @@ def test_local_results_of_a_variable_are_its_components(mirrored_2cpu):
     assert all(type(c) is torch.Tensor for c in results)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: run accepts a PerReplica whose length differs from the number of replicas and "
-    "silently drops components (strategies/strategy.py run / values.select_replica); it should "
-    "raise ValueError",
-)
 def test_run_rejects_a_per_replica_of_the_wrong_length(mirrored_2cpu):
     with pytest.raises(ValueError, match="3"):
         mirrored_2cpu.run(lambda x: x, args=(phalanx.PerReplica([torch.ones(1)] * 3),))

@@ -453,12 +453,6 @@ class Transposed(nn.Module):
         return x @ self.weight
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: strategies/_gradients.py _sum_in_place flattens gradients with .view(-1), which "
-    "fails for non-contiguous parameters (gradients follow the parameter's strides); use a "
-    "layout-independent flattening or sum whole tensors",
-)
 def test_a_non_contiguous_parameter_trains_like_one_device(mirrored_2cpu):
     def train(strategy):
         torch.manual_seed(0)
@@ -478,12 +472,6 @@ def test_a_non_contiguous_parameter_trains_like_one_device(mirrored_2cpu):
     torch.testing.assert_close(train(mirrored_2cpu), train(phalanx.OneDeviceStrategy("cpu")))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: sparse gradients (nn.Embedding(sparse=True)) fail in strategies/_gradients.py "
-    "_sum_in_place with torch's \"Could not run 'aten::view' ... SparseCPU\"; sum them (or raise a "
-    "clear error naming sparse=True)",
-)
 def test_sparse_embedding_gradients_are_summed(mirrored_2cpu):
     def train(strategy):
         torch.manual_seed(0)
@@ -503,12 +491,24 @@ def test_sparse_embedding_gradients_are_summed(mirrored_2cpu):
     torch.testing.assert_close(train(mirrored_2cpu), train(phalanx.OneDeviceStrategy("cpu")))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: a replica-context write of an aggregated CentralStorage variable raises "
-    "IndexError: strategies/_variable_policy.py _merged_assign writes var._components[index], but a "
-    "CentralVariable has one component (CentralStorageStrategy must apply the merged write once)",
-)
+def test_sparse_gradients_with_packed_reductions_raise_a_clear_error():
+    ops = phalanx.ReductionToOneDevice(accumulation_fn=lambda ts: torch.stack(ts).sum(0))  # packed path
+    strategy = phalanx.MirroredStrategy(["cpu:0", "cpu:1"], cross_device_ops=ops)
+    try:
+        with strategy.scope():
+            emb = nn.Embedding(5, 2, sparse=True)
+            optimizer = torch.optim.SGD(emb.parameters(), lr=0.1)
+
+        def step():
+            emb(torch.tensor([1, 2])).sum().backward()
+            optimizer.step()
+
+        with pytest.raises(NotImplementedError, match=r"Sparse gradients .*HINT: use sparse=False"):
+            strategy.run(step)
+    finally:
+        strategy._threads.close()
+
+
 def test_central_storage_replica_writes_are_merged(central_storage_2cpu):
     with central_storage_2cpu.scope():
         holder = nn.Module()
