@@ -74,6 +74,17 @@ def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
     replica = context._state.replica
     if replica is not None:
         replica[0]._gradients.before_step(optimizer, replica[1])
+        return
+    from phalanx.strategies._optimizer_state import PerReplicaState
+
+    if isinstance(optimizer.state, PerReplicaState):
+        strategy = optimizer.state._strategy
+        raise RuntimeError(
+            f"optimizer.step() was called outside {strategy!r}.run, but this optimizer keeps "
+            "one state per replica (it stepped inside run before): stepping here would update "
+            "replica 0's state only and the replicas would drift apart. HINT: call "
+            "optimizer.step() inside strategy.run, as the training step does."
+        )
 
 
 def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

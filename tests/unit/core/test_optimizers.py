@@ -206,14 +206,7 @@ def test_central_storage_applies_each_update_once(central_storage_2cpu):
     assert float(optimizer.state_dict()["state"][0]["step"]) == STEPS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: optimizer.step() in cross-replica context (outside run) after the replicas got "
-    "their own optimizer state updates replica 0's state only, so the next run applies different "
-    "momentum per replica and the MirroredVariable's copies diverge (_hooks._before_step does nothing "
-    "without a replica; apply the step to every replica, or raise a clear error)",
-)
-def test_a_cross_replica_optimizer_step_keeps_replicas_equal(mirrored_2cpu):
+def test_a_cross_replica_optimizer_step_is_refused_and_replicas_stay_equal(mirrored_2cpu):
     with mirrored_2cpu.scope():
         model, data = _model_and_data()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -222,12 +215,8 @@ def test_a_cross_replica_optimizer_step_keeps_replicas_equal(mirrored_2cpu):
     mirrored_2cpu.run(step, args=batches[0])
     x, y = data[1]
     ((model(x) - y) ** 2).mean().backward()  # a step outside run
-    try:
+    with pytest.raises(RuntimeError, match=r"outside .*\.run.*replicas would drift apart.*HINT: call"):
         optimizer.step()
-    except RuntimeError as refused:  # refusing clearly would be a fix too
-        if "run" in str(refused):
-            return
-        raise
     mirrored_2cpu.run(lambda: optimizer.zero_grad())
     mirrored_2cpu.run(step, args=batches[2])
     for p in model.parameters():
