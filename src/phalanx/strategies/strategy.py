@@ -52,6 +52,26 @@ class ValueContext:
         )
 
 
+def _thread_modes() -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """The caller's thread-local modes (inference mode, autocast), to enter on replica threads."""
+    inference = torch.is_inference_mode_enabled()
+    autocast = [
+        (kind, torch.get_autocast_dtype(kind)) for kind in ("cpu", "cuda") if torch.is_autocast_enabled(kind)
+    ]
+    if not inference and not autocast:
+        return contextlib.nullcontext
+
+    def enter() -> contextlib.AbstractContextManager[Any]:
+        stack = contextlib.ExitStack()
+        if inference:
+            stack.enter_context(torch.inference_mode())
+        for kind, dtype in autocast:
+            stack.enter_context(torch.autocast(kind, dtype=dtype))
+        return stack
+
+    return enter
+
+
 def _check_gpus_exist(names: Sequence[str]) -> None:
     """Raises ValueError naming the CUDA devices this machine does not have."""
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -215,11 +235,13 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
                 state.replica = previous
                 self._gradients.reset_thread()
         grad_mode = torch.is_grad_enabled()
+        modes = _thread_modes()
 
         def call(i: int) -> Any:
             with (
                 context.push_frame(self, self._replica_contexts[i]),
                 torch.set_grad_enabled(grad_mode),
+                modes(),
                 self._device_scope(i),
             ):
                 try:

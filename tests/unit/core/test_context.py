@@ -149,3 +149,19 @@ def test_mixing_two_strategies_scopes_raises_a_helpful_error(one_device, mirrore
     with pytest.raises(RuntimeError, match="Mixing different strategies"):
         mirrored_2cpu.run(enter_other_scope)
     assert not phalanx.has_strategy()
+
+
+def test_autocast_and_inference_mode_reach_every_replica(mirrored_2cpu):
+    def modes():
+        return (
+            torch.is_inference_mode_enabled(),
+            torch.is_autocast_enabled("cpu"),
+            (torch.ones(2, 2) @ torch.ones(2, 2)).dtype,
+        )
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        seen = mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(modes))
+    assert all(s == (False, True, torch.bfloat16) for s in seen), seen
+    with torch.inference_mode():
+        seen = mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(modes))
+    assert all(s == (True, False, torch.float32) for s in seen), seen
