@@ -217,7 +217,11 @@ class DistributedVariable(torch.Tensor):
         self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
     ) -> Any:
         replica = context._state.replica
-        return func(*_resolve_all(args, replica), **_resolve_kwargs(kwargs, replica))
+        resolved = _resolve_all(args, replica)
+        result = func(*resolved, **_resolve_kwargs(kwargs, replica))
+        if resolved and args[0] is self and result is resolved[0]:
+            return self  # a no-op conversion (.to/.float/.cpu of the same kind) keeps the variable
+        return result
 
     def _cross_replica_value(self) -> torch.Tensor:
         raise NotImplementedError

@@ -101,7 +101,10 @@ class VariablePolicyMixin:
         primary = var._components[0]
         with torch.no_grad():
             for component in var._components[1:]:
-                if component.data_ptr() != primary.data_ptr():
+                if component.dtype != primary.dtype or component.shape != primary.shape:
+                    # the primary was converted (model.double()) or resized through `.data`
+                    component.data = primary.detach().to(component.device, copy=True)
+                elif component.data_ptr() != primary.data_ptr():
                     component.copy_(primary)
 
     # ------------------------------------------------------------------ reads and writes

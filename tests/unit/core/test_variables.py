@@ -413,14 +413,6 @@ def test_one_device_places_plain_parameters_and_buffers(one_device):
     assert bn.running_mean.device.type == "cpu"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: module.to(device) / .cpu() / .float() of a model in scope replaces every "
-    "distributed buffer by a plain tensor: nn.Module._apply stores fn(buffer), and a no-op .to() of a "
-    "SyncOnReadVariable returns its aggregate instead of the variable itself (variables.py "
-    "DistributedVariable._cross_replica_call should return `self` when the op returned the resolved "
-    "tensor unchanged)",
-)
 def test_moving_a_model_to_its_device_keeps_its_variables(mirrored_2cpu):
     with mirrored_2cpu.scope():
         model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)).to("cpu")
@@ -429,12 +421,6 @@ def test_moving_a_model_to_its_device_keeps_its_variables(mirrored_2cpu):
     assert isinstance(model[1].running_mean, phalanx.SyncOnReadVariable)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: converting a model's dtype after a run (model.double()) sets the primary via "
-    "`.data =`, which is neither re-mirrored (the `is` comparisons) nor able to change the dtype of "
-    "replica components (strategies/_variable_policy.py _mirror copies into the old component)",
-)
 def test_converting_the_dtype_after_a_run_reaches_every_replica(mirrored_2cpu):
     with mirrored_2cpu.scope():
         layer = nn.Linear(2, 2)
