@@ -206,13 +206,18 @@ class Model(nn.Module):
         return DataHandler(data, steps_per_epoch=steps)
 
     def _callback_list(
-        self, callbacks: list[Any] | None, verbose: str | int, epochs: int, steps: int | None
+        self,
+        callbacks: list[Any] | None,
+        verbose: str | int,
+        epochs: int,
+        steps: int | None,
+        history: bool = True,
     ) -> Any:
         module = _callbacks_module()
         level = 1 if verbose == "auto" else int(verbose)
         return module.CallbackList(
             list(callbacks or []),
-            add_history=True,
+            add_history=history,
             add_progbar=level != 0,
             model=self,
             verbose=level,
@@ -234,7 +239,7 @@ class Model(nn.Module):
         """Global loss and metric values over the data; a list (loss first) or a dict."""
         self._require_compiled()
         handler = DataHandler(x, y, sample_weight, batch_size, False, steps)
-        cbs = _callbacks_module().CallbackList(list(callbacks or []), model=self)
+        cbs = self._callback_list(callbacks, verbose, 1, handler.steps_per_epoch, history=False)
         logs = evaluate_loop(self, handler, cbs)
         if return_dict:
             return logs
@@ -251,7 +256,7 @@ class Model(nn.Module):
     ) -> Any:
         """Outputs for every example, in input order, gathered across replicas and workers."""
         handler = DataHandler(x, None, None, batch_size, False, steps)
-        cbs = _callbacks_module().CallbackList(list(callbacks or []), model=self)
+        cbs = self._callback_list(callbacks, verbose, 1, handler.steps_per_epoch, history=False)
         return predict_loop(self, handler, cbs)
 
     def train_on_batch(
@@ -271,12 +276,12 @@ class Model(nn.Module):
     ) -> Any:
         """Loss and metrics of one global batch, without training."""
         return self.evaluate(
-            x, y, batch_size=_batch_len(x), sample_weight=sample_weight, return_dict=return_dict
+            x, y, batch_size=_batch_len(x), verbose=0, sample_weight=sample_weight, return_dict=return_dict
         )
 
     def predict_on_batch(self, x: Any) -> Any:
         """Outputs for one global batch."""
-        return self.predict(x, batch_size=_batch_len(x))
+        return self.predict(x, batch_size=_batch_len(x), verbose=0)
 
     # ------------------------------------------------------------------ inspection and saving
     def summary(self, print_fn: Any = print) -> None:

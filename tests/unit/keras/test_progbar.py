@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 
+import phalanx
 from phalanx import callbacks as C
 from phalanx.callbacks import _progbar
 from phalanx.callbacks import _progbar_format as fmt
@@ -207,3 +208,17 @@ def test_auto_verbose_is_one(verbose):
     logger = C.ProgbarLogger()
     logger.set_params({"verbose": verbose, "epochs": 3, "steps": 7})
     assert (logger.verbose, logger.epochs, logger.target) == (1, 3, 7)
+
+
+def test_evaluate_and_predict_show_a_bar_unless_verbose_is_0(capsys):
+    model = phalanx.Model(torch.nn.Linear(3, 1))
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = torch.randn(64, 3), torch.randn(64, 1)
+    model.evaluate(x, y, batch_size=16, verbose=1)
+    assert "4/4" in capsys.readouterr().out
+    model.predict(x, batch_size=16)  # "auto" is 1
+    assert "4/4" in capsys.readouterr().out
+    model.evaluate(x, y, batch_size=16, verbose=0)
+    model.predict(x, batch_size=16, verbose=0)
+    model.test_on_batch(x, y)
+    assert capsys.readouterr().out == ""
