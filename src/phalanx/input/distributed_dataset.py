@@ -100,9 +100,9 @@ class DistributedIterator:
         self._template = pieces
         if self._devices is not None:
             pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices, strict=True)]
-        self._strategy._pending_global_batch_size = global_count
-        self._strategy._pending_offsets = offsets
-        return regroup(pieces)
+        batch = regroup(pieces)
+        self._strategy._remember_batch(batch, global_count, offsets)
+        return batch
 
     def state_dict(self) -> dict[str, int]:
         """The position (steps taken), so a `Checkpoint` can save where the input was."""

@@ -26,7 +26,7 @@ from phalanx.strategies._rendezvous import Rendezvous
 from phalanx.strategies._replica_threads import ReplicaThreads
 from phalanx.strategies._variable_policy import VariablePolicyMixin
 from phalanx.strategies.replica_context import ReplicaContext
-from phalanx.values import DistributedValues, PerReplica, regroup, select_replica
+from phalanx.values import DistributedValues, PerReplica, flatten, regroup, select_replica
 
 if TYPE_CHECKING:
     from phalanx.cluster import ClusterResolver
@@ -124,8 +124,9 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         self._replica_contexts = [ReplicaContext(self, i) for i in range(self._num_local_replicas)]
         self._replica_frame = context._Frame(self, self._replica_contexts[0])
         self._variables: list[weakref.ref[Any]] = []
-        self._pending_global_batch_size: int | None = None
-        self._pending_offsets: list[int] | None = None
+        # Per batch handed out by a distributed iterator (keyed by its first leaf): the global
+        # batch size and the replicas' example offsets, for the `run` that receives it.
+        self._batches: dict[int, tuple[Any, int | None, list[int] | None]] = {}
         self._run_count = 0
         self._gradients = GradientSync(self)
 
@@ -216,8 +217,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         self._check_run_call(fn, args, kwargs)
         self._before_run()
         kwargs = kwargs or {}
-        gbs, self._pending_global_batch_size = self._pending_global_batch_size, None
-        offsets, self._pending_offsets = self._pending_offsets, None
+        gbs, offsets = self._batch_info(args, kwargs)
         self._run_count += 1
         for i, replica_ctx in enumerate(self._replica_contexts):
             replica_ctx._global_batch_size = gbs
@@ -292,6 +292,27 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
                 f"{self!r}.run was called inside the scope of {current!r}. HINT: use the "
                 "strategy whose scope is open."
             )
+
+    def _remember_batch(self, batch: Any, global_count: int | None, offsets: list[int] | None) -> None:
+        """Notes a distributed iterator's batch, for the `run` it is given to."""
+        leaves = flatten(batch)
+        if leaves:
+            self._batches[id(leaves[0])] = (leaves[0], global_count, offsets)
+            while len(self._batches) > 16:  # batches never given to run
+                del self._batches[next(iter(self._batches))]
+
+    def _batch_info(self, args: Any, kwargs: dict[str, Any]) -> tuple[int | None, list[int] | None]:
+        """The global batch size and offsets of the iterator batch among ``args``: found by
+        identity (two iterators may alternate), else the latest batch handed out."""
+        if not self._batches:
+            return None, None
+        for leaf in flatten([args, kwargs]):
+            entry = self._batches.get(id(leaf))
+            if entry is not None and entry[0] is leaf:
+                del self._batches[id(leaf)]
+                return entry[1], entry[2]
+        latest = self._batches.pop(next(reversed(self._batches)))
+        return latest[1], latest[2]
 
     def _check_components(self, value: Any) -> None:
         """Raises ValueError for a distributed value without one component per local replica."""

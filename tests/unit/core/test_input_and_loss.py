@@ -144,3 +144,15 @@ def test_compute_average_loss_cases(mirrored_2cpu):
             phalanx.compute_average_loss(per_example)
         with pytest.raises(RuntimeError, match="scale_regularization_loss was called in cross-replica"):
             phalanx.scale_regularization_loss(per_example)
+
+
+def test_interleaved_iterators_each_give_run_their_own_global_batch_size(any_strategy):
+    def mean_of_ones(x):
+        return phalanx.compute_average_loss(torch.ones(x.shape[0]))
+
+    big = iter(any_strategy.experimental_distribute_dataset([torch.zeros(8, 1)] * 2))
+    small = iter(any_strategy.experimental_distribute_dataset([torch.zeros(3, 1)] * 2))
+    a, b = next(big), next(small)  # b handed out last, a given to run first
+    for batch in (a, b):
+        out = any_strategy.run(mean_of_ones, args=(batch,))
+        assert any_strategy.reduce("sum", out, axis=None).item() == pytest.approx(1.0)
