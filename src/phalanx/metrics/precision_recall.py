@@ -21,11 +21,11 @@ class _ThresholdedRate(Metric):
 
     def __init__(
         self,
-        thresholds: float | list[float] | None,
-        top_k: int | None,
-        class_id: int | None,
-        name: str | None,
-        dtype: torch.dtype | str | None,
+        thresholds: float | list[float] | None = None,
+        top_k: int | None = None,
+        class_id: int | None = None,
+        name: str | None = None,
+        dtype: torch.dtype | str | None = None,
     ) -> None:
         super().__init__(dtype=dtype, name=name)
         self.init_thresholds = thresholds
@@ -90,16 +90,6 @@ class Precision(_ThresholdedRate):
     _other = "false_positives"
     false_positives: torch.Tensor
 
-    def __init__(
-        self,
-        thresholds: float | list[float] | None = None,
-        top_k: int | None = None,
-        class_id: int | None = None,
-        name: str | None = None,
-        dtype: torch.dtype | str | None = None,
-    ) -> None:
-        super().__init__(thresholds, top_k, class_id, name, dtype)
-
 
 class Recall(_ThresholdedRate):
     """tp / (tp + fn): how many positives are predicted positive.
@@ -118,13 +108,3 @@ class Recall(_ThresholdedRate):
 
     _other = "false_negatives"
     false_negatives: torch.Tensor
-
-    def __init__(
-        self,
-        thresholds: float | list[float] | None = None,
-        top_k: int | None = None,
-        class_id: int | None = None,
-        name: str | None = None,
-        dtype: torch.dtype | str | None = None,
-    ) -> None:
-        super().__init__(thresholds, top_k, class_id, name, dtype)
