@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -45,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.communication.health import DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_INTERVAL, HealthCheck
 from phalanx.communication.shared_memory import PeerGoneError, SharedMemoryAllReduce, shared_memory_supported
 
 __all__ = [
@@ -61,8 +61,6 @@ __all__ = [
 log = logging.getLogger("phalanx")
 
 DEFAULT_JOIN_TIMEOUT = 120.0
-DEFAULT_HEARTBEAT_TIMEOUT = 10.0
-HEARTBEAT_INTERVAL = 1.0
 POLL_SECONDS = 0.5
 LOG_EVERY_SECONDS = 5.0
 LEAVE_TIMEOUT = 10.0
@@ -91,96 +89,6 @@ def seconds_from_env(name: str, default: float) -> float:
     if not value > 0:
         raise ValueError(f"{name} must be a positive number of seconds. Received: {name}={text!r}.")
     return value
-
-
-class HealthCheck:
-    """Heartbeats of every worker in a shared store, and the verdict on the others.
-
-    `beat` is one round: add 1 to this worker's counter, read every peer's, and remember
-    when each last changed. A peer whose counter has not changed for ``timeout`` seconds is
-    dead, unless it announced that it left (`leave`). `start` runs rounds every ``interval``
-    on a daemon thread with its own store connection.
-
-    Args:
-        connect: Opens a store connection (called on the heartbeat thread).
-        rank, world_size: This worker and the number of workers.
-        name: ``name(rank) -> "worker:1 (host:port)"``, for messages.
-        timeout: Seconds without a heartbeat before a peer counts as dead.
-        interval: Seconds between rounds.
-        clock: Monotonic clock (a fake one in tests).
-    """
-
-    def __init__(
-        self,
-        connect: Callable[[], Any],
-        rank: int,
-        world_size: int,
-        name: Callable[[int], str],
-        timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
-        interval: float = HEARTBEAT_INTERVAL,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._connect = connect
-        self._rank, self._world = rank, world_size
-        self._name, self._timeout, self._interval, self._clock = name, timeout, interval, clock
-        self._seen: dict[int, tuple[bytes, float]] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.failure: str | None = None
-
-    @staticmethod
-    def key(rank: int) -> str:
-        """The store key of ``rank``'s heartbeat counter."""
-        return f"heartbeat/{rank}"
-
-    def beat(self, store: Any) -> str | None:
-        """One round (see class doc); returns the failure found so far, if any."""
-        now = self._clock()
-        try:
-            store.add(self.key(self._rank), 1)
-            peers = [r for r in range(self._world) if r != self._rank]
-            values = store.multi_get([self.key(r) for r in peers]) if peers else []
-        except Exception as exc:  # the store lives in the chief's process
-            log.debug("heartbeat round failed", exc_info=True)
-            self.failure = self.failure or f"the chief {self._name(0)} is unreachable ({exc})"
-            return self.failure
-        for peer, value in zip(peers, values, strict=True):
-            last = self._seen.get(peer)
-            if last is None or last[0] != value:
-                self._seen[peer] = (value, now)
-            elif now - last[1] > self._timeout and self.failure is None:
-                left = store.check([f"left/{peer}"])
-                what = "left the cluster (closed its strategy)" if left else "stopped sending heartbeats"
-                self.failure = f"{self._name(peer)} {what} {now - last[1]:.1f}s ago"
-        return self.failure
-
-    def dead_peer(self) -> str | None:
-        """The failure found by the heartbeats, if any (None while every peer beats)."""
-        return self.failure
-
-    def start(self) -> None:
-        """Runs `beat` every ``interval`` seconds on a daemon thread until `stop`."""
-        self._thread = threading.Thread(target=self._run, name="phalanx-heartbeat", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            store = self._connect()
-        except Exception as exc:
-            log.debug("heartbeat store unreachable", exc_info=True)
-            self.failure = self.failure or f"the chief {self._name(0)} is unreachable ({exc})"
-            return
-        while not self._stop.is_set():
-            self.beat(store)
-            self._stop.wait(self._interval)
-
-    def stop(self) -> None:
-        """Stops the thread and waits for it (a daemon stopped inside a store call at
-        interpreter exit aborts the process)."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
-            thread.join(timeout=15)
 
 
 def _boot_id() -> str:
