@@ -30,7 +30,11 @@ needs_shm = pytest.mark.skipif(not shared_memory_supported(), reason="needs Linu
 def _run(tmp_path, workers, env=None):
     out = io.StringIO()
     path = str(Path(__file__).resolve().parents[1])
-    merged = {"PYTHONPATH": path + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    merged = {
+        "PYTHONPATH": path + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "PYTHONFAULTHANDLER": "1",  # a native abort shows where each thread was
+        **(env or {}),
+    }
     script = str(SCRIPTS / "shared_memory_checks.py")
     code = launch(script, workers=workers, args=[str(tmp_path)], env=merged, timeout=180, out=out)
     assert code == 0, out.getvalue()
@@ -50,12 +54,14 @@ def test_shared_memory_all_reduce_agrees_with_gloo_and_is_identical_on_every_wor
         assert result["overlapped"] == sum(range(1, workers + 1))
         assert result["reduce_sum"] == sum(range(1, workers + 1))
         assert result["left_in_dev_shm"] == []
+        assert result["gloo_threads_after_close"] == []
 
 
 def test_the_environment_variable_turns_it_off(tmp_path, monkeypatch):
     for result in _run(tmp_path, 2, {SHARED_MEMORY_ENV: "0"}):
         assert not result["uses_shared_memory"]
         assert all(c["equal"] for c in result["cases"].values())  # gloo against itself
+        assert result["gloo_threads_after_close"] == []
     monkeypatch.setenv(SHARED_MEMORY_ENV, "off")
     assert not shared_memory_supported()
 

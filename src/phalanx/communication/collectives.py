@@ -36,7 +36,9 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -64,6 +66,7 @@ DEFAULT_JOIN_TIMEOUT = 120.0
 POLL_SECONDS = 0.5
 LOG_EVERY_SECONDS = 5.0
 LEAVE_TIMEOUT = 10.0
+KEEP_WORKS_SECONDS = 2.0
 JOIN_TIMEOUT_ENV = "PHALANX_JOIN_TIMEOUT_SECONDS"
 HEARTBEAT_TIMEOUT_ENV = "PHALANX_HEARTBEAT_TIMEOUT_SECONDS"
 _RESTART_HINT = "HINT: check that task's log; restart the job (BackupAndRestore resumes it)."
@@ -106,6 +109,46 @@ def _log_every(join_timeout: float) -> float:
 
 def _strip_brackets(host: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+class RecentWorks:
+    """Keeps every torch.distributed work alive for ``keep_seconds`` after it was started.
+
+    A gloo worker thread drops its reference to a work a moment after the work completes.
+    If that reference is the last one, the thread frees the work's tensors, which takes the
+    GIL; once the interpreter is finalizing, Python ends any thread that asks for the GIL,
+    here from inside a C++ destructor, and the process aborts ("terminate called without an
+    active exception"). Holding each work from Python for a while means a worker thread never
+    drops the last reference; `WorkerGroup.close` tears the process groups down (which joins
+    those threads) before it lets the last works go. Thread-safe.
+
+    Args:
+        keep_seconds: How long a work is held at least (longer while it has not completed).
+        clock: Monotonic clock (a fake one in tests).
+    """
+
+    def __init__(self, keep_seconds: float = KEEP_WORKS_SECONDS, clock: Callable[[], float] = time.monotonic):
+        self._keep, self._clock = keep_seconds, clock
+        self._works: deque[tuple[float, Any]] = deque()
+        self._lock = threading.Lock()
+
+    def add(self, work: Any) -> Any:
+        """Holds ``work`` (and lets go of the works older than ``keep_seconds`` that completed);
+        returns ``work``."""
+        now = self._clock()
+        with self._lock:
+            while self._works and now - self._works[0][0] > self._keep and self._works[0][1].is_completed():
+                self._works.popleft()
+            self._works.append((now, work))
+        return work
+
+    def __len__(self) -> int:
+        return len(self._works)
+
+    def clear(self) -> None:
+        """Lets every work go (once no process-group thread can hold one any more)."""
+        with self._lock:
+            self._works.clear()
 
 
 class WorkerGroup:
@@ -156,7 +199,11 @@ class WorkerGroup:
         deadline = time.monotonic() + join_timeout
         self._store = self._open_store(deadline, join_timeout)
         self._check_in(deadline, join_timeout)
-        self._group, self._owns_group = self._init_group(backend)
+        self._works = RecentWorks()
+        # "world": this object initialised torch.distributed; "subgroup": it made a group of
+        # another backend in the user's; "borrowed": it uses the user's default group
+        self._group, self._ownership = self._init_group(backend)
+        self._shm_group: Any = None
         self._health = HealthCheck(
             # its own connection, whose operations time out with the heartbeat: a chief that
             # stops answering is reported within the same bound as any other task
@@ -246,7 +293,7 @@ class WorkerGroup:
         """The tasks that have not checked in yet, by name."""
         return [self._name(r) for r in range(self.world_size) if not self._store.check([HealthCheck.key(r)])]
 
-    def _init_group(self, backend: str) -> tuple[Any, bool]:
+    def _init_group(self, backend: str) -> tuple[Any, str]:
         timeout = timedelta(seconds=self._collective_timeout)
         if not dist.is_initialized():
             dist.init_process_group(
@@ -256,7 +303,7 @@ class WorkerGroup:
                 world_size=self.world_size,
                 timeout=timeout,
             )
-            return dist.group.WORLD, True
+            return dist.group.WORLD, "world"
         if (dist.get_rank(), dist.get_world_size()) != (self.rank, self.world_size):
             raise ValueError(
                 "torch.distributed is already initialised with another rank or size than this "
@@ -265,8 +312,8 @@ class WorkerGroup:
                 "torch.distributed, or initialise it with the cluster's rank and world size."
             )
         if dist.get_backend() == backend:
-            return dist.group.WORLD, False
-        return dist.new_group(backend=backend, timeout=timeout), False
+            return dist.group.WORLD, "borrowed"
+        return dist.new_group(backend=backend, timeout=timeout), "subgroup"
 
     def _open_shared_memory(self) -> SharedMemoryAllReduce | None:
         """The same-machine transport when every worker runs on this machine and allows it
@@ -287,7 +334,9 @@ class WorkerGroup:
             return None
         # its own gloo group: the transport's thread agrees on segments without interleaving
         # with the collectives of the training thread
-        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self._collective_timeout))
+        group = self._shm_group = dist.new_group(
+            backend="gloo", timeout=timedelta(seconds=self._collective_timeout)
+        )
         pids = [int(e["pid"]) for e in everyone]
         return SharedMemoryAllReduce(
             f"{self._port}-{pids[0]}",
@@ -298,6 +347,7 @@ class WorkerGroup:
             lambda: self.failure,
             self._name,
             self._collective_timeout,
+            self._works.add,
         )
 
     @property
@@ -399,7 +449,7 @@ class WorkerGroup:
         self._check_usable("all_reduce")
         if self._shm is not None and self._shm.handles(tensor, op):
             return self._shm.all_reduce_async(tensor, op)
-        return dist.all_reduce(tensor, op=op, group=self._group, async_op=True)
+        return self._works.add(dist.all_reduce(tensor, op=op, group=self._group, async_op=True))
 
     def all_reduce(
         self,
@@ -421,7 +471,8 @@ class WorkerGroup:
     ) -> torch.Tensor:
         """In-place broadcast from worker ``src`` (all workers; same shape and dtype)."""
         self._check_usable(what)
-        self.wait(dist.broadcast(tensor, src, group=self._group, async_op=True), what, timeout)
+        work = self._works.add(dist.broadcast(tensor, src, group=self._group, async_op=True))
+        self.wait(work, what, timeout)
         return tensor
 
     def all_gather(
@@ -430,31 +481,46 @@ class WorkerGroup:
         """Every worker's tensor, in rank order (all workers; same shape and dtype everywhere)."""
         self._check_usable(what)
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self.wait(dist.all_gather(out, tensor.contiguous(), group=self._group, async_op=True), what, timeout)
+        work = self._works.add(dist.all_gather(out, tensor.contiguous(), group=self._group, async_op=True))
+        self.wait(work, what, timeout)
         return out
 
     # ---------------------------------------------------------------- shutdown
     def _at_exit(self) -> None:
-        if self._shm is not None:
-            self._shm.close()
-        self._health.stop()
+        self.close()
 
     def close(self) -> None:
         """Announces that this worker leaves, waits (up to 10 s) until every healthy worker
-        did, stops the heartbeat and destroys the process group if this object created it
-        (all workers, at the end of the program)."""
+        did, stops the heartbeat and tears down the process groups this object created
+        (all workers, at the end of the program; also run at interpreter exit)."""
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._at_exit)
         if self._shm is not None:
             self._shm.close()
         with contextlib.suppress(Exception):  # the chief's store may be gone already
             self._store.set(f"left/{self.rank}", "1")
             self._wait_for_the_others_to_leave()
         self._health.stop()
-        atexit.unregister(self._at_exit)
-        if self._owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        if self.failure is None:  # a collective stuck on a hung peer would block the teardown
+            self._tear_down()
+
+    def _tear_down(self) -> None:
+        """Destroys the groups this object created, dropping the last references so that
+        their threads are joined now, while every recent work is still held (see
+        `RecentWorks`); then lets the works go."""
+        with contextlib.suppress(Exception):  # a peer's exit may have broken a group already
+            if self._ownership == "world":
+                dist.destroy_process_group()  # every group, the shared-memory one included
+            else:
+                for group in (self._shm_group, self._group if self._ownership == "subgroup" else None):
+                    if group is not None:
+                        dist.destroy_process_group(group)
+        self._shm_group = None
+        if self._ownership != "borrowed":
+            self._group = None
+            self._works.clear()  # else the user's group may still run: hold them to the end
 
     def _wait_for_the_others_to_leave(self) -> None:
         """Returns once every healthy worker reached `close` (at most `LEAVE_TIMEOUT`).

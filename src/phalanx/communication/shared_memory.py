@@ -140,6 +140,8 @@ class SharedMemoryAllReduce:
         failure: The group's verdict on its peers (heartbeats), None while healthy.
         name: ``name(rank) -> "worker:1"`` for messages.
         timeout: Seconds one call may wait for the others.
+        keep: Called with every work this transport starts on ``group`` (see
+            `phalanx.communication.collectives.RecentWorks`); returns it.
     """
 
     def __init__(
@@ -152,12 +154,13 @@ class SharedMemoryAllReduce:
         failure: Callable[[], str | None],
         name: Callable[[int], str],
         timeout: float,
+        keep: Callable[[Any], Any] = lambda work: work,
     ) -> None:
         if world_size < 2:
             raise ValueError(f"A shared-memory all-reduce needs at least 2 workers. Received: {world_size}.")
         self._token, self._rank, self._world = token, rank, world_size
         self._pids, self._group, self._failure_of_group = pids, group, failure
-        self._name, self._timeout = name, timeout
+        self._name, self._timeout, self._keep = name, timeout, keep
         self._control: _Segment | None = None
         self._shared: bool | None = None  # None until the control block was agreed on
         self._segments: dict[tuple[torch.dtype, int], _Segment | None] = {}
@@ -206,13 +209,13 @@ class SharedMemoryAllReduce:
         if flat.numel() == 0:
             return
         if not self._ensure_control():
-            dist.all_reduce(tensor, op=op, group=self._group)
+            self._gloo_all_reduce(tensor, op)
             return
         for start in range(0, flat.numel(), CHUNK_ELEMENTS):
             chunk = flat[start : start + CHUNK_ELEMENTS]
             slots = self._slots(chunk.dtype, chunk.numel())
             if slots is None:
-                dist.all_reduce(chunk, op=op, group=self._group)
+                self._gloo_all_reduce(chunk, op)
             else:
                 self._reduce_chunk(chunk, slots, op)
 
@@ -302,8 +305,11 @@ class SharedMemoryAllReduce:
 
     def _agree(self, ok: int) -> bool:
         flag = torch.tensor([ok], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
+        self._gloo_all_reduce(flag, dist.ReduceOp.MIN)
         return bool(flag.item())
+
+    def _gloo_all_reduce(self, tensor: torch.Tensor, op: Any) -> None:
+        self._keep(dist.all_reduce(tensor, op=op, group=self._group, async_op=True)).wait()
 
     def _unlink_if_chief(self, path: str) -> None:
         if self._rank == 0:  # every worker has it mapped (or gave up on it): the name can go
@@ -316,6 +322,8 @@ class SharedMemoryAllReduce:
         self._queue.put(None)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._group = None  # its owner may now tear the group down
         for path in self._paths:
             with contextlib.suppress(OSError):
                 os.unlink(path)

@@ -2,7 +2,7 @@
 
 Writes ``shm-<rank>.json`` to OUT_DIR: whether the transport was used, every case's agreement
 with gloo (bit for bit, or close where gloo sums in another order) and across workers, and the
-files of this job left in /dev/shm after close().
+files of this job left in /dev/shm and the gloo threads left after close().
 
 usage: shared_memory_checks.py OUT_DIR
 """
@@ -10,6 +10,7 @@ usage: shared_memory_checks.py OUT_DIR
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -68,5 +69,9 @@ result["reduce_sum"] = strategy.reduce("sum", torch.tensor([rank + 1.0]), axis=N
 token = group._shm._token if group._shm is not None else None
 strategy.close()
 result["left_in_dev_shm"] = sorted(f for f in os.listdir("/dev/shm") if token and token in f)
+# close() tore the process groups down: no gloo thread is left to free a tensor (it would
+# need the GIL) while the interpreter finalizes
+names = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")]
+result["gloo_threads_after_close"] = sorted(n for n in names if "gloo" in n)
 with open(os.path.join(out_dir, f"shm-{rank}.json"), "w") as f:
     json.dump(result, f)
