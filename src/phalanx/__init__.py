@@ -5,8 +5,9 @@ changing the line that creates the strategy. Importing phalanx has no side effec
 are installed the first time a strategy scope is entered.
 """
 
-from phalanx import callbacks, checkpoint, cluster, data, losses, metrics, nn
+from phalanx import callbacks, checkpoint, cluster, coordinator, data, losses, metrics, nn
 from phalanx.cluster import resolvers as cluster_resolver
+from phalanx.cluster.server import Server
 from phalanx.communication import (
     CrossDeviceOps,
     HierarchicalCopyAllReduce,
@@ -30,6 +31,7 @@ from phalanx.strategies import (
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     OneDeviceStrategy,
+    ParameterServerStrategy,
     ReplicaContext,
     Strategy,
 )
@@ -62,10 +64,12 @@ __all__ = [
     "MultiWorkerMirroredStrategy",
     "NcclAllReduce",
     "OneDeviceStrategy",
+    "ParameterServerStrategy",
     "PerReplica",
     "ReduceOp",
     "ReductionToOneDevice",
     "ReplicaContext",
+    "Server",
     "Strategy",
     "SyncOnReadVariable",
     "VariableAggregation",
@@ -75,6 +79,7 @@ __all__ = [
     "checkpoint",
     "cluster",
     "cluster_resolver",
+    "coordinator",
     "data",
     "load_model",
     "losses",

@@ -75,6 +75,9 @@ def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
     if replica is not None:
         replica[0]._gradients.before_step(optimizer, replica[1])
         return
+    frame = context._top()
+    if frame is not None:
+        frame.strategy._step_outside_run(optimizer)
     from phalanx.strategies._optimizer_state import PerReplicaState
 
     if isinstance(optimizer.state, PerReplicaState):

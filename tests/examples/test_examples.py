@@ -56,3 +56,29 @@ def test_multi_worker_example_under_the_launcher(tmp_path):
     assert "Epoch 2/2" in done.stdout
     assert (tmp_path / "model.pt").exists()
     assert not (tmp_path / "backup").exists()
+
+
+def test_parameter_server_example_under_the_launcher():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "launch",
+            "--chief",
+            "--workers",
+            "2",
+            "--ps",
+            "1",
+            str(EXAMPLES / "parameter_server_training.py"),
+            "--epochs",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[chief-0] Epoch 3:" in done.stdout
+    accuracy = float(done.stdout.split("final accuracy on all digits: ")[1].split()[0])
+    assert accuracy > 0.8

@@ -29,7 +29,8 @@ class _Running:
     readers: list[threading.Thread] = field(default_factory=list)
 
     def state(self) -> TaskState:
-        return TaskState(self.task.name, self.task.is_trainer, self.process.poll())
+        serves = self.task.coordinated and not self.task.is_trainer
+        return TaskState(self.task.name, self.task.is_trainer, self.process.poll(), serves)
 
 
 def run_tasks(
@@ -65,7 +66,8 @@ def run_tasks(
         else:
             left = [r.task.name for r in running if r.process.poll() is None]
             if left:
-                output.note(f"every worker finished; stopping {left}.")
+                done = "the chief" if any(r.task.coordinated for r in running) else "every worker"
+                output.note(f"{done} finished; stopping {left}.")
         return decision.exit_code
     finally:
         _stop(running)

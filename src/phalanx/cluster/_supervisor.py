@@ -32,6 +32,7 @@ class TaskState:
     name: str
     is_trainer: bool
     returncode: int | None
+    serves_coordinator: bool = False  # a worker/ps of a parameter-server cluster
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ def decide(
 ) -> Decision:
     """Decides from the tasks' states, in this order of rules.
 
+    0. In a parameter-server cluster, the workers and ps tasks serve the chief: their exits
+       are the coordinator's to handle (it reschedules a lost worker's functions, it raises
+       for a lost ps), so only the chief's exit decides.
     1. A chief/worker exited non-zero → FAILED with its code.
     2. A ps/evaluator exited non-zero → FAILED with its code; with ``stop_auxiliary`` (local
        mode: they serve the workers and are stopped when those finish), one that exits at all
@@ -58,6 +62,8 @@ def decide(
     """
     trainers_done = all(s.returncode == 0 for s in states if s.is_trainer)
     for state in sorted(states, key=lambda s: not s.is_trainer):
+        if state.serves_coordinator:
+            continue
         code = state.returncode
         if code is None or (code == 0 and (state.is_trainer or not stop_auxiliary or trainers_done)):
             continue

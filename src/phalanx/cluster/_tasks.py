@@ -53,6 +53,7 @@ class PlannedTask:
     job: str
     index: int
     env: dict[str, str] = field(default_factory=dict)
+    coordinated: bool = False  # a parameter-server cluster: the chief alone runs the program
 
     @property
     def name(self) -> str:
@@ -61,7 +62,10 @@ class PlannedTask:
 
     @property
     def is_trainer(self) -> bool:
-        """Whether it is a chief or worker task (ps and evaluator tasks are not)."""
+        """Whether the job ends when it does: chief and worker tasks; in a parameter-server
+        cluster (a chief and ps tasks) only the chief, whose workers serve it like the ps."""
+        if self.coordinated:
+            return self.job == "chief"
         return self.job in TRAINER_JOBS
 
 
@@ -93,6 +97,7 @@ def plan_tasks(spec: ClusterSpec, tasks: Sequence[tuple[str, int]]) -> list[Plan
     trainers = trainer_tasks(spec)
     local_trainers = [t for t in tasks if t in trainers]
     cluster = spec.as_dict()
+    coordinated = "chief" in spec.jobs and "ps" in spec.jobs
     planned = []
     for job, index in tasks:
         env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})}
@@ -106,7 +111,7 @@ def plan_tasks(spec: ClusterSpec, tasks: Sequence[tuple[str, int]]) -> list[Plan
                 MASTER_ADDR=host.strip("[]"),
                 MASTER_PORT=str(port),
             )
-        planned.append(PlannedTask(job, index, env))
+        planned.append(PlannedTask(job, index, env, coordinated))
     return planned
 
 

@@ -22,6 +22,8 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
@@ -30,6 +32,7 @@ from phalanx.cluster._ports import free_ports
 from phalanx.cluster._processes import run_tasks
 from phalanx.cluster._target import Target, build_command
 from phalanx.cluster._tasks import NodeTasks, cluster_from, local_cluster, plan_tasks, select_node_tasks
+from phalanx.cluster._token import TOKEN_ENV
 from phalanx.cluster.cluster_spec import ClusterSpec
 
 __all__ = [
@@ -87,6 +90,8 @@ def launch(
     _check_timeout(timeout)
     argv = build_command(target, args, python)
     spec = local_cluster(count, ps, chief)
+    if ps and TOKEN_ENV not in os.environ and TOKEN_ENV not in (env or {}):
+        env = {TOKEN_ENV: secrets.token_hex(16), **(env or {})}  # the tasks authenticate each other
     return run_tasks(argv, plan_tasks(spec, _all_tasks(spec)), env, timeout, out, stop_auxiliary=True)
 
 

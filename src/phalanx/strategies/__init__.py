@@ -5,6 +5,7 @@ from phalanx.strategies.default import DefaultStrategy
 from phalanx.strategies.mirrored import MirroredStrategy
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from phalanx.strategies.one_device import OneDeviceStrategy
+from phalanx.strategies.parameter_server import ParameterServerStrategy
 from phalanx.strategies.replica_context import ReplicaContext
 from phalanx.strategies.strategy import Strategy, ValueContext
 
@@ -14,6 +15,7 @@ __all__ = [
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
+    "ParameterServerStrategy",
     "ReplicaContext",
     "Strategy",
     "ValueContext",

@@ -293,6 +293,10 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
                 "strategy whose scope is open."
             )
 
+    def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called when ``optimizer.step()`` runs in this strategy's scope outside ``run``."""
+        return
+
     def _remember_batch(self, batch: Any, global_count: int | None, offsets: list[int] | None) -> None:
         """Notes a distributed iterator's batch, for the `run` it is given to."""
         leaves = flatten(batch)

@@ -62,3 +62,22 @@ def test_timeout_names_the_tasks_still_running(stop_auxiliary):
 def test_success_and_failure_win_over_a_timeout_seen_at_the_same_poll():
     assert _decide(("worker-0", 0), timed_out=True).outcome is Outcome.SUCCEEDED
     assert _decide(("worker-0", 2), timed_out=True).outcome is Outcome.FAILED
+
+
+def _coordinated(*states):
+    tasks = [
+        TaskState(name, name.startswith("chief"), code, not name.startswith("chief")) for name, code in states
+    ]
+    return decide(tasks, timed_out=False, timeout=5.0, stop_auxiliary=True)
+
+
+def test_in_a_parameter_server_cluster_a_lost_worker_or_ps_is_the_coordinators_to_handle():
+    decision = _coordinated(("chief-0", None), ("worker-0", -9), ("worker-1", None), ("ps-0", None))
+    assert decision.outcome is Outcome.RUNNING
+    assert _coordinated(("chief-0", None), ("ps-0", 1)).outcome is Outcome.RUNNING
+
+
+def test_in_a_parameter_server_cluster_the_chief_alone_decides():
+    assert _coordinated(("chief-0", 0), ("worker-0", None), ("ps-0", None)).outcome is Outcome.SUCCEEDED
+    failed = _coordinated(("chief-0", 2), ("worker-0", None), ("ps-0", None))
+    assert (failed.outcome, failed.exit_code) == (Outcome.FAILED, 2)

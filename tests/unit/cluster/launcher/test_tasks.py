@@ -106,3 +106,15 @@ def test_free_ports_gives_up_when_every_port_was_handed_out(monkeypatch):
     monkeypatch.setattr(_ports, "_handed_out", Everything())
     with pytest.raises(OSError, match="found only 0 of 1 unused free ports"):
         free_ports(1)
+
+
+def test_in_a_parameter_server_cluster_only_the_chief_is_a_trainer():
+    spec = ClusterSpec({"chief": ["a:1"], "worker": ["a:2"], "ps": ["a:3"]})
+    tasks = plan_tasks(spec, [("chief", 0), ("worker", 0), ("ps", 0)])
+    assert [(t.name, t.is_trainer, t.coordinated) for t in tasks] == [
+        ("chief-0", True, True),
+        ("worker-0", False, True),
+        ("ps-0", False, True),
+    ]
+    (worker,) = plan_tasks(ClusterSpec({"worker": ["a:1"], "ps": ["a:2"]}), [("worker", 0)])
+    assert worker.is_trainer  # no chief: not a coordinated cluster

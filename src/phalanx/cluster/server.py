@@ -1,0 +1,121 @@
+"""Server: what a worker or ps task of a parameter-server cluster runs (tf.distribute.Server).
+
+    resolver = phalanx.cluster_resolver.TFConfigClusterResolver()
+    if resolver.task_type in ("worker", "ps"):
+        server = phalanx.cluster.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                                        task_index=resolver.task_id)
+        server.join()  # serves until the task is stopped
+
+A ps task serves its variables and the optimizers that update them; a worker task runs the
+functions the coordinator schedules. Both listen on their address in the cluster spec and
+accept only peers presenting ``PHALANX_CLUSTER_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from phalanx.cluster.cluster_spec import ClusterSpec
+
+__all__ = ["Server"]
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"A task address must be host:port. Received: {address!r}.")
+    return host.strip("[]"), int(port)
+
+
+class Server:
+    """Serves one ps or worker task of a parameter-server cluster.
+
+    Args:
+        server_or_cluster_def: A `ClusterSpec` or its dict (job -> addresses).
+        job_name: "ps" or "worker".
+        task_index: The task's index in its job.
+        protocol: "grpc" (the only transport).
+        start: Start serving now (else call `start`).
+
+    Raises:
+        ValueError: An unknown job or task, another protocol, an address that cannot be
+            served, or ``PHALANX_CLUSTER_TOKEN`` unset.
+    """
+
+    def __init__(
+        self,
+        server_or_cluster_def: ClusterSpec | Mapping[str, Any],
+        job_name: str,
+        task_index: int = 0,
+        protocol: str | None = "grpc",
+        start: bool = True,
+    ) -> None:
+        from phalanx.cluster._token import cluster_token
+        from phalanx.ps.transport import RpcServer
+
+        spec = server_or_cluster_def
+        if not isinstance(spec, ClusterSpec):
+            spec = ClusterSpec(dict(spec))
+        if protocol not in (None, "grpc"):
+            raise ValueError(
+                f"Server speaks gRPC only. Received: protocol={protocol!r}. HINT: protocol='grpc'."
+            )
+        if job_name not in ("ps", "worker"):
+            raise ValueError(
+                f"A Server runs a 'ps' or a 'worker' task. Received: job_name={job_name!r}. HINT: the "
+                "chief runs the training program with ParameterServerStrategy and needs no Server."
+            )
+        self._spec, self._job, self._index = spec, job_name, task_index
+        address = spec.task_address(job_name, task_index)
+        self.name = f"{job_name}:{task_index} ({address})"
+        host, port = _split(address)
+        self._server = RpcServer(host, port, cluster_token(), self._handlers(), name=self.name)
+        self._stopped = threading.Event()
+        self._started = False
+        if start:
+            self.start()
+
+    def _handlers(self) -> dict[str, Any]:
+        from phalanx.ps.store import VariableStore
+
+        if self._job == "ps":
+            return VariableStore(self.name).handlers()
+        return self._worker_environment().handlers()
+
+    def _worker_environment(self) -> Any:
+        from phalanx.cluster._token import cluster_token
+        from phalanx.ps.transport import RpcClient
+        from phalanx.ps.variables import PSClient
+        from phalanx.ps.worker import WorkerEnvironment
+
+        if "ps" not in self._spec.jobs:
+            raise ValueError(f"A worker needs the cluster's 'ps' job. Received: {self._spec.as_dict()!r}.")
+        token = cluster_token()
+        clients = []
+        for i in range(self._spec.num_tasks("ps")):
+            address = self._spec.task_address("ps", i)
+            clients.append(RpcClient(address, token, name=f"ps:{i} ({address})"))
+        return WorkerEnvironment(PSClient(clients), self._index, self._spec.num_tasks("worker"))
+
+    @property
+    def target(self) -> str:
+        """``grpc://host:port`` of this task."""
+        return f"grpc://{self._spec.task_address(self._job, self._index)}"
+
+    def start(self) -> None:
+        """Starts serving (idempotent)."""
+        if not self._started:
+            self._server.start()
+            self._started = True
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Blocks until the server is stopped (`stop`, or the task is terminated); False
+        after ``timeout`` seconds."""
+        return self._stopped.wait(timeout)
+
+    def stop(self) -> None:
+        """Stops serving; `join` returns."""
+        self._server.stop()
+        self._stopped.set()

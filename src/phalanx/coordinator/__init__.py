@@ -1,0 +1,21 @@
+"""The coordinator of a parameter-server cluster (tf.distribute.coordinator).
+
+`ClusterCoordinator` schedules functions on the workers and returns `RemoteValue`\\ s;
+`PerWorkerValues` and per-worker datasets give each worker its own copy of a value.
+"""
+
+from phalanx.coordinator.closure import ClosureAbortedError
+from phalanx.coordinator.cluster_coordinator import ClusterCoordinator, NoWorkerAvailableError
+from phalanx.coordinator.remote_value import RemoteValue, RemoteValueStatus
+from phalanx.coordinator.values import PerWorkerDataset, PerWorkerIterator, PerWorkerValues
+
+__all__ = [
+    "ClosureAbortedError",
+    "ClusterCoordinator",
+    "NoWorkerAvailableError",
+    "PerWorkerDataset",
+    "PerWorkerIterator",
+    "PerWorkerValues",
+    "RemoteValue",
+    "RemoteValueStatus",
+]

@@ -1,0 +1,196 @@
+"""Handles to the variables that live on parameter-server tasks, and the client that reads
+and writes them (used by the coordinator and by every worker)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import torch
+
+from phalanx.ps import store as store_lib
+from phalanx.ps.transport import RpcClient
+
+__all__ = ["PSClient", "VariableHandle"]
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableHandle:
+    """Where one variable lives: its name on ps task ``ps``, and what it looks like.
+
+    ``kind`` is "parameter" (trained by optimizers, ``requires_grad`` as created) or "buffer"
+    (a module's state such as BatchNorm's running statistics: workers add their changes).
+    """
+
+    name: str
+    ps: int
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str = "parameter"
+    requires_grad: bool = True
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        dtype = getattr(torch, self.dtype.removeprefix("torch."))
+        assert isinstance(dtype, torch.dtype)
+        return dtype
+
+    def empty(self) -> torch.Tensor:
+        """A local tensor of this variable's shape and dtype (values come from a read)."""
+        return torch.zeros(self.shape, dtype=self.torch_dtype)
+
+
+class PSClient:
+    """Reads and writes variables on every ps task: one RPC per ps task per operation, the
+    ps tasks in parallel. Thread-safe.
+
+    Args:
+        clients: One `RpcClient` per ps task, by index.
+    """
+
+    def __init__(self, clients: Sequence[RpcClient]) -> None:
+        if not clients:
+            raise ValueError("A parameter-server cluster needs at least one ps task. Received: none.")
+        self._clients = list(clients)
+        self._pool = ThreadPoolExecutor(len(clients), thread_name_prefix="phalanx-ps-client")
+
+    @property
+    def num_ps(self) -> int:
+        """The number of ps tasks."""
+        return len(self._clients)
+
+    def close(self) -> None:
+        """Closes every connection."""
+        self._pool.shutdown(wait=False)
+        for client in self._clients:
+            client.close()
+
+    def _per_ps(self, handles: Sequence[VariableHandle]) -> dict[int, list[int]]:
+        """Positions of ``handles`` grouped by ps task."""
+        groups: dict[int, list[int]] = defaultdict(list)
+        for position, handle in enumerate(handles):
+            groups[handle.ps].append(position)
+        return groups
+
+    def _each_ps(self, work: Mapping[int, Callable[[], T]]) -> dict[int, T]:
+        """Runs one call per ps task, in parallel; raises the first error."""
+        if len(work) == 1:
+            ((ps, call),) = work.items()
+            return {ps: call()}
+        futures = {ps: self._pool.submit(call) for ps, call in work.items()}
+        return {ps: future.result() for ps, future in futures.items()}
+
+    def call(
+        self, ps: int, method: str, header: Mapping[str, Any], tensors: Sequence[torch.Tensor] = ()
+    ) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        """One RPC to ps task ``ps``."""
+        return self._clients[ps].call(method, header, tensors)
+
+    # ------------------------------------------------------------------ variables
+    def create(
+        self, handles: Sequence[VariableHandle], values: Sequence[torch.Tensor], overwrite: bool = False
+    ) -> None:
+        """Creates the variables on their ps tasks (idempotent for the same shape and dtype)."""
+        work = {}
+        for ps, pos in self._per_ps(handles).items():
+            header = {"names": [handles[i].name for i in pos], "overwrite": overwrite}
+            work[ps] = _bind(self.call, ps, "create", header, [values[i].detach().cpu() for i in pos])
+        self._each_ps(work)
+
+    def read(self, handles: Sequence[VariableHandle]) -> list[torch.Tensor]:
+        """The current values, in the order of ``handles``."""
+        groups = self._per_ps(handles)
+        replies = self._each_ps(
+            {
+                ps: _bind(self.call, ps, "read", {"names": [handles[i].name for i in pos]})
+                for ps, pos in groups.items()
+            }
+        )
+        out: dict[int, torch.Tensor] = {}
+        for ps, pos in groups.items():
+            out.update(zip(pos, replies[ps][1], strict=True))
+        return [out[i] for i in range(len(handles))]
+
+    def versions(self) -> list[int]:
+        """Every ps task's write counter (it changes whenever any of its variables changed)."""
+        replies = self._each_ps({ps: _bind(self.call, ps, "version", {}) for ps in range(self.num_ps)})
+        return [int(replies[ps][0]["version"]) for ps in range(self.num_ps)]
+
+    def write(self, method: str, handles: Sequence[VariableHandle], values: Sequence[torch.Tensor]) -> None:
+        """``assign`` or ``assign_add`` of ``values`` to ``handles``."""
+        work = {}
+        for ps, pos in self._per_ps(handles).items():
+            header = {"names": [handles[i].name for i in pos]}
+            work[ps] = _bind(self.call, ps, method, header, [values[i].detach().cpu() for i in pos])
+        self._each_ps(work)
+
+    # ------------------------------------------------------------------ optimizers
+    def create_optimizer(
+        self,
+        key: str,
+        optimizer_class: type,
+        groups: Sequence[tuple[Sequence[VariableHandle], Mapping[str, Any]]],
+    ) -> None:
+        """Creates optimizer ``key`` on every ps task over its own variables (idempotent).
+
+        Args:
+            key: The optimizer's name on the ps tasks.
+            optimizer_class: A ``torch.optim.Optimizer`` subclass.
+            groups: Per param group: its variables and its hyperparameters.
+        """
+        blob = store_lib.encode_optimizer_class(optimizer_class)
+        work = {}
+        for ps in range(self.num_ps):
+            header = {
+                "key": key,
+                "optimizer": blob,
+                "groups": [{"names": [h.name for h in hs if h.ps == ps], **hyper} for hs, hyper in groups],
+                "overwrite": False,
+            }
+            work[ps] = _bind(self.call, ps, "create_optimizer", header)
+        self._each_ps(work)
+
+    def apply_gradients(
+        self,
+        key: str,
+        handles: Sequence[VariableHandle],
+        grads: Sequence[torch.Tensor],
+        hyperparameters: Sequence[Mapping[str, Any]] | None,
+    ) -> None:
+        """Each ps task applies the gradients of its variables with optimizer ``key``, atomically."""
+        work = {}
+        for ps, pos in self._per_ps(handles).items():
+            header, tensors = store_lib.encode_gradients(
+                [handles[i].name for i in pos], [grads[i] for i in pos]
+            )
+            header["key"] = key
+            header["hyperparameters"] = (
+                None if hyperparameters is None else [dict(h) for h in hyperparameters]
+            )
+            work[ps] = _bind(self.call, ps, "apply_gradients", header, tensors)
+        self._each_ps(work)
+
+    def optimizer_state(self, key: str) -> list[dict[str, Any]]:
+        """Each ps task's state of optimizer ``key`` (see `phalanx.ps.store`)."""
+        replies = self._each_ps(
+            {ps: _bind(self.call, ps, "optimizer_state", {"key": key}) for ps in range(self.num_ps)}
+        )
+        return [store_lib.decode_optimizer_state(*replies[ps]) for ps in range(self.num_ps)]
+
+    def load_optimizer_state(self, key: str, states: Sequence[Mapping[str, Any]]) -> None:
+        """Restores each ps task's state of optimizer ``key``."""
+        work = {}
+        for ps in range(self.num_ps):
+            header, tensors = store_lib.encode_optimizer_state(states[ps])
+            header["key"] = key
+            work[ps] = _bind(self.call, ps, "load_optimizer_state", header, tensors)
+        self._each_ps(work)
+
+
+def _bind(fn: Callable[..., T], *args: Any) -> Callable[[], T]:
+    return lambda: fn(*args)

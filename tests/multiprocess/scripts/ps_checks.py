@@ -1,0 +1,130 @@
+"""A parameter-server cluster: the chief trains through a ClusterCoordinator, checks the
+results and writes them to OUT_DIR/ps.json; workers and ps tasks serve.
+
+usage: ps_checks.py OUT_DIR MODE   (MODE: train | error | kill-worker | kill-ps)
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import phalanx
+
+out_dir, mode = sys.argv[1], sys.argv[2]
+resolver = phalanx.cluster_resolver.TFConfigClusterResolver()
+if resolver.task_type in ("worker", "ps"):
+    phalanx.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id).join()
+    raise SystemExit(0)
+
+strategy = phalanx.ParameterServerStrategy(resolver)
+coordinator = phalanx.coordinator.ClusterCoordinator(strategy, worker_recovery_timeout=20)
+result = {}
+
+with strategy.scope():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+result["placement"] = sorted({h.ps for _, h in strategy._live()})
+initial = [p.detach().clone() for p in model.parameters()]
+
+
+def _task_pid(job):
+    """The pid of this cluster's task of ``job`` (a process of this script with that TF_CONFIG)."""
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        config = next((e[10:] for e in env if e.startswith(b"TF_CONFIG=")), None)
+        if (
+            config
+            and json.loads(config)["task"]["type"] == job
+            and json.loads(config)["cluster"] == resolver.cluster_spec().as_dict()
+        ):
+            return int(pid)
+    raise RuntimeError(f"no {job} task found")
+
+
+def dataset_fn(ctx):
+    g = torch.Generator().manual_seed(ctx.input_pipeline_id)
+    while True:
+        x = torch.randn(16, 4, generator=g)
+        yield x, x.sum(1, keepdim=True)
+
+
+iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+
+def step(iterator):
+    x, y = next(iterator)
+
+    def replica_fn(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    loss = strategy.run(replica_fn, args=(x, y))
+    return {"loss": loss, "worker": strategy.worker_index, "pid": os.getpid()}
+
+
+def fails(iterator):
+    next(iterator)
+    raise ValueError("a bad batch")
+
+
+if mode == "train":
+    values = [coordinator.schedule(step, args=(iterator,)) for _ in range(80)]
+    coordinator.join()
+    outputs = [v.fetch() for v in values]
+    result["first_losses"] = [float(o["loss"]) for o in outputs[:10]]
+    result["last_losses"] = [float(o["loss"]) for o in outputs[-10:]]
+    result["workers_used"] = sorted({o["worker"] for o in outputs})
+    result["changed"] = [not torch.equal(a, b) for a, b in zip(initial, model.parameters(), strict=True)]
+    result["running_mean_moved"] = bool(model[1].running_mean.abs().sum() > 0)
+    result["num_batches_tracked"] = int(model[1].num_batches_tracked)
+    # a write on the coordinator reaches the ps tasks before the next function runs
+    with torch.no_grad():
+        model[2].bias.fill_(123.0)
+    seen = coordinator.schedule(lambda: model[2].bias[0].item())
+    result["bias_seen_by_worker"] = seen.fetch()
+elif mode == "error":
+    failing = coordinator.schedule(fails, args=(iterator,))
+    later = [coordinator.schedule(step, args=(iterator,)) for _ in range(3)]
+    try:
+        coordinator.join()
+    except ValueError as exc:
+        result["join_raised"] = str(exc)
+    result["statuses"] = [v.status.value for v in [failing, *later]]
+    result["usable_after"] = float(coordinator.schedule(step, args=(iterator,)).fetch()["loss"]) > 0
+elif mode == "kill-worker":
+    first = coordinator.schedule(step, args=(iterator,)).fetch()
+    pids = {}
+    while len(pids) < 2:
+        o = coordinator.schedule(step, args=(iterator,)).fetch()
+        pids[o["worker"]] = o["pid"]
+    os.kill(pids[1], signal.SIGKILL)
+    values = [coordinator.schedule(step, args=(iterator,)) for _ in range(20)]
+    coordinator.join()
+    result["finished"] = sum(v.status.value == "READY" for v in values)
+    result["workers_after_kill"] = sorted({v.fetch()["worker"] for v in values})
+elif mode == "kill-ps":
+    coordinator.schedule(step, args=(iterator,)).fetch()
+    os.kill(_task_pid("ps"), signal.SIGKILL)
+    started = time.monotonic()
+    coordinator.schedule(step, args=(iterator,))
+    try:
+        coordinator.join()
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    result["seconds"] = time.monotonic() - started
+
+with open(os.path.join(out_dir, "ps.json"), "w") as f:
+    json.dump(result, f)
+coordinator.shutdown()
