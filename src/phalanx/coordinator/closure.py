@@ -138,8 +138,11 @@ class ClosureQueue:
             self._cond.notify_all()
 
     def fail_all(self, error: BaseException) -> None:
-        """No worker can run anything any more: every queued closure fails with ``error``."""
+        """No worker can run anything any more: every queued closure fails with ``error``
+        (nothing happens when nothing is queued)."""
         with self._cond:
+            if not self._queue:
+                return
             if self._error is None:
                 self._error = error
             self._cancel_queued(error)

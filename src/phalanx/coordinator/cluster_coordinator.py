@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,7 @@ class ClusterCoordinator:
         self._recovery_timeout = worker_recovery_timeout
         self._stop = threading.Event()
         self._lost: set[int] = set()
+        self._outage_since: float | None = None
         self._lock = threading.Lock()
         self._workers = strategy._connect_workers()
         self._threads = [
@@ -164,6 +166,10 @@ class ClusterCoordinator:
                 self._queue.put_back(closure)
                 self._recover(worker, exc)
                 continue
+            except Exception as exc:  # the connection was closed (shutdown)
+                if not self._stop.is_set():
+                    self._queue.mark_failed(closure, exc)
+                continue
             self._finish(closure, ok, data)
 
     def _finish(self, closure: Closure, ok: bool, data: bytes) -> None:
@@ -176,37 +182,41 @@ class ClusterCoordinator:
         self._strategy._mark_stale()
 
     def _recover(self, worker: RemoteWorker, exc: WorkerLostError) -> None:
-        """Waits for a lost worker; fails everything if no worker is left for too long."""
-        with self._lock:
-            self._lost.add(worker.index)
+        """Waits for a lost worker (pinging it); meanwhile fails the pending functions if no
+        worker at all was available for ``worker_recovery_timeout`` seconds."""
+        self._set_lost(worker, True)
         log.warning(
             "Lost %s (%s); its function runs on another worker. Waiting for it to come back.",
             worker.name,
             exc,
         )
         while not self._stop.is_set():
-            if worker.wait_until_back(min(self._recovery_timeout, 5.0), self._stop):
-                with self._lock:
-                    self._lost.discard(worker.index)
+            if worker.wait_until_back(0.5, self._stop):
+                self._set_lost(worker, False)
                 log.warning("%s is back.", worker.name)
                 return
-            if self._all_lost_for_too_long(worker):
-                return
+            self._fail_if_no_worker_for_too_long()
 
-    def _all_lost_for_too_long(self, worker: RemoteWorker) -> bool:
+    def _set_lost(self, worker: RemoteWorker, lost: bool) -> None:
         with self._lock:
-            everyone = len(self._lost) == len(self._workers)
-            names = [w.name for w in self._workers if w.index in self._lost]
-        if not everyone:
-            return False
-        if worker.wait_until_back(self._recovery_timeout, self._stop):
-            with self._lock:
+            if lost:
+                self._lost.add(worker.index)
+            else:
                 self._lost.discard(worker.index)
-            return True
+            everyone = len(self._lost) == len(self._workers)
+            self._outage_since = (self._outage_since or time.monotonic()) if everyone else None
+
+    def _fail_if_no_worker_for_too_long(self) -> None:
+        with self._lock:
+            since = self._outage_since
+            names = [w.name for w in self._workers if w.index in self._lost]
+        if since is None or time.monotonic() - since < self._recovery_timeout or self._queue.pending == 0:
+            return
+        if any(w.ping(2.0) for w in self._workers):  # longer than a reconnect backoff
+            return  # one is back: its thread takes the functions
         self._queue.fail_all(
             NoWorkerAvailableError(
                 f"No worker was available for {self._recovery_timeout:g}s: lost {names}. HINT: restart "
                 "the worker tasks (they rejoin by themselves), or check their logs."
             )
         )
-        return False

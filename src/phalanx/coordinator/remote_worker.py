@@ -80,8 +80,8 @@ class RemoteWorker:
     def ping(self, timeout: float) -> bool:
         """Whether the worker answers within ``timeout`` seconds."""
         try:
-            self._client.call("ping", {}, timeout=timeout)
-        except (TaskUnavailableError, OSError):
+            self._client.call("ping", {}, timeout=timeout, wait_for_ready=True)
+        except Exception:  # unreachable, or the connection was closed at shutdown
             return False
         return True
 

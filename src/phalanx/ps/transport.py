@@ -39,6 +39,15 @@ Handler = Callable[[dict[str, Any], list[torch.Tensor]], tuple[dict[str, Any], l
 SERVICE = "phalanx.Task"
 TOKEN_KEY = "phalanx-token"  # noqa: S105 - a metadata key, not a secret
 _OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+# a task that restarts is reachable again within a second, not after gRPC's default backoff (2 min)
+_CLIENT_OPTIONS = [
+    *_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+# SO_REUSEPORT would let a second server share a busy port and take half of its calls
+_SERVER_OPTIONS = [*_OPTIONS, ("grpc.so_reuseport", 0)]
 _UNAVAILABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
@@ -98,7 +107,7 @@ class RpcServer:
         self.name = name
         self._token = token.encode()
         self._handlers = dict(handlers)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers), options=_OPTIONS)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers), options=_SERVER_OPTIONS)
         methods = {
             m: grpc.unary_unary_rpc_method_handler(self._serve(m), _identity, _identity) for m in handlers
         }
@@ -175,7 +184,7 @@ class RpcClient:
         _check_token(token)
         self.name, self.address, self._timeout = name, address, timeout
         self._metadata = ((TOKEN_KEY, token),)
-        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self._channel = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
         self._stubs: dict[str, Any] = {}
         self._lock = threading.Lock()
 
@@ -196,8 +205,12 @@ class RpcClient:
         tensors: Sequence[torch.Tensor] = (),
         *,
         timeout: float | None = None,
+        wait_for_ready: bool = False,
     ) -> tuple[dict[str, Any], list[torch.Tensor]]:
         """Calls ``method`` with a header and tensors; returns the reply's.
+
+        ``wait_for_ready``: wait (within the deadline) for a task that is not reachable yet,
+        instead of failing at once.
 
         Raises:
             TaskUnavailableError: The task is unreachable, or no answer within the deadline.
@@ -208,7 +221,9 @@ class RpcClient:
         request = wire.pack(dict(header or {}), tensors)
         start = time.monotonic()
         try:
-            reply = self._stub(method)(request, timeout=limit, metadata=self._metadata)
+            reply = self._stub(method)(
+                request, timeout=limit, metadata=self._metadata, wait_for_ready=wait_for_ready
+            )
         except grpc.RpcError as exc:
             raise self._error(method, exc, time.monotonic() - start) from None
         return wire.unpack(reply)

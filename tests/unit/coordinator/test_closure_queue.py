@@ -153,3 +153,10 @@ def test_remote_value_fetch_times_out_with_a_hint():
     assert fetched[1] == 3
     value._reset()
     assert value.status == RemoteValueStatus.NOT_READY
+
+
+def test_fail_all_with_nothing_queued_leaves_no_error_behind():
+    queue = ClosureQueue()
+    queue.fail_all(RuntimeError("no worker"))
+    assert queue.done()
+    queue.put(_closure())

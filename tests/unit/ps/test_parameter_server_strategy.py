@@ -1,0 +1,292 @@
+"""ParameterServerStrategy and ClusterCoordinator on an in-process cluster (real gRPC)."""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import pytest
+import torch
+
+import phalanx
+from phalanx.cluster._token import TOKEN_ENV
+from phalanx.cluster.resolvers import SimpleClusterResolver
+from phalanx.cluster.server import Server
+from phalanx.coordinator import ClosureAbortedError, ClusterCoordinator, NoWorkerAvailableError
+from phalanx.ps.transport import AuthenticationError, TaskUnavailableError
+from phalanx.ps.variables import VariableHandle
+from phalanx.ps.worker import OutOfRangeError, _worker_variable
+
+
+def _data(n=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 16, 4, generator=g)
+    return x, x.sum(-1, keepdim=True)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
+        lambda p: torch.optim.Adam(p, lr=0.01),
+    ],
+    ids=["sgd-momentum", "adam"],
+)
+def test_one_worker_stepping_in_turn_equals_local_training(ps_1worker_2ps, make_optimizer):
+    xs, ys = _data()
+    local = _model()
+    local_opt = make_optimizer(local.parameters())
+    for x, y in zip(xs, ys, strict=True):
+        local_opt.zero_grad()
+        torch.nn.functional.mse_loss(local(x), y).backward()
+        local_opt.step()
+
+    strategy = ps_1worker_2ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = _model()
+        optimizer = make_optimizer(model.parameters())
+
+    def step(x, y):
+        def replica_fn(x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+
+        return strategy.run(replica_fn, args=(x, y))
+
+    for x, y in zip(xs, ys, strict=True):
+        coordinator.schedule(step, args=(x, y))
+        coordinator.join()
+    for ours, theirs in zip(model.parameters(), local.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    # the optimizer's state lives on the ps tasks; the coordinator's state_dict reads it
+    saved = optimizer.state_dict()
+    expected = local_opt.state_dict()
+    assert saved["state"].keys() == expected["state"].keys()
+    for index, entry in expected["state"].items():
+        for key, value in entry.items():
+            torch.testing.assert_close(saved["state"][index][key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_optimizer_state_loaded_on_the_coordinator_continues_training(ps_1worker_2ps):
+    xs, ys = _data()
+    local = _model()
+    local_opt = torch.optim.Adam(local.parameters(), lr=0.01)
+    for x, y in zip(xs, ys, strict=True):
+        local_opt.zero_grad()
+        torch.nn.functional.mse_loss(local(x), y).backward()
+        local_opt.step()
+    half = _model()
+    half_opt = torch.optim.Adam(half.parameters(), lr=0.01)
+    for x, y in zip(xs[:4], ys[:4], strict=True):
+        half_opt.zero_grad()
+        torch.nn.functional.mse_loss(half(x), y).backward()
+        half_opt.step()
+
+    strategy = ps_1worker_2ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = _model()
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model.load_state_dict(half.state_dict())  # a checkpoint restored before training
+    optimizer.load_state_dict(half_opt.state_dict())
+
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()  # also outside strategy.run
+
+    for x, y in zip(xs[4:], ys[4:], strict=True):
+        coordinator.schedule(step, args=(x, y))
+        coordinator.join()
+    for ours, theirs in zip(model.parameters(), local.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert not optimizer.state  # moved to the ps tasks
+
+
+def test_variables_are_placed_round_robin(ps_1worker_2ps):
+    strategy = ps_1worker_2ps.strategy()
+    with strategy.scope():
+        model = _model()
+    assert [h.ps for _, h in strategy._live()] == [0, 1, 0, 1]
+    assert len(list(model.parameters())) == 4
+    assert strategy.num_ps == 2
+    assert repr(strategy) == "ParameterServerStrategy(workers=1, ps=2)"
+
+
+def test_functions_run_on_every_worker(ps_2workers_1ps):
+    strategy = ps_2workers_1ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+    values = [coordinator.schedule(lambda: strategy.worker_index) for _ in range(20)]
+    coordinator.join()
+    assert {v.fetch() for v in values} <= {0, 1}
+    assert coordinator.done()
+    assert coordinator.fetch({"a": [values[0]]}) == {"a": [values[0].fetch()]}
+
+
+def test_a_failing_function_cancels_the_rest_and_join_raises_once(ps_2workers_1ps):
+    strategy = ps_2workers_1ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+
+    def fails():
+        raise KeyError("bad step")
+
+    failing = coordinator.schedule(fails)
+    with pytest.raises(KeyError, match="bad step"):
+        coordinator.join()
+    with pytest.raises(KeyError):
+        failing.fetch()
+    assert coordinator.schedule(lambda: 3).fetch() == 3  # usable again
+
+
+def test_per_worker_datasets_get_an_input_context_and_exhaustion_is_out_of_range(ps_1worker_2ps):
+    strategy = ps_1worker_2ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+
+    def dataset_fn(ctx):
+        return [(ctx.num_input_pipelines, ctx.input_pipeline_id, i) for i in range(2)]
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    with pytest.raises(RuntimeError, match="advanced on the workers"):
+        next(iterator)
+    firsts = [coordinator.schedule(next, args=(iterator,)) for _ in range(2)]
+    coordinator.join()
+    assert [f.fetch() for f in firsts] == [(1, 0, 0), (1, 0, 1)]
+    coordinator.schedule(next, args=(iterator,))
+    with pytest.raises(OutOfRangeError, match="exhausted"):
+        coordinator.join()
+    with pytest.raises(TypeError, match="function that returns the dataset"):
+        coordinator.create_per_worker_dataset([1, 2])
+
+
+def test_errors_inside_scheduled_functions(ps_2workers_1ps):
+    strategy = ps_2workers_1ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+
+    def makes_a_layer():
+        with strategy.scope():
+            torch.nn.Linear(2, 2)
+
+    coordinator.schedule(makes_a_layer)
+    with pytest.raises(RuntimeError, match="created by the coordinator"):
+        coordinator.join()
+    local = torch.nn.Linear(2, 2)
+    with strategy.scope():
+        model = torch.nn.Linear(2, 2)
+    foreign = torch.optim.SGD([*model.parameters(), *local.parameters()], lr=0.1)
+    coordinator.schedule(lambda: foreign.step())
+    with pytest.raises(ValueError, match="not a variable of the parameter-server cluster"):
+        coordinator.join()
+    coordinator.schedule(lambda: coordinator.done())
+    with pytest.raises(TypeError, match="exists on the chief only"):
+        coordinator.join()
+
+
+def test_coordinator_errors(ps_2workers_1ps):
+    with pytest.raises(TypeError, match="ParameterServerStrategy only"):
+        ClusterCoordinator(phalanx.OneDeviceStrategy("cpu"))
+    strategy = ps_2workers_1ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+    assert strategy.cluster_coordinator is coordinator
+    with pytest.raises(ValueError, match="already has a ClusterCoordinator"):
+        ClusterCoordinator(strategy)
+    with pytest.raises(TypeError, match="needs a callable"):
+        coordinator.schedule(42)
+    coordinator.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        coordinator.schedule(lambda: 1)
+
+
+def test_a_lost_worker_is_replaced_and_no_worker_at_all_is_an_error_naming_them(ps_2workers_1ps):
+    cluster = ps_2workers_1ps
+    strategy = cluster.strategy()
+    coordinator = ClusterCoordinator(strategy, worker_recovery_timeout=1.0)
+    cluster.servers[("worker", 1)].stop()
+    values = [coordinator.schedule(lambda: strategy.worker_index) for _ in range(6)]
+    coordinator.join()
+    assert {v.fetch() for v in values} == {0}
+    cluster.servers[("worker", 0)].stop()
+    coordinator.schedule(lambda: 1)
+    with pytest.raises(NoWorkerAvailableError, match="worker:0"):
+        coordinator.join()
+    cluster.servers[("worker", 0)] = Server(cluster.spec, "worker", 0)  # it comes back
+    deadline = time.monotonic() + 30
+    while 0 in coordinator._lost and time.monotonic() < deadline:  # noticed within a ping
+        time.sleep(0.05)
+    assert coordinator.schedule(lambda: 2).fetch(timeout=30) == 2
+
+
+def test_closure_aborted_for_queued_functions_after_a_failure(ps_2workers_1ps):
+    strategy = ps_2workers_1ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+
+    def slow_fail():
+        time.sleep(0.2)
+        raise ValueError("first")
+
+    coordinator.schedule(slow_fail)
+    coordinator.schedule(slow_fail)
+    later = [coordinator.schedule(lambda: 1) for _ in range(50)]
+    with pytest.raises(ValueError, match="first"):
+        coordinator.join()
+    aborted = [v for v in later if v.status.value == "ABORTED"]
+    assert aborted
+    with pytest.raises(ClosureAbortedError, match="earlier scheduled function failed"):
+        aborted[0].fetch()
+
+
+def test_strategy_configuration_errors(ps_2workers_1ps, monkeypatch):
+    spec = ps_2workers_1ps.spec
+    with pytest.raises(NotImplementedError, match="variable_partitioner"):
+        phalanx.ParameterServerStrategy(ps_2workers_1ps.resolver(), variable_partitioner=object())
+    with pytest.raises(ValueError, match=r"'ps' and 'worker' jobs.*\['ps'\] missing"):
+        phalanx.ParameterServerStrategy(
+            SimpleClusterResolver(
+                {"chief": spec["chief"], "worker": spec["worker"]}, task_type="chief", task_id=0
+            )
+        )
+    with pytest.raises(ValueError, match="created by the coordinator, the 'chief' task"):
+        phalanx.ParameterServerStrategy(SimpleClusterResolver(spec, task_type="worker", task_id=0))
+    monkeypatch.delenv(TOKEN_ENV)
+    with pytest.raises(ValueError, match="PHALANX_CLUSTER_TOKEN is not set"):
+        phalanx.ParameterServerStrategy(ps_2workers_1ps.resolver())
+
+
+def test_a_wrong_token_is_refused_and_a_missing_ps_is_named(ps_2workers_1ps, monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, "another-secret")
+    strategy = phalanx.ParameterServerStrategy(ps_2workers_1ps.resolver(), connect_timeout=10)
+    with pytest.raises(AuthenticationError, match="same PHALANX_CLUSTER_TOKEN"), strategy.scope():
+        torch.nn.Linear(2, 2)
+    strategy.close()
+    ps_2workers_1ps.servers[("ps", 0)].stop()
+    with pytest.raises(TaskUnavailableError, match=r"ps:0 \(127.0.0.1:\d+\) was not reachable within 0.5s"):
+        phalanx.ParameterServerStrategy(ps_2workers_1ps.resolver(), connect_timeout=0.5)
+
+
+def test_server_errors(ps_2workers_1ps):
+    spec = ps_2workers_1ps.spec
+    with pytest.raises(ValueError, match="chief runs the training program"):
+        Server(spec, "chief", 0)
+    with pytest.raises(ValueError, match="gRPC only"):
+        Server(spec, "worker", 0, protocol="mpi")
+    with pytest.raises(ValueError, match="cannot listen"):
+        Server(spec, "worker", 0)  # its port is taken by the running worker
+    server = ps_2workers_1ps.servers[("worker", 1)]
+    assert server.target == f"grpc://{spec['worker'][1]}"
+    assert not server.join(timeout=0.01)
+
+
+def test_a_variable_unpickled_outside_a_worker_is_an_error():
+    data = pickle.dumps(_worker_variable)
+    handle = VariableHandle("0/Linear.weight", 0, (2, 2), "torch.float32")
+    with pytest.raises(RuntimeError, match="outside a worker"):
+        pickle.loads(data)(handle)
