@@ -167,7 +167,7 @@ class RpcServer:
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         """Blocks until the server stopped; False after ``timeout`` seconds."""
-        return bool(self._server.wait_for_termination(timeout))
+        return not self._server.wait_for_termination(timeout)  # grpc answers "timed out"
 
 
 class RpcClient:

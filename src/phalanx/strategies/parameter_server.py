@@ -62,6 +62,27 @@ def _check_cluster(resolver: ClusterResolver) -> None:
         )
 
 
+_STEP_ON_THE_COORDINATOR = (
+    "With ParameterServerStrategy, training steps run on the workers: optimizer.step() on the "
+    "coordinator would change only its local copy of the variables. HINT: put the step in a "
+    "function and run it with ClusterCoordinator.schedule (Model.fit does not support "
+    "ParameterServerStrategy yet; use a custom training loop)."
+)
+
+
+class _NoStepsHere:
+    """The coordinator's optimizer-step hook: steps belong in scheduled functions."""
+
+    def before_step(self, optimizer: torch.optim.Optimizer, replica_id: int) -> None:
+        raise RuntimeError(_STEP_ON_THE_COORDINATOR)
+
+    def after_step(self, optimizer: torch.optim.Optimizer, replica_id: int) -> None:
+        return None
+
+    def reset_thread(self) -> None:
+        return None
+
+
 class ParameterServerStrategy(Strategy):
     """Asynchronous data-parallel training with variables on ps tasks (the chief only;
     tf.distribute.ParameterServerStrategy). Use it with a `ClusterCoordinator`.
@@ -105,6 +126,7 @@ class ParameterServerStrategy(Strategy):
         self._count = 0
         self._stale = False
         self._lock = threading.RLock()
+        self._gradients = _NoStepsHere()  # type: ignore[assignment]
         _coordinators[id(self)] = self
 
     def _client(self, job: str, index: int) -> RpcClient:
@@ -128,6 +150,9 @@ class ParameterServerStrategy(Strategy):
 
     def __repr__(self) -> str:
         return f"ParameterServerStrategy(workers={self._spec.num_tasks('worker')}, ps={self.num_ps})"
+
+    def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None:
+        raise RuntimeError(_STEP_ON_THE_COORDINATOR)
 
     # ------------------------------------------------------------------ variables
     def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:

@@ -290,3 +290,20 @@ def test_a_variable_unpickled_outside_a_worker_is_an_error():
     handle = VariableHandle("0/Linear.weight", 0, (2, 2), "torch.float32")
     with pytest.raises(RuntimeError, match="outside a worker"):
         pickle.loads(data)(handle)
+
+
+def test_an_optimizer_step_on_the_coordinator_is_an_error(ps_2workers_1ps):
+    strategy = ps_2workers_1ps.strategy()
+    with strategy.scope():
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+
+    def step():
+        optimizer.step()
+
+    with pytest.raises(RuntimeError, match="training steps run on the workers"):
+        strategy.run(step)
+    with pytest.raises(RuntimeError, match="training steps run on the workers"), strategy.scope():
+        optimizer.step()
+    assert strategy.run(lambda: model(torch.ones(1, 2)).shape) == (1, 1)  # evaluation is fine
