@@ -5,8 +5,9 @@ Run: python benchmarks/bench_ps.py [--quick]
 1. Variable read: `PSClient.read` of one float32 variable (4 KB, 4 MB) from a ps task
    (phalanx's wire format, token check, handler) against a raw gRPC unary call echoing the
    same number of bytes on the same machine. ratio = raw time / phalanx time.
-2. Training step: an MLP 784-256-10, batch 128, SGD, scheduled on one worker (pickling the
-   step, reading the variables, pushing the gradients, the ps applying them) against the same
+2. Training step: an MLP 784-256-10, batch 128 from a per-worker dataset, SGD, scheduled on
+   one worker and joined (pickling the step, the worker's read of changed variables, the push
+   of the gradients, the ps applying them and returning the new values) against the same
    steps in a plain PyTorch loop. ratio = plain time / phalanx time: the price of keeping the
    variables on a ps task, paid back only when several workers train at once.
 
@@ -22,6 +23,7 @@ import os
 import sys
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import torch
@@ -92,14 +94,21 @@ def main() -> None:
             model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
-        def step() -> None:
-            loss = nn.functional.cross_entropy(model(x), y)
+        def batches():  # the worker's input pipeline: the same batch, forever
+            while True:
+                yield x, y
+
+        iterator = iter(coordinator.create_per_worker_dataset(batches))
+
+        def step(iterator: Any) -> None:
+            features, labels = next(iterator)
+            loss = nn.functional.cross_entropy(model(features), labels)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
 
         def scheduled() -> None:
-            coordinator.schedule(step)
+            coordinator.schedule(step, args=(iterator,))
             coordinator.join()
 
         plain = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))

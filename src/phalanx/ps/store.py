@@ -372,10 +372,10 @@ class VariableStore:
             return {}, []
 
         def apply_gradients(h: dict[str, Any], t: list[torch.Tensor]) -> Any:
-            version = self.apply_gradients(
-                h["key"], h["names"], decode_gradients(h, t), h.get("hyperparameters")
-            )
-            return {"version": version}, []
+            grads = decode_gradients(h, t)
+            with self._lock:  # with "return_values": the values right after this step
+                version = self.apply_gradients(h["key"], h["names"], grads, h.get("hyperparameters"))
+                return {"version": version}, self.read(h["names"]) if h.get("return_values") else []
 
         def optimizer_state(h: dict[str, Any], t: list[torch.Tensor]) -> Any:
             return encode_optimizer_state(self.optimizer_state(h["key"]))

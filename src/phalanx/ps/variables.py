@@ -111,10 +111,7 @@ class PSClient:
                 for ps, pos in groups.items()
             }
         )
-        out: dict[int, torch.Tensor] = {}
-        for ps, pos in groups.items():
-            out.update(zip(pos, replies[ps][1], strict=True))
-        return [out[i] for i in range(len(handles))]
+        return self._in_order(groups, replies, len(handles))
 
     def versions(self) -> list[int]:
         """Every ps task's write counter (it changes whenever any of its variables changed)."""
@@ -161,19 +158,62 @@ class PSClient:
         handles: Sequence[VariableHandle],
         grads: Sequence[torch.Tensor],
         hyperparameters: Sequence[Mapping[str, Any]] | None,
-    ) -> None:
-        """Each ps task applies the gradients of its variables with optimizer ``key``, atomically."""
+    ) -> tuple[list[torch.Tensor], dict[int, int]]:
+        """Each ps task applies the gradients of its variables with optimizer ``key``, atomically.
+
+        Returns:
+            The variables' values right after the step (in the order of ``handles``), and each
+            ps task's version after it.
+        """
+        groups = self._per_ps(handles)
         work = {}
-        for ps, pos in self._per_ps(handles).items():
+        for ps, pos in groups.items():
             header, tensors = store_lib.encode_gradients(
                 [handles[i].name for i in pos], [grads[i] for i in pos]
             )
             header["key"] = key
+            header["return_values"] = True
             header["hyperparameters"] = (
                 None if hyperparameters is None else [dict(h) for h in hyperparameters]
             )
             work[ps] = _bind(self.call, ps, "apply_gradients", header, tensors)
-        self._each_ps(work)
+        replies = self._each_ps(work)
+        return self._in_order(groups, replies, len(handles)), {
+            ps: int(r[0]["version"]) for ps, r in replies.items()
+        }
+
+    def read_changed(
+        self, handles: Sequence[VariableHandle], known: Mapping[int, int]
+    ) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
+        """Reads ``handles`` from the ps tasks whose version differs from ``known[ps]``.
+
+        Returns:
+            The values read, by position in ``handles`` (none for a ps task that did not
+            change), and each ps task's current version.
+        """
+        groups = self._per_ps(handles)
+        work = {}
+        for ps, pos in groups.items():
+            header = {"names": [handles[i].name for i in pos], "version": known.get(ps, -1)}
+            work[ps] = _bind(self.call, ps, "read_if_newer", header)
+        replies = self._each_ps(work)
+        values: dict[int, torch.Tensor] = {}
+        for ps, pos in groups.items():
+            header, tensors = replies[ps]
+            if header["changed"]:
+                values.update(zip(pos, tensors, strict=True))
+        return values, {ps: int(r[0]["version"]) for ps, r in replies.items()}
+
+    @staticmethod
+    def _in_order(
+        groups: Mapping[int, list[int]],
+        replies: Mapping[int, tuple[dict[str, Any], list[torch.Tensor]]],
+        n: int,
+    ) -> list[torch.Tensor]:
+        out: dict[int, torch.Tensor] = {}
+        for ps, pos in groups.items():
+            out.update(zip(pos, replies[ps][1], strict=True))
+        return [out[i] for i in range(n)]
 
     def optimizer_state(self, key: str) -> list[dict[str, Any]]:
         """Each ps task's state of optimizer ``key`` (see `phalanx.ps.store`)."""

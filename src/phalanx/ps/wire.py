@@ -43,8 +43,9 @@ def pack(header: Mapping[str, Any], tensors: Sequence[torch.Tensor] = ()) -> byt
                 "sparse tensors cannot be sent. HINT: .to_dense(), or send the indices and values."
             )
         flat = tensor.detach().to("cpu").contiguous()
-        data = flat.reshape(-1).view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-        table.append([str(flat.dtype).removeprefix("torch."), list(flat.shape), len(data)])
+        # the tensor's own memory: join below is the only copy
+        data = flat.reshape(-1).view(torch.uint8).numpy().data if flat.numel() else memoryview(b"")
+        table.append([str(flat.dtype).removeprefix("torch."), list(flat.shape), data.nbytes])
         chunks.append(data)
     encoded = json.dumps({**header, _TABLE: table}).encode()
     return b"".join([MAGIC, _LENGTH.pack(len(encoded)), encoded, *chunks])

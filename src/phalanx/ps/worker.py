@@ -110,7 +110,8 @@ class WorkerEnvironment:
         self.optimizers: set[str] = set()
         self.used: dict[str, VariableHandle] = {}
         self.buffers_read: dict[str, tuple[int, torch.Tensor]] = {}
-        self.hyperparameters: dict[str, list[dict[str, Any]]] = {}
+        self.read_at: dict[str, int] = {}  # the ps version each local copy was read at
+        self.ps_version: dict[int, int] = {}  # the latest version seen of each ps task
         self.strategy = WorkerStrategy(self)
         self._lock = threading.Lock()  # one function at a time
 
@@ -139,16 +140,41 @@ class WorkerEnvironment:
         return tensor
 
     def refresh(self, handles: Sequence[VariableHandle]) -> None:
-        """Reads ``handles`` from their ps tasks into the local tensors."""
+        """Brings the local tensors of ``handles`` up to date with their ps tasks (a ps task
+        that has not changed since this worker's copies were read sends nothing)."""
         if not handles:
             return
-        values = self.ps.read(handles)
+        known = dict(self.ps_version)
+        for handle in handles:
+            if self.read_at.get(handle.name) != known.get(handle.ps):
+                known[handle.ps] = -1  # a copy older than the rest: read them all
+        values, versions = self.ps.read_changed(handles, known)
+        with torch.no_grad():
+            for i, handle in enumerate(handles):
+                tensor = self.variables[handle.name]
+                if i in values:
+                    tensor.copy_(values[i])
+                    self.read_at[handle.name] = versions[handle.ps]
+                if handle.kind == "buffer":
+                    self.buffers_read[handle.name] = (tensor._version, tensor.detach().clone())
+        self.ps_version.update(versions)
+
+    def _updated(
+        self, handles: Sequence[VariableHandle], values: Sequence[torch.Tensor], versions: dict[int, int]
+    ) -> None:
+        """Takes the values a push returned; copies read before it stay current if the push
+        was the only write to their ps task since."""
+        for ps, version in versions.items():
+            before = self.ps_version.get(ps)
+            if before is not None and version == before + 1:
+                for name, at in self.read_at.items():
+                    if at == before and self.handles[name].ps == ps:
+                        self.read_at[name] = version
+            self.ps_version[ps] = version
         with torch.no_grad():
             for handle, value in zip(handles, values, strict=True):
-                tensor = self.variables[handle.name]
-                tensor.copy_(value)
-                if handle.kind == "buffer":
-                    self.buffers_read[handle.name] = (tensor._version, value)
+                self.variables[handle.name].copy_(value)
+                self.read_at[handle.name] = versions[handle.ps]
 
     def push_buffer_changes(self) -> None:
         """Adds to the ps copies what the function changed in module buffers."""
@@ -183,8 +209,8 @@ class WorkerEnvironment:
                     grads.append(p.grad.detach())
                     p.grad = None
         if handles:
-            self.ps.apply_gradients(key, handles, grads, hyper)
-            self.refresh(handles)
+            values, versions = self.ps.apply_gradients(key, handles, grads, hyper)
+            self._updated(handles, values, versions)
 
     def _handle_of(self, tensor: torch.Tensor) -> VariableHandle:
         name = self.names_by_id.get(id(tensor))
