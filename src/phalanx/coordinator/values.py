@@ -20,10 +20,16 @@ _ids = itertools.count()
 
 
 class PerWorkerValues:
-    """A tuple of values, one per worker (TF's ``PerWorkerValues``)."""
+    """A tuple of values, one per worker (TF's ``PerWorkerValues``): given to a scheduled
+    function, it becomes the value of the worker that runs it."""
 
-    def __init__(self, values: tuple[Any, ...]) -> None:
+    def __init__(self, values: tuple[Any, ...] | list[Any]) -> None:
         self._values = tuple(values)
+
+    def __reduce__(self) -> Any:
+        from phalanx.ps.worker import _worker_value
+
+        return _worker_value, (self._values,)
 
     @property
     def values(self) -> tuple[Any, ...]:

@@ -345,6 +345,15 @@ def _worker_variable(handle: VariableHandle) -> torch.Tensor:
     return _env().variable(handle)
 
 
+def _worker_value(values: tuple[Any, ...]) -> Any:
+    env = _env()
+    if len(values) != env.num_workers:
+        raise ValueError(
+            f"PerWorkerValues needs one value per worker ({env.num_workers}). Received: {len(values)}."
+        )
+    return values[env.worker_index]
+
+
 def _worker_strategy() -> WorkerStrategy:
     return _env().strategy
 

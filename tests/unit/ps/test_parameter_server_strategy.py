@@ -12,7 +12,12 @@ import phalanx
 from phalanx.cluster._token import TOKEN_ENV
 from phalanx.cluster.resolvers import SimpleClusterResolver
 from phalanx.cluster.server import Server
-from phalanx.coordinator import ClosureAbortedError, ClusterCoordinator, NoWorkerAvailableError
+from phalanx.coordinator import (
+    ClosureAbortedError,
+    ClusterCoordinator,
+    NoWorkerAvailableError,
+    PerWorkerValues,
+)
 from phalanx.ps.transport import AuthenticationError, TaskUnavailableError
 from phalanx.ps.variables import VariableHandle
 from phalanx.ps.worker import OutOfRangeError, _worker_variable
@@ -307,3 +312,16 @@ def test_an_optimizer_step_on_the_coordinator_is_an_error(ps_2workers_1ps):
     with pytest.raises(RuntimeError, match="training steps run on the workers"), strategy.scope():
         optimizer.step()
     assert strategy.run(lambda: model(torch.ones(1, 2)).shape) == (1, 1)  # evaluation is fine
+
+
+def test_per_worker_values_become_the_running_workers_value(ps_2workers_1ps):
+    strategy = ps_2workers_1ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+    values = PerWorkerValues(("zero", "one"))
+    results = [coordinator.schedule(lambda v: (strategy.worker_index, v), args=(values,)) for _ in range(10)]
+    coordinator.join()
+    assert all({0: "zero", 1: "one"}[w] == v for w, v in (r.fetch() for r in results))
+    assert coordinator.fetch(PerWorkerValues((results[0],))) == (results[0].fetch(),)
+    coordinator.schedule(lambda v: v, args=(PerWorkerValues(("only one",)),))
+    with pytest.raises(ValueError, match="one value per worker"):
+        coordinator.join()
