@@ -11,6 +11,7 @@ queued ones; the error is raised by the next `schedule`, `join` or `done` (TF's 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -74,6 +75,8 @@ class ClusterCoordinator:
         strategy._coordinator = self
         for thread in self._threads:
             thread.start()
+        # before the interpreter finalizes: a thread still inside a gRPC call then would abort it
+        atexit.register(self.shutdown)
 
     @property
     def strategy(self) -> ParameterServerStrategy:
@@ -142,12 +145,18 @@ class ClusterCoordinator:
         """A dataset made on every worker by ``dataset_fn`` (see `PerWorkerDataset`)."""
         return PerWorkerDataset(dataset_fn)
 
-    def shutdown(self) -> None:
-        """Stops the worker threads (pending functions stay unfinished)."""
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stops the worker threads, cancelling running calls (pending functions stay
+        unfinished); waits up to ``timeout`` seconds for the threads. Idempotent; also run at exit."""
+        atexit.unregister(self.shutdown)
         self._stop.set()
         self._queue.stop()
         for worker in self._workers:
             worker.close()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(max(deadline - time.monotonic(), 0.0))
 
     # ------------------------------------------------------------------ worker threads
     def _serve(self, worker: RemoteWorker) -> None:

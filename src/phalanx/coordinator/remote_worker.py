@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 
@@ -40,7 +38,6 @@ class RemoteWorker:
     ) -> None:
         self.index, self._client = index, client
         self._interval, self._misses = heartbeat_interval, heartbeat_misses
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"phalanx-worker-{index}-call")
 
     @property
     def name(self) -> str:
@@ -54,15 +51,15 @@ class RemoteWorker:
             WorkerLostError: The worker is unreachable, or stopped answering.
         """
         request = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        future = self._pool.submit(self._client.call, "run", {}, [request], timeout=365 * 24 * 3600.0)
+        call = self._client.start("run", {}, [request], timeout=365 * 24 * 3600.0)
         missed = 0
         while True:
             try:
-                header, tensors = future.result(timeout=self._interval)
-            except FutureTimeout:
+                header, tensors = call.result(timeout=self._interval)
+            except TimeoutError:
                 missed = 0 if self.ping(self._interval) else missed + 1
                 if missed >= self._misses:
-                    self._abandon()
+                    call.cancel()
                     raise WorkerLostError(
                         f"{self.name} stopped answering heartbeats ({missed} missed, "
                         f"{missed * self._interval:g}s)"
@@ -71,11 +68,6 @@ class RemoteWorker:
             except TaskUnavailableError as exc:
                 raise WorkerLostError(str(exc)) from exc
             return bool(header["ok"]), tensors[0].numpy().tobytes()
-
-    def _abandon(self) -> None:
-        """Leaves the hung call behind (it ends when the worker dies or answers)."""
-        self._pool.shutdown(wait=False)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"phalanx-worker-{self.index}-call")
 
     def ping(self, timeout: float) -> bool:
         """Whether the worker answers within ``timeout`` seconds."""
@@ -106,6 +98,5 @@ class RemoteWorker:
         return value
 
     def close(self) -> None:
-        """Stops the call thread and the connection."""
-        self._pool.shutdown(wait=False)
+        """Closes the connection (a running call is cancelled)."""
         self._client.close()

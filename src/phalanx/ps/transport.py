@@ -27,6 +27,7 @@ from phalanx.ps import wire
 __all__ = [
     "AuthenticationError",
     "Handler",
+    "PendingCall",
     "RemoteError",
     "RpcClient",
     "RpcServer",
@@ -228,6 +229,19 @@ class RpcClient:
             raise self._error(method, exc, time.monotonic() - start) from None
         return wire.unpack(reply)
 
+    def start(
+        self,
+        method: str,
+        header: Mapping[str, Any] | None = None,
+        tensors: Sequence[torch.Tensor] = (),
+        *,
+        timeout: float,
+    ) -> PendingCall:
+        """Starts a call without waiting for it (no thread is used); see `PendingCall`."""
+        request = wire.pack(dict(header or {}), tensors)
+        future = self._stub(method).future(request, timeout=timeout, metadata=self._metadata)
+        return PendingCall(self, method, future)
+
     def _error(self, method: str, exc: grpc.RpcError, waited: float) -> Exception:
         code = exc.code() if hasattr(exc, "code") else None
         details = exc.details() if hasattr(exc, "details") else str(exc)
@@ -272,5 +286,32 @@ class RpcClient:
             ) from None
 
     def close(self) -> None:
-        """Closes the connection."""
+        """Closes the connection (calls still running are cancelled)."""
         self._channel.close()
+
+
+class PendingCall:
+    """A call started by `RpcClient.start`."""
+
+    def __init__(self, client: RpcClient, method: str, future: Any) -> None:
+        self._client, self._method, self._future = client, method, future
+        self._started = time.monotonic()
+
+    def result(self, timeout: float) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        """The reply, once it came.
+
+        Raises:
+            TimeoutError: Not within ``timeout`` seconds (the call goes on).
+            TaskUnavailableError, AuthenticationError, RemoteError: As `RpcClient.call`.
+        """
+        try:
+            reply = self._future.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise TimeoutError(f"{self._method} on {self._client.name} is still running") from None
+        except grpc.RpcError as exc:
+            raise self._client._error(self._method, exc, time.monotonic() - self._started) from None
+        return wire.unpack(reply)
+
+    def cancel(self) -> None:
+        """Gives up on the call."""
+        self._future.cancel()

@@ -7,6 +7,7 @@ files of this job left in /dev/shm and the gloo threads left after close().
 usage: shared_memory_checks.py OUT_DIR
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -71,7 +72,10 @@ strategy.close()
 result["left_in_dev_shm"] = sorted(f for f in os.listdir("/dev/shm") if token and token in f)
 # close() tore the process groups down: no gloo thread is left to free a tensor (it would
 # need the GIL) while the interpreter finalizes
-names = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")]
+names = []
+for tid in os.listdir("/proc/self/task"):
+    with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+        names.append(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
 result["gloo_threads_after_close"] = sorted(n for n in names if "gloo" in n)
 with open(os.path.join(out_dir, f"shm-{rank}.json"), "w") as f:
     json.dump(result, f)

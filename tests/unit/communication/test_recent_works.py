@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from datetime import timedelta
@@ -82,7 +83,10 @@ def test_threads_may_add_at_the_same_time():
 
 
 def _gloo_threads() -> list[str]:
-    names = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")]
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            names.append(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
     return [n for n in names if n.startswith("pt_gloo")]
 
 
