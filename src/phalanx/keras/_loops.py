@@ -44,6 +44,8 @@ def train_epoch(
 ) -> dict[str, float]:
     """Trains one epoch from step ``skip``; returns the epoch's global logs."""
     strategy = model.strategy
+    if strategy._schedules_steps:
+        return _scheduled_train_epoch(model, handler, epoch, skip, callbacks)
     logs: dict[str, float] = {}
     for step, batch in enumerate(_distributed(model, handler, epoch, skip), start=skip):
         callbacks.on_train_batch_begin(step)
@@ -54,6 +56,36 @@ def train_epoch(
         if model.stop_training:
             break
     return logs or model._logs()
+
+
+def _scheduled_train_epoch(
+    model: Model, handler: DataHandler, epoch: int, skip: int, callbacks: Any
+) -> dict[str, float]:
+    """One epoch under a strategy whose steps run on remote workers (ParameterServerStrategy):
+    every global batch becomes a function scheduled on some worker, asynchronously; the epoch
+    ends when all have run. Batch callbacks see the logs of the last finished epoch (as with
+    TF, per-batch metrics are not fetched while steps are in flight)."""
+    from phalanx.coordinator import ClusterCoordinator
+
+    strategy = model.strategy
+    coordinator = strategy.cluster_coordinator or ClusterCoordinator(strategy)  # type: ignore[attr-defined]
+    last = dict(getattr(model, "_last_epoch_logs", {}))
+    for step, batch in enumerate(handler.epoch(epoch, skip), start=skip):
+        callbacks.on_train_batch_begin(step)
+        coordinator.schedule(_train_step_on_worker, args=(model, batch))
+        model._steps_done = step + 1
+        callbacks.on_train_batch_end(step, last)
+        if model.stop_training:
+            break
+    coordinator.join()  # the coordinator's copies (metrics included) now hold the ps values
+    logs = model._logs()
+    object.__setattr__(model, "_last_epoch_logs", logs)
+    return logs
+
+
+def _train_step_on_worker(model: Model, batch: tuple[Any, ...]) -> None:
+    """Runs on a worker: the model, its optimizer and metrics resolve to the worker's copies."""
+    model.strategy.run(model._train_step, args=batch)
 
 
 def evaluate_loop(model: Model, handler: DataHandler, callbacks: Any) -> dict[str, float]:

@@ -65,8 +65,7 @@ def _check_cluster(resolver: ClusterResolver) -> None:
 _STEP_ON_THE_COORDINATOR = (
     "With ParameterServerStrategy, training steps run on the workers: optimizer.step() on the "
     "coordinator would change only its local copy of the variables. HINT: put the step in a "
-    "function and run it with ClusterCoordinator.schedule (Model.fit does not support "
-    "ParameterServerStrategy yet; use a custom training loop)."
+    "function and run it with ClusterCoordinator.schedule (Model.fit does this)."
 )
 
 
@@ -98,6 +97,8 @@ class ParameterServerStrategy(Strategy):
             ``PHALANX_CLUSTER_TOKEN`` is not set.
         TaskUnavailableError: A ps task did not answer within ``connect_timeout``.
     """
+
+    _schedules_steps = True
 
     def __init__(
         self,

@@ -99,6 +99,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
     """
 
     _is_default = False
+    _schedules_steps = False  # Model.fit schedules each step on a remote worker (ParameterServerStrategy)
 
     def __init__(
         self,

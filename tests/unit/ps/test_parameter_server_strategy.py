@@ -325,3 +325,26 @@ def test_per_worker_values_become_the_running_workers_value(ps_2workers_1ps):
     coordinator.schedule(lambda v: v, args=(PerWorkerValues(("only one",)),))
     with pytest.raises(ValueError, match="one value per worker"):
         coordinator.join()
+
+
+def test_model_fit_schedules_every_step_and_aggregates_every_workers_metrics(ps_2workers_1ps):
+    strategy = ps_2workers_1ps.strategy()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 4, generator=g)
+    y = (x.sum(1) > 0).long()
+    with strategy.scope():
+        torch.manual_seed(0)
+        layers = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        model = phalanx.Model(layers)
+        model.compile(
+            optimizer=torch.optim.Adam(model.parameters(), lr=0.02),
+            loss=phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    history = model.fit(x, y, batch_size=30, epochs=4, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert history.history["accuracy"][-1] > 0.8
+    assert int(model._loss_tracker.count) == 300  # every step's metric update reached the ps
+    assert strategy.cluster_coordinator is not None
+    loss, accuracy = model.evaluate(x, y, verbose=0)  # inline, on the coordinator
+    assert accuracy > 0.8
