@@ -5,7 +5,7 @@ changing the line that creates the strategy. Importing phalanx has no side effec
 are installed the first time a strategy scope is entered.
 """
 
-from phalanx import callbacks, checkpoint, cluster, coordinator, data, losses, metrics, nn
+from phalanx import callbacks, checkpoint, cluster, coordinator, data, losses, metrics, nn, partitioners
 from phalanx.cluster import resolvers as cluster_resolver
 from phalanx.cluster.server import Server
 from phalanx.communication import (
@@ -85,6 +85,7 @@ __all__ = [
     "losses",
     "metrics",
     "nn",
+    "partitioners",
     "compute_average_loss",
     "experimental_set_strategy",
     "get_replica_context",

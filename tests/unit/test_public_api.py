@@ -52,6 +52,7 @@ EXPECTED = sorted(
         "losses",
         "metrics",
         "nn",
+        "partitioners",
         "scale_regularization_loss",
     ]
 )

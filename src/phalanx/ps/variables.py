@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from phalanx.ps import sharding
 from phalanx.ps import store as store_lib
 from phalanx.ps.transport import RpcClient
 
@@ -33,6 +34,11 @@ class VariableHandle:
     dtype: str
     kind: str = "parameter"
     requires_grad: bool = True
+    shards: tuple[VariableHandle, ...] = ()  # split along axis 0 over these (see partitioners)
+
+    def physical(self) -> tuple[VariableHandle, ...]:
+        """The variables that hold it on the ps tasks: its shards, or itself."""
+        return self.shards or (self,)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -91,11 +97,39 @@ class PSClient:
         """One RPC to ps task ``ps``."""
         return self._clients[ps].call(method, header, tensors)
 
+    # ------------------------------------------------------------------ sharded variables
+    @staticmethod
+    def _expand(
+        handles: Sequence[VariableHandle],
+        values: Sequence[torch.Tensor] | None = None,
+        split: Callable[[VariableHandle, torch.Tensor], list[torch.Tensor]] = sharding.split_value,
+    ) -> tuple[list[VariableHandle], list[torch.Tensor]]:
+        """The ps variables behind ``handles`` (shards in place of a sharded one), with
+        ``values`` cut the same way."""
+        physical: list[VariableHandle] = []
+        parts: list[torch.Tensor] = []
+        for i, handle in enumerate(handles):
+            physical.extend(handle.physical())
+            if values is not None:
+                parts.extend(split(handle, values[i]) if handle.shards else [values[i]])
+        return physical, parts
+
+    @staticmethod
+    def _collapse(handles: Sequence[VariableHandle], values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The values of ``handles`` from the values of `_expand`'s variables."""
+        out, i = [], 0
+        for handle in handles:
+            n = len(handle.physical())
+            out.append(sharding.join_values(handle, values[i : i + n]) if handle.shards else values[i])
+            i += n
+        return out
+
     # ------------------------------------------------------------------ variables
     def create(
         self, handles: Sequence[VariableHandle], values: Sequence[torch.Tensor], overwrite: bool = False
     ) -> None:
         """Creates the variables on their ps tasks (idempotent for the same shape and dtype)."""
+        handles, values = self._expand(handles, values)
         work = {}
         for ps, pos in self._per_ps(handles).items():
             header = {"names": [handles[i].name for i in pos], "overwrite": overwrite}
@@ -104,6 +138,8 @@ class PSClient:
 
     def read(self, handles: Sequence[VariableHandle]) -> list[torch.Tensor]:
         """The current values, in the order of ``handles``."""
+        logical = handles
+        handles, _ = self._expand(handles)
         groups = self._per_ps(handles)
         replies = self._each_ps(
             {
@@ -111,7 +147,7 @@ class PSClient:
                 for ps, pos in groups.items()
             }
         )
-        return self._in_order(groups, replies, len(handles))
+        return self._collapse(logical, self._in_order(groups, replies, len(handles)))
 
     def versions(self) -> list[int]:
         """Every ps task's write counter (it changes whenever any of its variables changed)."""
@@ -120,6 +156,7 @@ class PSClient:
 
     def write(self, method: str, handles: Sequence[VariableHandle], values: Sequence[torch.Tensor]) -> None:
         """``assign`` or ``assign_add`` of ``values`` to ``handles``."""
+        handles, values = self._expand(handles, values)
         work = {}
         for ps, pos in self._per_ps(handles).items():
             header = {"names": [handles[i].name for i in pos]}
@@ -146,7 +183,10 @@ class PSClient:
             header = {
                 "key": key,
                 "optimizer": blob,
-                "groups": [{"names": [h.name for h in hs if h.ps == ps], **hyper} for hs, hyper in groups],
+                "groups": [
+                    {"names": [p.name for h in hs for p in h.physical() if p.ps == ps], **hyper}
+                    for hs, hyper in groups
+                ],
                 "overwrite": False,
             }
             work[ps] = _bind(self.call, ps, "create_optimizer", header)
@@ -165,6 +205,8 @@ class PSClient:
             The variables' values right after the step (in the order of ``handles``), and each
             ps task's version after it.
         """
+        logical = handles
+        handles, grads = self._expand(handles, grads, sharding.split_gradient)
         groups = self._per_ps(handles)
         work = {}
         for ps, pos in groups.items():
@@ -178,9 +220,8 @@ class PSClient:
             )
             work[ps] = _bind(self.call, ps, "apply_gradients", header, tensors)
         replies = self._each_ps(work)
-        return self._in_order(groups, replies, len(handles)), {
-            ps: int(r[0]["version"]) for ps, r in replies.items()
-        }
+        values = self._collapse(logical, self._in_order(groups, replies, len(handles)))
+        return values, {ps: int(r[0]["version"]) for ps, r in replies.items()}
 
     def read_changed(
         self, handles: Sequence[VariableHandle], known: Mapping[int, int]
@@ -189,12 +230,18 @@ class PSClient:
 
         Returns:
             The values read, by position in ``handles`` (none for a ps task that did not
-            change), and each ps task's current version.
+            change), and each ps task's current version. A sharded variable is read whole
+            whenever it is read (its shards' ps tasks are asked without a known version).
         """
-        groups = self._per_ps(handles)
+        known = dict(known)
+        for handle in handles:
+            for shard in handle.shards:
+                known[shard.ps] = -1
+        physical, _ = self._expand(handles)
+        groups = self._per_ps(physical)
         work = {}
         for ps, pos in groups.items():
-            header = {"names": [handles[i].name for i in pos], "version": known.get(ps, -1)}
+            header = {"names": [physical[i].name for i in pos], "version": known.get(ps, -1)}
             work[ps] = _bind(self.call, ps, "read_if_newer", header)
         replies = self._each_ps(work)
         values: dict[int, torch.Tensor] = {}
@@ -202,7 +249,20 @@ class PSClient:
             header, tensors = replies[ps]
             if header["changed"]:
                 values.update(zip(pos, tensors, strict=True))
-        return values, {ps: int(r[0]["version"]) for ps, r in replies.items()}
+        versions = {ps: int(r[0]["version"]) for ps, r in replies.items()}
+        return self._collapse_changed(handles, values), versions
+
+    def _collapse_changed(
+        self, handles: Sequence[VariableHandle], values: Mapping[int, torch.Tensor]
+    ) -> dict[int, torch.Tensor]:
+        out, i = {}, 0
+        for position, handle in enumerate(handles):
+            n = len(handle.physical())
+            if all(i + k in values for k in range(n)):
+                parts = [values[i + k] for k in range(n)]
+                out[position] = sharding.join_values(handle, parts) if handle.shards else parts[0]
+            i += n
+        return out
 
     @staticmethod
     def _in_order(

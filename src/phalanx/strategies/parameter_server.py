@@ -19,6 +19,7 @@ tasks before the next function is scheduled.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,9 @@ import torch
 
 from phalanx.cluster._token import cluster_token
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
+from phalanx.ps import sharding
 from phalanx.ps import worker as worker_lib
+from phalanx.ps.partitioners import shard_rows
 from phalanx.ps.pickling import dumps
 from phalanx.ps.transport import RpcClient
 from phalanx.ps.variables import PSClient, VariableHandle
@@ -89,7 +92,8 @@ class ParameterServerStrategy(Strategy):
     Args:
         cluster_resolver: The cluster (default: from the environment, e.g. ``TF_CONFIG``);
             it needs ``ps`` and ``worker`` jobs, and this process must be the ``chief``.
-        variable_partitioner: Not supported yet (variables are placed whole); None.
+        variable_partitioner: Splits parameters along their first axis over the ps tasks
+            (`phalanx.partitioners`); None keeps each whole on one ps task.
         connect_timeout: Seconds to wait for every ps task to answer.
 
     Raises:
@@ -106,11 +110,13 @@ class ParameterServerStrategy(Strategy):
         variable_partitioner: Any = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
-        if variable_partitioner is not None:
-            raise NotImplementedError(
-                "variable_partitioner is not supported yet: every variable lives whole on one ps task. "
-                "HINT: pass variable_partitioner=None (placement is round-robin over the ps tasks)."
+        if variable_partitioner is not None and not callable(variable_partitioner):
+            raise TypeError(
+                "variable_partitioner must be callable as partitioner(shape, dtype) -> partitions "
+                f"per axis. Received: {type(variable_partitioner).__name__}. HINT: "
+                "phalanx.partitioners.FixedShardsPartitioner(2)."
             )
+        self._partitioner = variable_partitioner
         super().__init__(["cpu:0"])
         resolver = cluster_resolver or resolve_cluster()
         _check_cluster(resolver)
@@ -168,15 +174,7 @@ class ParameterServerStrategy(Strategy):
         with self._lock:
             if id(tensor) in self._registry and self._registry[id(tensor)][0]() is tensor:
                 return  # shared (tied) weights: one variable
-            handle = VariableHandle(
-                name=f"{self._count}/{type(module).__name__}.{name}",
-                ps=self._count % self.num_ps,
-                shape=tuple(tensor.shape),
-                dtype=str(tensor.dtype),
-                kind=kind,
-                requires_grad=bool(tensor.requires_grad),
-            )
-            self._count += 1
+            handle = self._handle(f"{type(module).__name__}.{name}", tensor, kind)
             self._ps.create([handle], [tensor.detach()])
             self._registry[id(tensor)] = (weakref.ref(tensor), handle)
             self._versions[handle.name] = tensor._version
@@ -185,6 +183,35 @@ class ParameterServerStrategy(Strategy):
             module.register_forward_hook(_after_forward, always_call=True)
             module.register_state_dict_pre_hook(_refresh_before_state_dict)
             module._phalanx_ps_hooks = True  # type: ignore[assignment]
+
+    def _handle(self, name: str, tensor: torch.Tensor, kind: str) -> VariableHandle:
+        """The next variable's place: the next ps task, round-robin; a parameter the
+        partitioner splits gets one shard per ps task in turn."""
+
+        def place(shape: tuple[int, ...], label: str) -> VariableHandle:
+            handle = VariableHandle(
+                name=f"{self._count}/{label}",
+                ps=self._count % self.num_ps,
+                shape=shape,
+                dtype=str(tensor.dtype),
+                kind=kind,
+                requires_grad=bool(tensor.requires_grad),
+            )
+            self._count += 1
+            return handle
+
+        shards = 1
+        if self._partitioner is not None and kind == "parameter" and tensor.dim() >= 1:
+            shards = int(self._partitioner(tuple(tensor.shape), tensor.dtype)[0])
+        if shards <= 1:
+            return place(tuple(tensor.shape), name)
+        rest = tuple(tensor.shape[1:])
+        parts = tuple(
+            place((stop - start, *rest), f"{name}/part_{i}")
+            for i, (start, stop) in enumerate(shard_rows(tensor.shape[0], shards))
+        )
+        whole = f"{parts[0].name}/whole"
+        return dataclasses.replace(parts[0], name=whole, shape=tuple(tensor.shape), shards=parts)
 
     def _live(self) -> list[tuple[torch.Tensor, VariableHandle]]:
         with self._lock:
@@ -293,7 +320,10 @@ class ParameterServerStrategy(Strategy):
         for group, handles in zip(optimizer.param_groups, groups, strict=True):
             for p, handle in zip(group["params"], handles, strict=True):
                 if p in optimizer.state:
-                    states[handle.ps]["state"][handle.name] = dict(optimizer.state[p])
+                    state = dict(optimizer.state[p])
+                    parts = sharding.split_state(handle, state) if handle.shards else [state]
+                    for shard, part in zip(handle.physical(), parts, strict=True):
+                        states[shard.ps]["state"][shard.name] = part
         self._ps.load_optimizer_state(key, states)
         optimizer.state.clear()  # it lives on the ps tasks; functions must not carry it
 
@@ -308,7 +338,8 @@ class ParameterServerStrategy(Strategy):
         index = 0
         for handles in groups:
             for handle in handles:
-                entry = per_ps[handle.ps]["state"].get(handle.name)
+                parts = [per_ps[p.ps]["state"].get(p.name) or {} for p in handle.physical()]
+                entry = sharding.join_state(handle, parts) if handle.shards else parts[0]
                 if entry:
                     state_dict["state"][index] = entry
                 index += 1

@@ -251,7 +251,7 @@ def test_closure_aborted_for_queued_functions_after_a_failure(ps_2workers_1ps):
 
 def test_strategy_configuration_errors(ps_2workers_1ps, monkeypatch):
     spec = ps_2workers_1ps.spec
-    with pytest.raises(NotImplementedError, match="variable_partitioner"):
+    with pytest.raises(TypeError, match="variable_partitioner must be callable"):
         phalanx.ParameterServerStrategy(ps_2workers_1ps.resolver(), variable_partitioner=object())
     with pytest.raises(ValueError, match=r"'ps' and 'worker' jobs.*\['ps'\] missing"):
         phalanx.ParameterServerStrategy(
@@ -348,3 +348,112 @@ def test_model_fit_schedules_every_step_and_aggregates_every_workers_metrics(ps_
     assert strategy.cluster_coordinator is not None
     loss, accuracy = model.evaluate(x, y, verbose=0)  # inline, on the coordinator
     assert accuracy > 0.8
+
+
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), lambda p: torch.optim.Adam(p, lr=0.01)],
+    ids=["sgd-momentum", "adam"],
+)
+def test_a_partitioned_model_trains_like_a_local_one(ps_1worker_2ps, make_optimizer):
+    from phalanx.partitioners import FixedShardsPartitioner
+
+    xs, ys = _data()
+    local = _model()
+    local_opt = make_optimizer(local.parameters())
+    for x, y in zip(xs, ys, strict=True):
+        local_opt.zero_grad()
+        torch.nn.functional.mse_loss(local(x), y).backward()
+        local_opt.step()
+    strategy = phalanx.ParameterServerStrategy(
+        ps_1worker_2ps.resolver(), variable_partitioner=FixedShardsPartitioner(2), connect_timeout=10
+    )
+    ps_1worker_2ps.strategies.append(strategy)
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = _model()
+        optimizer = make_optimizer(model.parameters())
+    handles = [h for _, h in strategy._live()]
+    assert [len(h.shards) for h in handles] == [2, 2, 0, 0]  # one-row variables stay whole
+    assert [[s.ps for s in h.shards] for h in handles[:2]] == [[0, 1], [0, 1]]
+    assert [s.shape for s in handles[0].shards] == [(4, 4), (4, 4)]
+
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    for x, y in zip(xs, ys, strict=True):
+        coordinator.schedule(step, args=(x, y))
+        coordinator.join()
+    for ours, theirs in zip(model.parameters(), local.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    saved = optimizer.state_dict()["state"]
+    for index, entry in local_opt.state_dict()["state"].items():
+        for key, value in entry.items():
+            torch.testing.assert_close(saved[index][key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_partitioners_follow_tfs_rules():
+    from phalanx.partitioners import FixedShardsPartitioner, MaxSizePartitioner, MinSizePartitioner
+    from phalanx.ps.partitioners import shard_rows
+
+    assert FixedShardsPartitioner(3)((10, 4), torch.float32) == [3, 1]
+    assert FixedShardsPartitioner(3)((2, 4), torch.float32) == [2, 1]  # no empty shard
+    assert MinSizePartitioner(min_shard_bytes=64, max_shards=4)((10, 4), torch.float32) == [2, 1]  # 160 B
+    assert MinSizePartitioner(min_shard_bytes=1 << 20)((10, 4), torch.float32) == [1, 1]
+    assert MaxSizePartitioner(max_shard_bytes=32)((10, 4), torch.float32) == [5, 1]  # 2 rows of 16 B
+    assert MaxSizePartitioner(max_shard_bytes=32, max_shards=3)((10, 4), torch.float32) == [3, 1]
+    assert shard_rows(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    with pytest.raises(ValueError, match="num_shards must be >= 1"):
+        FixedShardsPartitioner(0)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        MinSizePartitioner(min_shard_bytes=0)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        MaxSizePartitioner(max_shard_bytes=0)
+    with pytest.raises(ValueError, match="axis 0 only"):
+        FixedShardsPartitioner(2)((4,), torch.float32, axis=1)
+
+
+def test_a_sharded_sparse_embedding_with_restored_optimizer_state_trains_like_a_local_one(ps_1worker_2ps):
+    from phalanx.partitioners import FixedShardsPartitioner
+
+    ids = torch.randint(0, 10, (6, 5), generator=torch.Generator().manual_seed(1))
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Embedding(10, 3, sparse=True)
+
+    def train(module, opt, batches):
+        for batch in batches:
+            opt.zero_grad()
+            module(batch).pow(2).sum().backward()
+            opt.step()
+
+    local = make()
+    local_opt = torch.optim.Adagrad(local.parameters(), lr=0.1)
+    train(local, local_opt, ids)
+    half = make()
+    half_opt = torch.optim.Adagrad(half.parameters(), lr=0.1)
+    train(half, half_opt, ids[:3])
+
+    strategy = phalanx.ParameterServerStrategy(
+        ps_1worker_2ps.resolver(), variable_partitioner=FixedShardsPartitioner(3), connect_timeout=10
+    )
+    ps_1worker_2ps.strategies.append(strategy)
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        embedding = make()
+        optimizer = torch.optim.Adagrad(embedding.parameters(), lr=0.1)
+    (handle,) = [h for _, h in strategy._live()]
+    assert [s.shape for s in handle.shards] == [(4, 3), (3, 3), (3, 3)]
+    assert [s.ps for s in handle.shards] == [0, 1, 0]
+    embedding.load_state_dict(half.state_dict())
+    optimizer.load_state_dict(half_opt.state_dict())  # split over the shards on the next schedule
+    for batch in ids[3:]:
+        coordinator.schedule(train, args=(embedding, optimizer, [batch]))
+        coordinator.join()
+    torch.testing.assert_close(embedding.weight, local.weight, rtol=1e-5, atol=1e-6)
+    ours, theirs = optimizer.state_dict()["state"][0]["sum"], local_opt.state_dict()["state"][0]["sum"]
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
