@@ -8,11 +8,13 @@ from phalanx.coordinator.closure import ClosureAbortedError
 from phalanx.coordinator.cluster_coordinator import ClusterCoordinator, NoWorkerAvailableError
 from phalanx.coordinator.remote_value import RemoteValue, RemoteValueStatus
 from phalanx.coordinator.values import PerWorkerDataset, PerWorkerIterator, PerWorkerValues
+from phalanx.ps.worker import OutOfRangeError
 
 __all__ = [
     "ClosureAbortedError",
     "ClusterCoordinator",
     "NoWorkerAvailableError",
+    "OutOfRangeError",
     "PerWorkerDataset",
     "PerWorkerIterator",
     "PerWorkerValues",

@@ -16,11 +16,12 @@ from phalanx.coordinator import (
     ClosureAbortedError,
     ClusterCoordinator,
     NoWorkerAvailableError,
+    OutOfRangeError,
     PerWorkerValues,
 )
 from phalanx.ps.transport import AuthenticationError, TaskUnavailableError
 from phalanx.ps.variables import VariableHandle
-from phalanx.ps.worker import OutOfRangeError, _worker_variable
+from phalanx.ps.worker import _worker_variable
 
 
 def _data(n=8, seed=0):
