@@ -124,6 +124,15 @@ class _Optimizer:
             ]
             self.torch = optimizer_class(param_groups)
 
+    def takes_sparse(self) -> bool:
+        """Whether torch applies sparse gradients with this optimizer exactly as dense ones
+        (SparseAdam; Adagrad; SGD without momentum and weight decay)."""
+        if issubclass(self.cls, (torch.optim.SparseAdam, torch.optim.Adagrad)):
+            return True
+        if issubclass(self.cls, torch.optim.SGD):
+            return all(not h.get("momentum", 0) and not h.get("weight_decay", 0) for h in self.hyper)
+        return False
+
     def set_hyperparameters(self, hyperparameters: Sequence[Mapping[str, Any]], task: str) -> None:
         if len(hyperparameters) != len(self.names):
             raise ValueError(
@@ -299,8 +308,10 @@ class VariableStore:
             if optimizer.torch is None or not names:
                 return self._version
             tensors = [self._vars[n] for n in names]
+            dense = not optimizer.takes_sparse()
             for tensor, grad in zip(tensors, grads, strict=True):
-                tensor.grad = grad
+                # a sparse gradient is the dense one's nonzero rows: the same update either way
+                tensor.grad = grad.to_dense() if dense and grad.is_sparse else grad
             try:
                 with torch.no_grad():
                     optimizer.torch.step()

@@ -149,6 +149,24 @@ class PSClient:
         )
         return self._collapse(logical, self._in_order(groups, replies, len(handles)))
 
+    def read_rows(self, handle: VariableHandle, rows: torch.Tensor) -> torch.Tensor:
+        """Rows ``rows`` (int64, 1-D) of ``handle`` along its first axis, from the shards that
+        hold them: an embedding lookup that does not read the whole table."""
+        rows = rows.long()
+        if not handle.shards:
+            return self.call(handle.ps, "read_rows", {"name": handle.name}, [rows])[1][0]
+        work, where = {}, {}
+        for i, (shard, (start, stop)) in enumerate(zip(handle.shards, sharding.rows_of(handle), strict=True)):
+            mine = ((rows >= start) & (rows < stop)).nonzero().flatten()
+            if mine.numel():
+                where[i] = mine
+                work[i] = _bind(self.call, shard.ps, "read_rows", {"name": shard.name}, [rows[mine] - start])
+        parts = self._each_ps(work)
+        out = torch.empty((rows.numel(), *handle.shape[1:]), dtype=handle.torch_dtype)
+        for i, mine in where.items():
+            out[mine] = parts[i][1][0]
+        return out
+
     def versions(self) -> list[int]:
         """Every ps task's write counter (it changes whenever any of its variables changed)."""
         replies = self._each_ps({ps: _bind(self.call, ps, "version", {}) for ps in range(self.num_ps)})
@@ -198,12 +216,13 @@ class PSClient:
         handles: Sequence[VariableHandle],
         grads: Sequence[torch.Tensor],
         hyperparameters: Sequence[Mapping[str, Any]] | None,
+        return_values: bool = True,
     ) -> tuple[list[torch.Tensor], dict[int, int]]:
         """Each ps task applies the gradients of its variables with optimizer ``key``, atomically.
 
         Returns:
-            The variables' values right after the step (in the order of ``handles``), and each
-            ps task's version after it.
+            The variables' values right after the step (in the order of ``handles``; none
+            without ``return_values``), and each ps task's version after it.
         """
         logical = handles
         handles, grads = self._expand(handles, grads, sharding.split_gradient)
@@ -214,14 +233,16 @@ class PSClient:
                 [handles[i].name for i in pos], [grads[i] for i in pos]
             )
             header["key"] = key
-            header["return_values"] = True
+            header["return_values"] = return_values
             header["hyperparameters"] = (
                 None if hyperparameters is None else [dict(h) for h in hyperparameters]
             )
             work[ps] = _bind(self.call, ps, "apply_gradients", header, tensors)
         replies = self._each_ps(work)
-        values = self._collapse(logical, self._in_order(groups, replies, len(handles)))
-        return values, {ps: int(r[0]["version"]) for ps, r in replies.items()}
+        versions = {ps: int(r[0]["version"]) for ps, r in replies.items()}
+        if not return_values:
+            return [], versions
+        return self._collapse(logical, self._in_order(groups, replies, len(handles))), versions
 
     def read_changed(
         self, handles: Sequence[VariableHandle], known: Mapping[int, int]

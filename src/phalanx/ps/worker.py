@@ -22,7 +22,7 @@ from typing import Any
 import cloudpickle
 import torch
 
-from phalanx.ps import pickling
+from phalanx.ps import embedding, pickling
 from phalanx.ps.variables import PSClient, VariableHandle
 from phalanx.strategies.strategy import Strategy
 
@@ -112,7 +112,10 @@ class WorkerEnvironment:
         self.buffers_read: dict[str, tuple[int, torch.Tensor]] = {}
         self.read_at: dict[str, int] = {}  # the ps version each local copy was read at
         self.ps_version: dict[int, int] = {}  # the latest version seen of each ps task
+        self.lazy: dict[str, VariableHandle] = {}  # sharded embedding tables, read by rows
+        self.lookups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.strategy = WorkerStrategy(self)
+        embedding.install()
         self._lock = threading.Lock()  # one function at a time
 
     @contextlib.contextmanager
@@ -131,17 +134,44 @@ class WorkerEnvironment:
         tensor = self.variables.get(handle.name)
         if tensor is None:
             tensor = handle.empty()
-            if handle.kind == "parameter":
+            if handle.kind in ("parameter", "embedding"):
                 tensor = torch.nn.Parameter(tensor, requires_grad=handle.requires_grad)
             self.variables[handle.name] = tensor
             self.handles[handle.name] = handle
             self.names_by_id[id(tensor)] = handle.name
         self.used[handle.name] = handle
+        if handle.kind == "embedding":
+            self.lazy[handle.name] = handle
         return tensor
+
+    # ------------------------------------------------------------------ sharded embedding tables
+    def _name_of(self, tensor: torch.Tensor) -> str | None:
+        name = self.names_by_id.get(id(tensor))
+        return name if name is not None and self.variables.get(name) is tensor else None
+
+    def is_lazy(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a sharded embedding table this function reads by rows."""
+        return self._name_of(tensor) in self.lazy
+
+    def read_whole(self, tensor: torch.Tensor) -> None:
+        """Reads a table whole (a module other than its embedding uses it)."""
+        name = self._name_of(tensor)
+        if name is not None and self.lazy.pop(name, None) is not None:
+            self.read_at.pop(name, None)
+            self.refresh([self.handles[name]])
+
+    def lookup_rows(self, tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The current values of ``rows`` of a lazy table, kept for its gradient."""
+        name = self._name_of(tensor)
+        assert name is not None
+        values = self.ps.read_rows(self.handles[name], rows)
+        self.lookups.setdefault(name, []).append((rows, values))
+        return values
 
     def refresh(self, handles: Sequence[VariableHandle]) -> None:
         """Brings the local tensors of ``handles`` up to date with their ps tasks (a ps task
         that has not changed since this worker's copies were read sends nothing)."""
+        handles = [h for h in handles if h.name not in self.lazy]
         if not handles:
             return
         known = dict(self.ps_version)
@@ -201,16 +231,28 @@ class WorkerEnvironment:
         if key not in self.optimizers:
             self.ps.create_optimizer(key, type(optimizer), list(zip(groups, hyper, strict=True)))
             self.optimizers.add(key)
-        handles, grads = [], []
+        handles, grads, by_rows, row_grads = [], [], [], []
         for group in optimizer.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
-                    handles.append(self._handle_of(p))
-                    grads.append(p.grad.detach())
+                handle = self._handle_of(p)
+                from_rows = embedding.sparse_gradient(handle.shape, self.lookups.pop(handle.name, []))
+                if handle.name in self.lazy:
+                    if from_rows is not None:
+                        by_rows.append(handle)
+                        row_grads.append(from_rows)
+                elif p.grad is not None or from_rows is not None:
+                    grad = p.grad.detach() if p.grad is not None else torch.zeros_like(p)
+                    if from_rows is not None:  # looked up by rows, then used whole (tied weights)
+                        grad = grad + from_rows.to_dense()
+                    handles.append(handle)
+                    grads.append(grad)
                     p.grad = None
         if handles:
             values, versions = self.ps.apply_gradients(key, handles, grads, hyper)
             self._updated(handles, values, versions)
+        if by_rows:  # a separate step of the same per-parameter optimizer; no table comes back
+            _, versions = self.ps.apply_gradients(key, by_rows, row_grads, hyper, return_values=False)
+            self._updated([], [], versions)
 
     def _handle_of(self, tensor: torch.Tensor) -> VariableHandle:
         name = self.names_by_id.get(id(tensor))
@@ -244,7 +286,7 @@ class WorkerEnvironment:
     def run(self, payload: bytes) -> tuple[bool, bytes]:
         """Runs one scheduled function; (True, pickled result) or (False, pickled error)."""
         with self._lock, self.active():
-            self.used = {}
+            self.used, self.lazy, self.lookups = {}, {}, {}
             try:
                 fn, args, kwargs = pickling.loads(payload)
                 self.refresh(list(self.used.values()))

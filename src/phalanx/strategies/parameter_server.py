@@ -175,6 +175,8 @@ class ParameterServerStrategy(Strategy):
             if id(tensor) in self._registry and self._registry[id(tensor)][0]() is tensor:
                 return  # shared (tied) weights: one variable
             handle = self._handle(f"{type(module).__name__}.{name}", tensor, kind)
+            if handle.shards and isinstance(module, torch.nn.Embedding) and name == "weight":
+                handle = dataclasses.replace(handle, kind="embedding")  # workers read it by rows
             self._ps.create([handle], [tensor.detach()])
             self._registry[id(tensor)] = (weakref.ref(tensor), handle)
             self._versions[handle.name] = tensor._version

@@ -458,3 +458,107 @@ def test_a_sharded_sparse_embedding_with_restored_optimizer_state_trains_like_a_
     torch.testing.assert_close(embedding.weight, local.weight, rtol=1e-5, atol=1e-6)
     ours, theirs = optimizer.state_dict()["state"][0]["sum"], local_opt.state_dict()["state"][0]["sum"]
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("make_optimizer", "sparse"),
+    [
+        (lambda p: torch.optim.Adam(p, lr=0.05), False),
+        (lambda p: torch.optim.Adagrad(p, lr=0.1), True),
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), False),
+    ],
+    ids=["adam", "adagrad", "sgd-momentum"],
+)
+def test_a_sharded_embedding_is_read_by_rows_and_trains_like_a_local_one(
+    ps_1worker_2ps, make_optimizer, sparse
+):
+    from phalanx.partitioners import FixedShardsPartitioner
+    from phalanx.ps.variables import PSClient
+
+    ids = torch.randint(0, 50, (5, 2, 4), generator=torch.Generator().manual_seed(2))
+    ids[0, 0, 0] = 0  # the padding row
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Embedding(50, 4, padding_idx=0, sparse=sparse), torch.nn.Linear(4, 1)
+        )
+
+    def train(model, opt, batches):
+        for batch in batches:
+            opt.zero_grad()
+            model(batch).pow(2).mean().backward()
+            opt.step()
+
+    local = make()
+    local_opt = make_optimizer(local.parameters())
+    train(local, local_opt, ids)
+    strategy = phalanx.ParameterServerStrategy(
+        ps_1worker_2ps.resolver(), variable_partitioner=FixedShardsPartitioner(2), connect_timeout=10
+    )
+    ps_1worker_2ps.strategies.append(strategy)
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = make()
+        optimizer = make_optimizer(model.parameters())
+    assert [h.kind for _, h in strategy._live()][0] == "embedding"
+    rows_read = []
+    original = PSClient.read_rows
+
+    def counting(self, handle, rows):
+        rows_read.append(rows.numel())
+        return original(self, handle, rows)
+
+    PSClient.read_rows = counting
+    try:
+        for batch in ids:
+            coordinator.schedule(train, args=(model, optimizer, [batch]))
+            coordinator.join()
+    finally:
+        PSClient.read_rows = original
+    for ours, theirs in zip(model.parameters(), local.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert rows_read  # the worker looked rows up (in-process, the same class)
+    assert max(rows_read) <= 8  # never the whole table of 50
+
+
+def test_a_tied_sharded_table_is_read_whole_where_another_module_uses_it(ps_1worker_2ps):
+    from phalanx.partitioners import FixedShardsPartitioner
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(6, 4)
+            self.out = torch.nn.Linear(4, 6, bias=False)
+            self.out.weight = self.embed.weight
+
+        def forward(self, ids):
+            return self.out(self.embed(ids))
+
+    def make():
+        torch.manual_seed(0)
+        return Tied()
+
+    ids = torch.tensor([[1, 2], [3, 3]])
+    local = make()
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.1)
+    local_opt.zero_grad()
+    local(ids).pow(2).mean().backward()
+    local_opt.step()
+    strategy = phalanx.ParameterServerStrategy(
+        ps_1worker_2ps.resolver(), variable_partitioner=FixedShardsPartitioner(2), connect_timeout=10
+    )
+    ps_1worker_2ps.strategies.append(strategy)
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = make()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        optimizer.zero_grad()
+        model(ids).pow(2).mean().backward()
+        optimizer.step()
+
+    coordinator.schedule(step)
+    coordinator.join()
+    torch.testing.assert_close(model.embed.weight, local.embed.weight, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,91 @@
+"""Row-wise lookups of sharded embedding tables on a worker.
+
+The weight of an ``nn.Embedding`` that a partitioner split over the ps tasks is never read
+whole by a worker: when the module runs forward inside a scheduled function, the rows its
+input asks for are fetched from the shards that hold them (`PSClient.read_rows`), the lookup
+is made on that small table, and ``optimizer.step()`` sends the small table's gradient back
+as a sparse gradient of the whole weight (the ps tasks apply it; optimizers without sparse
+support get it as a dense gradient, which gives the same update). A module other than the
+embedding that uses the same weight (tied weights) makes the worker read it whole.
+
+The hooks are global torch module hooks, installed once per worker process; they act only
+while a scheduled function runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+if TYPE_CHECKING:
+    from phalanx.ps.worker import WorkerEnvironment
+
+__all__ = ["install", "sparse_gradient"]
+
+_lock = threading.Lock()
+_installed = False
+
+
+def install() -> None:
+    """Installs the two global hooks (idempotent)."""
+    global _installed
+    with _lock:
+        if not _installed:
+            register_module_forward_pre_hook(_before_forward)
+            register_module_forward_hook(_after_forward)
+            _installed = True
+
+
+def _env() -> WorkerEnvironment | None:
+    from phalanx.ps import worker
+
+    return getattr(worker._current, "env", None)
+
+
+def _before_forward(module: torch.nn.Module, args: Any) -> None:
+    env = _env()
+    if env is None or not env.lazy:
+        return
+    for name, param in module._parameters.items():
+        if param is None or not env.is_lazy(param):
+            continue
+        if not (isinstance(module, torch.nn.Embedding) and name == "weight"):
+            env.read_whole(param)  # another module uses the table itself
+
+
+def _after_forward(module: torch.nn.Module, args: Any, output: Any) -> Any:
+    env = _env()
+    if env is None or not isinstance(module, torch.nn.Embedding) or not env.is_lazy(module.weight):
+        return None
+    if module.max_norm is not None:
+        raise NotImplementedError(
+            "nn.Embedding(max_norm=...) renormalizes rows of the whole table in place, which a "
+            "sharded table on the ps tasks cannot do. HINT: drop max_norm, or do not partition it."
+        )
+    ids = args[0]
+    unique, inverse = torch.unique(ids, return_inverse=True)
+    rows = env.lookup_rows(module.weight, unique)
+    if torch.is_grad_enabled() and module.weight.requires_grad:
+        rows.requires_grad_(True)
+    padding = None
+    if module.padding_idx is not None:
+        hit = (unique == module.padding_idx).nonzero().flatten()
+        padding = int(hit[0]) if hit.numel() else None
+    return torch.nn.functional.embedding(inverse, rows, padding, None, 2.0, module.scale_grad_by_freq, False)
+
+
+def sparse_gradient(
+    shape: tuple[int, ...], lookups: list[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor | None:
+    """The whole table's gradient (sparse COO) from the rows' gradients of its lookups."""
+    indices, values = [], []
+    for unique, rows in lookups:
+        if rows.grad is not None:
+            indices.append(unique)
+            values.append(rows.grad)
+    if not indices:
+        return None
+    return torch.sparse_coo_tensor(torch.cat(indices)[None], torch.cat(values), shape).coalesce()
