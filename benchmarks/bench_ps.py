@@ -10,6 +10,9 @@ Run: python benchmarks/bench_ps.py [--quick]
    of the gradients, the ps applying them and returning the new values) against the same
    steps in a plain PyTorch loop. ratio = plain time / phalanx time: the price of keeping the
    variables on a ps task, paid back only when several workers train at once.
+3. Embedding step: a 100k x 32 table (12.8 MB) with Adam, 128 x 8 ids per step: the table
+   split in 2 shards, looked up by rows on the worker, against the same table whole (read and
+   returned whole). ratio = whole time / sharded time.
 
 The cluster (coordinator, worker, ps) runs in this one process on 127.0.0.1 with real gRPC
 servers, so its tasks share one interpreter lock: a pessimistic setting. Nothing is
@@ -52,6 +55,53 @@ def _raw_echo_server(port: int) -> grpc.Server:
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     return server
+
+
+def _cluster() -> tuple[dict[str, list[str]], list[Any]]:
+    ports = free_ports(3)
+    spec = {
+        "chief": [f"127.0.0.1:{ports[0]}"],
+        "worker": [f"127.0.0.1:{ports[1]}"],
+        "ps": [f"127.0.0.1:{ports[2]}"],
+    }
+    return spec, [phalanx.Server(spec, "ps", 0), phalanx.Server(spec, "worker", 0)]
+
+
+def _embedding_step_time(partitioner: Any, repeats: int, inner: int) -> float:
+    """Seconds per scheduled step of an embedding model, its table sharded or not."""
+    spec, servers = _cluster()
+    resolver = SimpleClusterResolver(spec, task_type="chief", task_id=0)
+    strategy = phalanx.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+    try:
+        coordinator = phalanx.coordinator.ClusterCoordinator(strategy)
+        with strategy.scope():
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Embedding(100_000, 32), nn.Flatten(), nn.Linear(8 * 32, 1))
+            optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+
+        def batches():  # noqa: ANN202 - a generator on the worker
+            g = torch.Generator().manual_seed(0)
+            while True:
+                yield torch.randint(0, 100_000, (128, 8), generator=g)
+
+        iterator = iter(coordinator.create_per_worker_dataset(batches))
+
+        def step(iterator: Any) -> None:
+            ids = next(iterator)
+            loss = model(ids).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        def scheduled() -> None:
+            coordinator.schedule(step, args=(iterator,))
+            coordinator.join()
+
+        return best_time(scheduled, repeats, inner)
+    finally:
+        strategy.close()
+        for server in servers:
+            server.stop()
 
 
 def main() -> None:
@@ -123,6 +173,9 @@ def main() -> None:
         ours = best_time(scheduled, repeats, inner)
         reference = best_time(plain_step, repeats, inner)
         report("train step MLP 784-256-10, 1 worker, 1 ps", ours, reference, unit="ms", ref_name="plain loop")
+        sharded = _embedding_step_time(phalanx.partitioners.FixedShardsPartitioner(2), repeats, inner)
+        whole = _embedding_step_time(None, repeats, inner)
+        report("embedding 100k x 32 step: rows vs whole table", sharded, whole, unit="ms", ref_name="whole")
     finally:
         strategy.close()
         for server in servers:

@@ -88,4 +88,5 @@ def sparse_gradient(
             values.append(rows.grad)
     if not indices:
         return None
-    return torch.sparse_coo_tensor(torch.cat(indices)[None], torch.cat(values), shape).coalesce()
+    coo = torch.sparse_coo_tensor(torch.cat(indices)[None], torch.cat(values), shape, check_invariants=False)
+    return coo.coalesce()

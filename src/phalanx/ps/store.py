@@ -59,7 +59,8 @@ def decode_gradients(header: Mapping[str, Any], tensors: Sequence[torch.Tensor])
             grads.append(tensors[i])
             i += 1
         else:
-            grads.append(torch.sparse_coo_tensor(tensors[i], tensors[i + 1], size))
+            # indices from the network: checked, an out-of-range one must not reach a kernel
+            grads.append(torch.sparse_coo_tensor(tensors[i], tensors[i + 1], size, check_invariants=True))
             i += 2
     return grads
 

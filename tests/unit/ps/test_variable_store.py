@@ -166,3 +166,14 @@ def test_a_group_without_variables_on_this_task_is_a_placeholder():
     store.apply_gradients("o", ["w"], [torch.ones(2)], [{"lr": 1.0}, {"lr": 0.5}])
     assert torch.equal(store.read(["w"])[0], torch.full((2,), 0.5))
     assert store.optimizer_state("o")["groups"][0]["lr"] == 1.0
+
+
+def test_a_sparse_gradient_with_an_index_out_of_range_is_refused():
+    store = VariableStore()
+    store.create("emb", torch.ones(5, 2))
+    store.create_optimizer("o", torch.optim.SGD, [{"names": ["emb"], "lr": 1.0}])
+    bad = torch.sparse_coo_tensor(torch.tensor([[9]]), torch.ones(1, 2), (5, 2), check_invariants=False)
+    header, tensors = store_lib.encode_gradients(["emb"], [bad])
+    with pytest.raises(RuntimeError, match="index"):
+        _call(store, "apply_gradients", {**header, "key": "o", "hyperparameters": None}, tensors)
+    assert torch.equal(store.read(["emb"])[0], torch.ones(5, 2))
