@@ -3,160 +3,160 @@
 Workers read variables and push gradients; each push is applied by a real ``torch.optim``
 optimizer over this task's variables (its state lives here), atomically: pushes from
 different workers never interleave. `VariableStore.handlers` is the RPC table a
-`phalanx.ps.transport.RpcServer` serves; the ``encode_*``/``decode_*`` helpers build and
-read its messages on the client side.
+`phalanx.ps.transport.RpcServer` serves; `phalanx.ps.messages` builds and reads its
+messages.
 """
 
 from __future__ import annotations
 
-import base64
 import inspect
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import cloudpickle
 import torch
 
-__all__ = [
-    "VariableStore",
-    "decode_gradients",
-    "decode_optimizer_state",
-    "encode_gradients",
-    "encode_optimizer_class",
-    "encode_optimizer_state",
-]
+from phalanx.ps.messages import (
+    MESSAGE_HINT,
+    decode_gradients,
+    decode_optimizer_class,
+    decode_optimizer_state,
+    encode_optimizer_state,
+)
+
+__all__ = ["Handler", "VariableStore"]
 
 Handler = Callable[[dict[str, Any], list[torch.Tensor]], tuple[dict[str, Any], list[torch.Tensor]]]
 _CREATE_HINT = "HINT: create the model and the optimizer in strategy.scope() on the coordinator."
 
 
-# ---------------------------------------------------------------------- message encodings
-def encode_gradients(
-    names: Sequence[str], grads: Sequence[torch.Tensor]
-) -> tuple[dict[str, Any], list[torch.Tensor]]:
-    """``{"names": [...], "sparse": {position: size}}`` and the tensors: a dense gradient is one
-    tensor, a sparse (COO) one two (indices [ndim, nnz] int64, values)."""
-    sparse: dict[str, list[int]] = {}
-    tensors: list[torch.Tensor] = []
-    for position, grad in enumerate(grads):
-        if grad.is_sparse:
-            grad = grad.coalesce()
-            sparse[str(position)] = list(grad.shape)
-            tensors += [grad.indices(), grad.values()]
-        else:
-            tensors.append(grad)
-    return {"names": list(names), "sparse": sparse}, tensors
-
-
-def decode_gradients(header: Mapping[str, Any], tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The gradients `encode_gradients` sent, in order."""
-    grads, i = [], 0
-    sparse = header.get("sparse") or {}
-    for position in range(len(header["names"])):
-        size = sparse.get(str(position))
-        if size is None:
-            grads.append(tensors[i])
-            i += 1
-        else:
-            # indices from the network: checked, an out-of-range one must not reach a kernel
-            grads.append(torch.sparse_coo_tensor(tensors[i], tensors[i + 1], size, check_invariants=True))
-            i += 2
-    return grads
-
-
-def encode_optimizer_class(optimizer_class: type) -> str:
-    """The class as text for a ``create_optimizer`` header (cloudpickle, base64)."""
-    return base64.b64encode(cloudpickle.dumps(optimizer_class)).decode()
-
-
-def encode_optimizer_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], list[torch.Tensor]]:
-    """``{"state": {variable: {key: value}}, "groups": [...]}`` as a header and tensors: each
-    tensor value becomes ``{"tensor": index}``, other values stay."""
-    tensors: list[torch.Tensor] = []
-    encoded: dict[str, dict[str, Any]] = {}
-    for name, entries in state.get("state", {}).items():
-        encoded[name] = {}
-        for key, value in entries.items():
-            if isinstance(value, torch.Tensor):
-                encoded[name][key] = {"tensor": len(tensors)}
-                tensors.append(value.detach().cpu())
-            else:
-                encoded[name][key] = value
-    return {"state": encoded, "groups": list(state.get("groups", []))}, tensors
-
-
-def decode_optimizer_state(header: Mapping[str, Any], tensors: Sequence[torch.Tensor]) -> dict[str, Any]:
-    """The inverse of `encode_optimizer_state`."""
-    state = {
-        name: {
-            k: tensors[v["tensor"]] if isinstance(v, dict) and "tensor" in v else v
-            for k, v in entries.items()
-        }
-        for name, entries in header.get("state", {}).items()
-    }
-    return {"state": state, "groups": list(header.get("groups", []))}
-
-
-def _tuple_defaults(optimizer_class: type) -> set[str]:
-    try:
-        parameters = inspect.signature(optimizer_class).parameters
-    except (TypeError, ValueError):
-        return set()
-    return {name for name, p in parameters.items() if isinstance(p.default, tuple)}
-
-
-# ---------------------------------------------------------------------- the store
 class _Optimizer:
-    """An optimizer over some of this task's variables; groups without any stay placeholders."""
+    """A torch optimizer over some of this task's variables; groups without any stay placeholders.
+
+    Group ``i`` of the coordinator's optimizer is torch's group ``real.index(i)`` here, so the
+    hyperparameters of every group keep the coordinator's indices.
+    """
 
     def __init__(
-        self, optimizer_class: type, groups: Sequence[Mapping[str, Any]], tensors: dict[str, torch.Tensor]
-    ):
+        self,
+        optimizer_class: type,
+        groups: Sequence[Mapping[str, Any]],
+        variables: Mapping[str, torch.Tensor],
+    ) -> None:
         self.cls = optimizer_class
+        signature = _init_defaults(optimizer_class)
+        self.tuple_keys = {k for k, v in signature.items() if isinstance(v, tuple)}
         self.names = [list(g["names"]) for g in groups]
-        self.hyper = [{k: v for k, v in g.items() if k != "names"} for g in groups]
-        self.real = [i for i, names in enumerate(self.names) if names]  # group -> index in torch's
+        self.hyper = [self.converted({k: v for k, v in g.items() if k != "names"}) for g in groups]
+        self.real = [i for i, names in enumerate(self.names) if names]
         self.members = {name for names in self.names for name in names}
         self.torch: torch.optim.Optimizer | None = None
         if self.real:
             param_groups = [
-                {"params": [tensors[n] for n in self.names[i]], **self.hyper[i]} for i in self.real
+                {"params": [variables[n] for n in self.names[i]], **self.hyper[i]} for i in self.real
             ]
             self.torch = optimizer_class(param_groups)
 
-    def takes_sparse(self) -> bool:
-        """Whether torch applies sparse gradients with this optimizer exactly as dense ones
-        (SparseAdam; Adagrad; SGD without momentum and weight decay)."""
-        if issubclass(self.cls, (torch.optim.SparseAdam, torch.optim.Adagrad)):
-            return True
-        if issubclass(self.cls, torch.optim.SGD):
-            return all(not h.get("momentum", 0) and not h.get("weight_decay", 0) for h in self.hyper)
-        return False
+    def same_as(self, optimizer_class: type, groups: Sequence[Mapping[str, Any]]) -> bool:
+        """Same class (by identity, or by name when cloudpickle rebuilt it) and same variables."""
+        same_class = self.cls is optimizer_class or (
+            (self.cls.__module__, self.cls.__qualname__)
+            == (optimizer_class.__module__, optimizer_class.__qualname__)
+        )
+        return same_class and self.names == [list(g["names"]) for g in groups]
 
-    def set_hyperparameters(self, hyperparameters: Sequence[Mapping[str, Any]], task: str) -> None:
+    def converted(self, hyper: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON lists back to tuples where the class's default is a tuple (Adam's betas)."""
+        return {k: tuple(v) if k in self.tuple_keys and isinstance(v, list) else v for k, v in hyper.items()}
+
+    def set_hyperparameters(self, hyperparameters: Sequence[Mapping[str, Any]], where: str) -> None:
+        """Group ``i`` takes ``hyperparameters[i]``; all are checked before any is set.
+
+        A key a group does not have yet is added, as torch param groups carry any key (an LR
+        scheduler attached later adds ``initial_lr``).
+
+        Raises:
+            ValueError: Not one mapping per group, or ``params``/``names`` among the keys.
+        """
         if len(hyperparameters) != len(self.names):
             raise ValueError(
-                f"The optimizer on {task} has {len(self.names)} param groups; hyperparameters came for "
-                f"{len(hyperparameters)}."
+                f"Hyperparameters come one mapping per param group. Received: {len(hyperparameters)} for "
+                f"the {len(self.names)} param groups of {where}. HINT: send every group, in order."
             )
-        tuples = _tuple_defaults(self.cls)
-        for i, hyper in enumerate(hyperparameters):
-            converted = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in hyper.items()}
-            self.hyper[i].update(converted)
+        updates = [self.converted(h) for h in hyperparameters]
+        for i, update in enumerate(updates):
+            reserved = sorted({"params", "names"} & set(update))
+            if reserved:
+                raise ValueError(
+                    f"Hyperparameters cannot set {reserved}: a param group's variables are fixed when "
+                    f"the optimizer is created. Received them for group {i} of {where}."
+                )
+        for i, update in enumerate(updates):
+            self.hyper[i].update(update)
             if self.torch is not None and i in self.real:
-                group = self.torch.param_groups[self.real.index(i)]
-                unknown = sorted(set(converted) - set(group))
-                if unknown:
-                    raise ValueError(f"{self.cls.__name__} has no hyperparameters {unknown}.")
-                group.update(converted)
+                self.torch.param_groups[self.real.index(i)].update(update)
+
+    def takes_sparse(self) -> bool:
+        """Whether torch applies sparse gradients as they are (SparseAdam; SGD and Adagrad
+        without weight decay). Others get them densified: a sparse gradient is a dense one that
+        is zero off its rows, so the update is the one that dense gradient gives."""
+        assert self.torch is not None
+        if isinstance(self.torch, torch.optim.SparseAdam):
+            return True
+        if isinstance(self.torch, (torch.optim.SGD, torch.optim.Adagrad)):
+            return all(not g.get("weight_decay") for g in self.torch.param_groups)
+        return False
+
+    def step(self, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+        """One ``optimizer.step()`` with exactly these gradients; other variables have none, and
+        torch optimizers leave a parameter without gradient (and its state) untouched."""
+        assert self.torch is not None
+        dense = not self.takes_sparse()
+        try:
+            for variable, grad in zip(variables, grads, strict=True):
+                grad = grad.detach().to("cpu")
+                variable.grad = grad.to_dense() if dense and grad.is_sparse else grad
+            self.torch.step()
+        finally:
+            for variable in variables:
+                variable.grad = None
 
 
+def _init_defaults(optimizer_class: type) -> dict[str, Any]:
+    try:
+        parameters = inspect.signature(optimizer_class).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {name: p.default for name, p in parameters.items()}
+
+
+def _check_groups(groups: Sequence[Mapping[str, Any]], where: str) -> None:
+    seen: set[str] = set()
+    for i, group in enumerate(groups):
+        if "params" in group or not isinstance(group.get("names"), (list, tuple)):
+            raise ValueError(
+                f"Each param group names its variables under 'names' and has no 'params'. Received: "
+                f"group {i} of {where} with keys {sorted(group)}. HINT: {{'names': [...], 'lr': ...}}."
+            )
+        names = list(group["names"])
+        twice = sorted({n for n in names if n in seen or names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                f"A variable belongs to at most one param group, once. Received: group {i} of {where} with "
+                f"{names}, repeating {twice}. HINT: list each variable once."
+            )
+        seen.update(group["names"])
+
+
+# ---------------------------------------------------------------------- the store
 class VariableStore:
     """The variables of one ps task and the optimizers that update them. Thread-safe.
 
+    Every method runs under one lock, so a push (hyperparameters, gradients, step) is atomic
+    with respect to every read and every other push.
+
     Args:
-        task_name: This task, for messages (e.g. ``"ps:0 (host:2222)"``).
+        task_name: This task, for messages (e.g. ``"ps:0"``).
     """
 
     def __init__(self, task_name: str = "ps:0") -> None:
@@ -170,14 +170,30 @@ class VariableStore:
         try:
             return self._vars[name]
         except KeyError:
-            raise KeyError(f"{self.task_name} has no variable {name!r}. {_CREATE_HINT}") from None
+            raise KeyError(
+                f"A variable must be created before it is used. Received: {name!r}, which {self.task_name} "
+                f"has no variable {name!r}. {_CREATE_HINT}"
+            ) from None
 
-    def _check_like(self, name: str, current: torch.Tensor, value: torch.Tensor) -> None:
+    def _check_like(self, name: str, current: torch.Tensor, value: torch.Tensor, what: str = "value") -> None:
         if value.shape != current.shape or value.dtype != current.dtype:
             raise ValueError(
-                f"Variable {name!r} on {self.task_name} is {current.dtype} {tuple(current.shape)}; received "
-                f"{value.dtype} {tuple(value.shape)}."
+                f"A {what} must have its variable's dtype and shape: variable {name!r} on {self.task_name} "
+                f"is {current.dtype} {tuple(current.shape)}; received {value.dtype} {tuple(value.shape)}. "
+                f"HINT: cast or reshape the {what}; a variable keeps its dtype and shape (use a new name)."
             )
+
+    def _pairs(self, names: Sequence[str], values: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
+        """The variables of ``names`` after checking ``values`` against them (one each)."""
+        if len(names) != len(values) or len(set(names)) != len(names):
+            raise ValueError(
+                f"Each variable named takes exactly one {what}. Received: names {list(names)} and "
+                f"{len(values)} {what}s. HINT: name each variable once, one {what} per name."
+            )
+        variables = [self._get(n) for n in names]
+        for name, current, value in zip(names, variables, values, strict=True):
+            self._check_like(name, current, value, what)
+        return variables
 
     def _bump(self) -> int:
         self._version += 1
@@ -185,62 +201,84 @@ class VariableStore:
 
     # ------------------------------------------------------------------ variables
     def create(self, name: str, value: torch.Tensor, *, overwrite: bool = False) -> None:
-        """Stores a copy of ``value`` as ``name`` (idempotent for the same dtype and shape).
+        """Stores a detached CPU copy of ``value`` as ``name``.
+
+        The same name, dtype and shape again is a no-op (a restarted coordinator creates its
+        variables again) unless ``overwrite``, which replaces the value.
 
         Raises:
             ValueError: ``name`` exists with another dtype or shape.
         """
         with self._lock:
             current = self._vars.get(name)
-            if current is not None:
-                self._check_like(name, current, value)
-                if overwrite:
-                    current.copy_(value)
-                    self._bump()
+            if current is None:
+                self._vars[name] = value.detach().to("cpu", copy=True).contiguous()
+                self._bump()
                 return
-            self._vars[name] = value.detach().to("cpu", copy=True).contiguous()
-            self._bump()
+            self._check_like(name, current, value)
+            if overwrite:
+                current.copy_(value.detach())  # in place: optimizers hold this tensor
+                self._bump()
 
     def read(self, names: Sequence[str]) -> list[torch.Tensor]:
-        """Copies of the values of ``names``, in order."""
+        """Copies of the values of ``names``, in order.
+
+        Raises:
+            KeyError: A name this task has no variable of.
+        """
         with self._lock:
             return [self._get(n).clone() for n in names]
 
     def read_rows(self, name: str, rows: torch.Tensor) -> torch.Tensor:
-        """Rows of ``name`` along dim 0 (an embedding lookup)."""
+        """Rows ``rows`` of ``name`` along dim 0 (an embedding lookup).
+
+        Raises:
+            KeyError: No variable ``name``.
+            ValueError: ``rows`` is not a 1-D integer tensor, or the variable is a scalar.
+            IndexError: A row outside ``[0, number of rows)``.
+        """
         with self._lock:
             table = self._get(name)
-            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= table.shape[0]):
-                bad = int(rows.max()) if int(rows.max()) >= table.shape[0] else int(rows.min())
+            if rows.dim() != 1 or rows.is_floating_point() or rows.is_complex() or table.dim() == 0:
+                raise ValueError(
+                    f"Rows are read with a 1-D integer tensor from a variable of at least one dimension. "
+                    f"Received: rows {rows.dtype} {tuple(rows.shape)} for {name!r} {tuple(table.shape)} on "
+                    f"{self.task_name}. HINT: pass torch.tensor([row, ...], dtype=torch.int64)."
+                )
+            bad = rows[(rows < 0) | (rows >= table.shape[0])]
+            if bad.numel():
                 raise IndexError(
-                    f"Variable {name!r} on {self.task_name} has {table.shape[0]} rows; asked for row {bad}."
+                    f"Rows must lie in [0, {table.shape[0]}): variable {name!r} on {self.task_name} has "
+                    f"{table.shape[0]} rows; asked for row {int(bad[0])}. "
+                    "HINT: check the ids fed to the lookup (and the table's size)."
                 )
             return table.index_select(0, rows.long())
 
     def assign(self, names: Sequence[str], values: Sequence[torch.Tensor]) -> int:
-        """Writes ``values``; returns the new version."""
+        """Writes ``values`` (all or none); returns the new version.
+
+        Raises:
+            KeyError: An unknown name.
+            ValueError: Not one value per distinct name, or a dtype or shape that differs.
+        """
         with self._lock:
-            for name, value in zip(names, values, strict=True):
-                current = self._get(name)
-                self._check_like(name, current, value)
-                current.copy_(value)
+            for variable, value in zip(self._pairs(names, values, "value"), values, strict=True):
+                variable.copy_(value)
             return self._bump()
 
     def assign_add(self, names: Sequence[str], deltas: Sequence[torch.Tensor]) -> int:
-        """Adds ``deltas``; returns the new version."""
+        """Adds ``deltas`` (all or none); returns the new version. Raises as `assign`."""
         with self._lock:
-            for name, delta in zip(names, deltas, strict=True):
-                current = self._get(name)
-                self._check_like(name, current, delta)
-                current.add_(delta)
+            for variable, delta in zip(self._pairs(names, deltas, "value"), deltas, strict=True):
+                variable.add_(delta)
             return self._bump()
 
     def version(self) -> int:
-        """A counter that grows with every write."""
+        """A counter that grows by one with every write (create, assign, push, state load)."""
         return self._version
 
     def names(self) -> list[str]:
-        """The variables' names."""
+        """The variables' names, in the order they were created."""
         with self._lock:
             return list(self._vars)
 
@@ -253,40 +291,50 @@ class VariableStore:
         *,
         overwrite: bool = False,
     ) -> None:
-        """Makes optimizer ``key`` over this task's variables (see the module docstring).
+        """Makes optimizer ``key``: ``optimizer_class`` over this task's variables.
 
-        ``groups``: per param group ``{"names": [...], **hyperparameters}``. The same key again
-        is idempotent for the same class and variables (hyperparameters are updated).
+        Args:
+            key: The optimizer's name (the same on every ps task).
+            optimizer_class: A ``torch.optim.Optimizer`` subclass.
+            groups: One ``{"names": [...], **hyperparameters}`` per param group of the
+                coordinator's optimizer; a group without variables here stays a placeholder
+                so group indices match the coordinator's.
+            overwrite: Replace an existing ``key`` (its state is dropped).
+
+        The same key again, with the same class and variables, only updates hyperparameters.
+
+        Raises:
+            KeyError: A variable that does not exist.
+            ValueError: A malformed group, or ``key`` exists with another class or variables.
         """
+        where = f"optimizer {key!r} on {self.task_name}"
         with self._lock:
+            _check_groups(groups, where)
             for group in groups:
                 for name in group["names"]:
                     self._get(name)
-            tuples = _tuple_defaults(optimizer_class)
-            groups = [
-                {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in g.items()}
-                for g in groups
-            ]
             existing = self._optimizers.get(key)
-            if existing is not None and not overwrite:
-                if (
-                    existing.cls is not optimizer_class
-                    and existing.cls.__qualname__ != optimizer_class.__qualname__
-                ):
-                    raise ValueError(f"Optimizer {key!r} on {self.task_name} is a {existing.cls.__name__}.")
-                if existing.names != [list(g["names"]) for g in groups]:
-                    raise ValueError(f"Optimizer {key!r} on {self.task_name} has other variables.")
+            if existing is None or overwrite:
+                self._optimizers[key] = _Optimizer(optimizer_class, groups, self._vars)
+            elif existing.same_as(optimizer_class, groups):
                 existing.set_hyperparameters(
-                    [{k: v for k, v in g.items() if k != "names"} for g in groups], self.task_name
+                    [{k: v for k, v in g.items() if k != "names"} for g in groups], where
                 )
-                return
-            self._optimizers[key] = _Optimizer(optimizer_class, groups, self._vars)
+            else:
+                raise ValueError(
+                    f"An optimizer key keeps its class and variables. Received: {optimizer_class.__name__} "
+                    f"over {[list(g['names']) for g in groups]}, but {where} is a {existing.cls.__name__} "
+                    f"over {existing.names} (it has other variables). HINT: use another key, or overwrite."
+                )
 
     def _optimizer(self, key: str) -> _Optimizer:
         try:
             return self._optimizers[key]
         except KeyError:
-            raise KeyError(f"{self.task_name} has no optimizer {key!r}. {_CREATE_HINT}") from None
+            raise KeyError(
+                f"An optimizer must be created before it is used. Received: {key!r}, but {self.task_name} "
+                f"has no optimizer {key!r}. {_CREATE_HINT}"
+            ) from None
 
     def apply_gradients(
         self,
@@ -295,118 +343,164 @@ class VariableStore:
         grads: Sequence[torch.Tensor],
         hyperparameters: Sequence[Mapping[str, Any]] | None = None,
     ) -> int:
-        """One atomic optimizer step with the gradients of ``names``; others do not change."""
+        """One atomic step of optimizer ``key``; returns the new version.
+
+        Sets each group's ``hyperparameters`` (if given), the gradients of exactly ``names``
+        (dense or sparse COO), steps, and clears the gradients. The optimizer's other
+        variables do not change, not even through momentum or weight decay.
+
+        Raises:
+            KeyError: An unknown optimizer.
+            ValueError: A variable the optimizer does not update, not one gradient per distinct
+                name, a gradient's dtype or shape, or hyperparameters (see ``_Optimizer``).
+        """
+        where = f"optimizer {key!r} on {self.task_name}"
         with self._lock:
             optimizer = self._optimizer(key)
-            for name, grad in zip(names, grads, strict=True):
-                if name not in optimizer.members:
-                    raise ValueError(
-                        f"Variable {name!r} is not updated by optimizer {key!r} on {self.task_name}."
-                    )
-                self._check_like(name, self._vars[name], grad)
+            strangers = [n for n in names if n not in optimizer.members]
+            if strangers:
+                raise ValueError(
+                    f"Gradients go to the variables an optimizer updates. Received: {strangers}; variable "
+                    f"{strangers[0]!r} is not updated by {where}. "
+                    "HINT: push with the optimizer of those variables."
+                )
+            variables = self._pairs(names, grads, "gradient")
             if hyperparameters is not None:
-                optimizer.set_hyperparameters(hyperparameters, self.task_name)
-            if optimizer.torch is None or not names:
+                optimizer.set_hyperparameters(hyperparameters, where)
+            if not names:
                 return self._version
-            tensors = [self._vars[n] for n in names]
-            dense = not optimizer.takes_sparse()
-            for tensor, grad in zip(tensors, grads, strict=True):
-                # a sparse gradient is the dense one's nonzero rows: the same update either way
-                tensor.grad = grad.to_dense() if dense and grad.is_sparse else grad
-            try:
-                with torch.no_grad():
-                    optimizer.torch.step()
-            finally:
-                for tensor in tensors:
-                    tensor.grad = None
+            optimizer.step(variables, grads)
             return self._bump()
 
     def optimizer_state(self, key: str) -> dict[str, Any]:
-        """``{"state": {variable: {key: value}}, "groups": [hyperparameters]}`` (copies)."""
+        """``{"state": {variable: {key: value}}, "groups": [hyperparameters]}`` (copies).
+
+        Raises:
+            KeyError: An unknown optimizer.
+        """
         with self._lock:
             optimizer = self._optimizer(key)
             state: dict[str, dict[str, Any]] = {}
             if optimizer.torch is not None:
-                for names in optimizer.names:
-                    for name in names:
-                        entries = optimizer.torch.state.get(self._vars[name])
-                        if entries:
-                            state[name] = {
-                                k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entries.items()
-                            }
+                for name in (n for names in optimizer.names for n in names):
+                    entries = optimizer.torch.state.get(self._vars[name])
+                    if entries:
+                        state[name] = {
+                            k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entries.items()
+                        }
             return {"state": state, "groups": [dict(h) for h in optimizer.hyper]}
 
     def load_optimizer_state(self, key: str, state: Mapping[str, Any]) -> None:
-        """Restores what `optimizer_state` gave."""
+        """Restores what `optimizer_state` gave: variables absent from it lose their state.
+
+        Raises:
+            KeyError: An unknown optimizer.
+            ValueError: State of a variable the optimizer does not update, or ``groups`` that
+                do not fit (as for hyperparameters).
+        """
+        where = f"optimizer {key!r} on {self.task_name}"
         with self._lock:
             optimizer = self._optimizer(key)
+            strangers = sorted(set(state.get("state", {})) - optimizer.members)
+            if strangers:
+                raise ValueError(
+                    f"Optimizer state belongs to the variables the optimizer updates. Received: state of "
+                    f"{strangers}; variable {strangers[0]!r} is not updated by {where}. "
+                    f"HINT: load the state saved from this optimizer."
+                )
             if state.get("groups"):
-                optimizer.set_hyperparameters(state["groups"], self.task_name)
-            if optimizer.torch is None:
-                return
-            for name, entries in state.get("state", {}).items():
-                if name not in optimizer.members:
-                    raise ValueError(
-                        f"Variable {name!r} is not updated by optimizer {key!r} on {self.task_name}."
-                    )
-                optimizer.torch.state[self._vars[name]] = {
-                    k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entries.items()
-                }
+                optimizer.set_hyperparameters(state["groups"], where)
+            if optimizer.torch is not None:
+                optimizer.torch.state.clear()
+                for name, entries in state.get("state", {}).items():
+                    optimizer.torch.state[self._vars[name]] = {
+                        k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entries.items()
+                    }
             self._bump()
 
     # ------------------------------------------------------------------ RPC table
     def handlers(self) -> dict[str, Handler]:
-        """The RPC methods (header, tensors) -> (header, tensors): ``create``, ``read``,
-        ``read_if_newer``, ``read_rows``, ``assign``, ``assign_add``, ``version``, ``names``,
-        ``create_optimizer``, ``apply_gradients`` (see `encode_gradients`),
-        ``optimizer_state`` / ``load_optimizer_state`` (see `encode_optimizer_state`)."""
+        """The RPC methods, each ``(header, tensors) -> (header, tensors)``.
 
-        def create(h: dict[str, Any], t: list[torch.Tensor]) -> Any:
-            with self._lock:
-                for name, value in zip(h["names"], t, strict=True):
-                    self.create(name, value, overwrite=bool(h.get("overwrite")))
-            return {}, []
-
-        def read(h: dict[str, Any], t: list[torch.Tensor]) -> Any:
-            with self._lock:
-                return {"version": self._version}, self.read(h["names"])
-
-        def read_if_newer(h: dict[str, Any], t: list[torch.Tensor]) -> Any:
-            with self._lock:
-                if self._version == h.get("version"):
-                    return {"version": self._version, "changed": False}, []
-                return {"version": self._version, "changed": True}, self.read(h["names"])
-
-        def create_optimizer(h: dict[str, Any], t: list[torch.Tensor]) -> Any:
-            # The transport authenticated the caller before this runs: unpickling is safe here.
-            cls = cloudpickle.loads(base64.b64decode(h["optimizer"]))
-            self.create_optimizer(h["key"], cls, h["groups"], overwrite=bool(h.get("overwrite")))
-            return {}, []
-
-        def apply_gradients(h: dict[str, Any], t: list[torch.Tensor]) -> Any:
-            grads = decode_gradients(h, t)
-            with self._lock:  # with "return_values": the values right after this step
-                version = self.apply_gradients(h["key"], h["names"], grads, h.get("hyperparameters"))
-                return {"version": version}, self.read(h["names"]) if h.get("return_values") else []
-
-        def optimizer_state(h: dict[str, Any], t: list[torch.Tensor]) -> Any:
-            return encode_optimizer_state(self.optimizer_state(h["key"]))
-
-        def load_optimizer_state(h: dict[str, Any], t: list[torch.Tensor]) -> Any:
-            self.load_optimizer_state(h["key"], decode_optimizer_state(h, t))
-            return {}, []
-
+        - ``create``: ``{"names", "overwrite"}``, the values -> ``{}``.
+        - ``read``: ``{"names"}`` -> ``{"version"}``, the values.
+        - ``read_if_newer``: ``{"names", "version"}`` -> ``{"version", "changed"}``, the values
+          only if the version is not the one given.
+        - ``read_rows``: ``{"name"}``, ``[rows]`` -> ``{}``, ``[those rows]``.
+        - ``assign`` / ``assign_add``: ``{"names"}``, the values -> ``{"version"}``.
+        - ``create_optimizer``: ``{"key", "optimizer": encode_optimizer_class(cls), "groups",
+          "overwrite"}`` -> ``{}``. Hyperparameters arrive as JSON: lists become tuples where the
+          class's default is a tuple (Adam's betas).
+        - ``apply_gradients``: `encode_gradients`'s header plus ``{"key", "hyperparameters":
+          [per group] or null, "return_values": bool}``, its tensors -> ``{"version"}`` and, with
+          ``return_values``, the variables' values right after this step.
+        - ``optimizer_state``: ``{"key"}`` -> `encode_optimizer_state`'s header and tensors;
+          ``load_optimizer_state``: those plus ``"key"`` -> ``{"version"}``.
+        - ``version`` -> ``{"version"}``; ``names`` -> ``{"names"}``.
+        """
         return {
-            "create": create,
-            "read": read,
-            "read_if_newer": read_if_newer,
+            "create": self._rpc_create,
+            "read": self._rpc_read,
+            "read_if_newer": self._rpc_read_if_newer,
             "read_rows": lambda h, t: ({}, [self.read_rows(h["name"], t[0])]),
             "assign": lambda h, t: ({"version": self.assign(h["names"], t)}, []),
             "assign_add": lambda h, t: ({"version": self.assign_add(h["names"], t)}, []),
             "version": lambda h, t: ({"version": self._version}, []),
             "names": lambda h, t: ({"names": self.names()}, []),
-            "create_optimizer": create_optimizer,
-            "apply_gradients": apply_gradients,
-            "optimizer_state": optimizer_state,
-            "load_optimizer_state": load_optimizer_state,
+            "create_optimizer": self._rpc_create_optimizer,
+            "apply_gradients": self._rpc_apply_gradients,
+            "optimizer_state": lambda h, t: encode_optimizer_state(self.optimizer_state(h["key"])),
+            "load_optimizer_state": self._rpc_load_optimizer_state,
         }
+
+    def _rpc_create(self, header: dict[str, Any], tensors: list[torch.Tensor]) -> tuple[dict[str, Any], list]:
+        names = header["names"]
+        if len(names) != len(tensors):
+            raise ValueError(
+                f"create takes one tensor per name. Received: {len(names)} names and {len(tensors)} tensors. "
+                f"{MESSAGE_HINT}"
+            )
+        with self._lock:
+            for name, value in zip(names, tensors, strict=True):
+                self.create(name, value, overwrite=bool(header.get("overwrite")))
+        return {}, []
+
+    def _rpc_read(self, header: dict[str, Any], tensors: list[torch.Tensor]) -> tuple[dict[str, Any], list]:
+        with self._lock:
+            return {"version": self._version}, self.read(header["names"])
+
+    def _rpc_read_if_newer(
+        self, header: dict[str, Any], tensors: list[torch.Tensor]
+    ) -> tuple[dict[str, Any], list]:
+        with self._lock:
+            if self._version == header.get("version"):
+                return {"version": self._version, "changed": False}, []
+            return {"version": self._version, "changed": True}, self.read(header["names"])
+
+    def _rpc_create_optimizer(
+        self, header: dict[str, Any], tensors: list[torch.Tensor]
+    ) -> tuple[dict[str, Any], list]:
+        # Unpickling runs code; the transport authenticated the caller (the cluster's token)
+        # before any handler runs, so only the cluster's own tasks reach this.
+        optimizer_class = decode_optimizer_class(header["optimizer"])
+        self.create_optimizer(
+            header["key"], optimizer_class, header["groups"], overwrite=bool(header.get("overwrite"))
+        )
+        return {}, []
+
+    def _rpc_apply_gradients(
+        self, header: dict[str, Any], tensors: list[torch.Tensor]
+    ) -> tuple[dict[str, Any], list]:
+        grads = decode_gradients(header, tensors)
+        with self._lock:  # the values read belong to this very step
+            version = self.apply_gradients(
+                header["key"], header["names"], grads, header.get("hyperparameters")
+            )
+            return {"version": version}, self.read(header["names"]) if header.get("return_values") else []
+
+    def _rpc_load_optimizer_state(
+        self, header: dict[str, Any], tensors: list[torch.Tensor]
+    ) -> tuple[dict[str, Any], list]:
+        with self._lock:
+            self.load_optimizer_state(header["key"], decode_optimizer_state(header, tensors))
+            return {"version": self._version}, []

@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from phalanx.ps import sharding
-from phalanx.ps import store as store_lib
+from phalanx.ps import messages, sharding
 from phalanx.ps.transport import RpcClient
 
 __all__ = ["PSClient", "VariableHandle"]
@@ -195,7 +194,7 @@ class PSClient:
             optimizer_class: A ``torch.optim.Optimizer`` subclass.
             groups: Per param group: its variables and its hyperparameters.
         """
-        blob = store_lib.encode_optimizer_class(optimizer_class)
+        blob = messages.encode_optimizer_class(optimizer_class)
         work = {}
         for ps in range(self.num_ps):
             header = {
@@ -229,7 +228,7 @@ class PSClient:
         groups = self._per_ps(handles)
         work = {}
         for ps, pos in groups.items():
-            header, tensors = store_lib.encode_gradients(
+            header, tensors = messages.encode_gradients(
                 [handles[i].name for i in pos], [grads[i] for i in pos]
             )
             header["key"] = key
@@ -301,13 +300,13 @@ class PSClient:
         replies = self._each_ps(
             {ps: _bind(self.call, ps, "optimizer_state", {"key": key}) for ps in range(self.num_ps)}
         )
-        return [store_lib.decode_optimizer_state(*replies[ps]) for ps in range(self.num_ps)]
+        return [messages.decode_optimizer_state(*replies[ps]) for ps in range(self.num_ps)]
 
     def load_optimizer_state(self, key: str, states: Sequence[Mapping[str, Any]]) -> None:
         """Restores each ps task's state of optimizer ``key``."""
         work = {}
         for ps in range(self.num_ps):
-            header, tensors = store_lib.encode_optimizer_state(states[ps])
+            header, tensors = messages.encode_optimizer_state(states[ps])
             header["key"] = key
             work[ps] = _bind(self.call, ps, "load_optimizer_state", header, tensors)
         self._each_ps(work)

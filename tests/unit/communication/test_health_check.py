@@ -86,10 +86,12 @@ def test_the_thread_beats_until_stopped():
     check = HealthCheck(lambda: store, 0, 2, _name, timeout=10.0, interval=0.01)
     check.start()
     deadline = time.monotonic() + 10
-    while int(store.get(HealthCheck.key(0))) < 3 and time.monotonic() < deadline:
+    # add(key, 0) reads without blocking: HashStore.get waits for a missing key holding the GIL,
+    # so the heartbeat thread could never create it
+    while store.add(HealthCheck.key(0), 0) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     check.stop()
-    assert int(store.get(HealthCheck.key(0))) >= 3
+    assert store.add(HealthCheck.key(0), 0) >= 3
     assert check.failure is None
 
 
