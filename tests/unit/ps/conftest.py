@@ -28,10 +28,12 @@ class Cluster:
     def resolver(self) -> SimpleClusterResolver:
         return SimpleClusterResolver(self.spec, task_type="chief", task_id=0)
 
-    def strategy(self):
+    def strategy(self, partitioner=None):
         import phalanx
 
-        strategy = phalanx.ParameterServerStrategy(self.resolver(), connect_timeout=10)
+        strategy = phalanx.ParameterServerStrategy(
+            self.resolver(), variable_partitioner=partitioner, connect_timeout=10
+        )
         self.strategies.append(strategy)
         return strategy
 

@@ -30,6 +30,18 @@ def _data(n=8, seed=0):
     return x, x.sum(-1, keepdim=True)
 
 
+def _mse_step(model, optimizer, x, y):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def _train_locally(model, optimizer, xs, ys):
+    for x, y in zip(xs, ys, strict=True):
+        _mse_step(model, optimizer, x, y)
+
+
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -47,10 +59,7 @@ def test_one_worker_stepping_in_turn_equals_local_training(ps_1worker_2ps, make_
     xs, ys = _data()
     local = _model()
     local_opt = make_optimizer(local.parameters())
-    for x, y in zip(xs, ys, strict=True):
-        local_opt.zero_grad()
-        torch.nn.functional.mse_loss(local(x), y).backward()
-        local_opt.step()
+    _train_locally(local, local_opt, xs, ys)
 
     strategy = ps_1worker_2ps.strategy()
     coordinator = ClusterCoordinator(strategy)
@@ -86,16 +95,10 @@ def test_optimizer_state_loaded_on_the_coordinator_continues_training(ps_1worker
     xs, ys = _data()
     local = _model()
     local_opt = torch.optim.Adam(local.parameters(), lr=0.01)
-    for x, y in zip(xs, ys, strict=True):
-        local_opt.zero_grad()
-        torch.nn.functional.mse_loss(local(x), y).backward()
-        local_opt.step()
+    _train_locally(local, local_opt, xs, ys)
     half = _model()
     half_opt = torch.optim.Adam(half.parameters(), lr=0.01)
-    for x, y in zip(xs[:4], ys[:4], strict=True):
-        half_opt.zero_grad()
-        torch.nn.functional.mse_loss(half(x), y).backward()
-        half_opt.step()
+    _train_locally(half, half_opt, xs[:4], ys[:4])
 
     strategy = ps_1worker_2ps.strategy()
     coordinator = ClusterCoordinator(strategy)
@@ -106,10 +109,7 @@ def test_optimizer_state_loaded_on_the_coordinator_continues_training(ps_1worker
     optimizer.load_state_dict(half_opt.state_dict())
 
     def step(x, y):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()  # also outside strategy.run
+        _mse_step(model, optimizer, x, y)  # optimizer.step() outside strategy.run
 
     for x, y in zip(xs[4:], ys[4:], strict=True):
         coordinator.schedule(step, args=(x, y))
@@ -362,14 +362,8 @@ def test_a_partitioned_model_trains_like_a_local_one(ps_1worker_2ps, make_optimi
     xs, ys = _data()
     local = _model()
     local_opt = make_optimizer(local.parameters())
-    for x, y in zip(xs, ys, strict=True):
-        local_opt.zero_grad()
-        torch.nn.functional.mse_loss(local(x), y).backward()
-        local_opt.step()
-    strategy = phalanx.ParameterServerStrategy(
-        ps_1worker_2ps.resolver(), variable_partitioner=FixedShardsPartitioner(2), connect_timeout=10
-    )
-    ps_1worker_2ps.strategies.append(strategy)
+    _train_locally(local, local_opt, xs, ys)
+    strategy = ps_1worker_2ps.strategy(FixedShardsPartitioner(2))
     coordinator = ClusterCoordinator(strategy)
     with strategy.scope():
         model = _model()
@@ -380,10 +374,7 @@ def test_a_partitioned_model_trains_like_a_local_one(ps_1worker_2ps, make_optimi
     assert [s.shape for s in handles[0].shards] == [(4, 4), (4, 4)]
 
     def step(x, y):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        _mse_step(model, optimizer, x, y)
 
     for x, y in zip(xs, ys, strict=True):
         coordinator.schedule(step, args=(x, y))
@@ -439,10 +430,7 @@ def test_a_sharded_sparse_embedding_with_restored_optimizer_state_trains_like_a_
     half_opt = torch.optim.Adagrad(half.parameters(), lr=0.1)
     train(half, half_opt, ids[:3])
 
-    strategy = phalanx.ParameterServerStrategy(
-        ps_1worker_2ps.resolver(), variable_partitioner=FixedShardsPartitioner(3), connect_timeout=10
-    )
-    ps_1worker_2ps.strategies.append(strategy)
+    strategy = ps_1worker_2ps.strategy(FixedShardsPartitioner(3))
     coordinator = ClusterCoordinator(strategy)
     with strategy.scope():
         embedding = make()
@@ -493,10 +481,7 @@ def test_a_sharded_embedding_is_read_by_rows_and_trains_like_a_local_one(
     local = make()
     local_opt = make_optimizer(local.parameters())
     train(local, local_opt, ids)
-    strategy = phalanx.ParameterServerStrategy(
-        ps_1worker_2ps.resolver(), variable_partitioner=FixedShardsPartitioner(2), connect_timeout=10
-    )
-    ps_1worker_2ps.strategies.append(strategy)
+    strategy = ps_1worker_2ps.strategy(FixedShardsPartitioner(2))
     coordinator = ClusterCoordinator(strategy)
     with strategy.scope():
         model = make()
@@ -545,10 +530,7 @@ def test_a_tied_sharded_table_is_read_whole_where_another_module_uses_it(ps_1wor
     local_opt.zero_grad()
     local(ids).pow(2).mean().backward()
     local_opt.step()
-    strategy = phalanx.ParameterServerStrategy(
-        ps_1worker_2ps.resolver(), variable_partitioner=FixedShardsPartitioner(2), connect_timeout=10
-    )
-    ps_1worker_2ps.strategies.append(strategy)
+    strategy = ps_1worker_2ps.strategy(FixedShardsPartitioner(2))
     coordinator = ClusterCoordinator(strategy)
     with strategy.scope():
         model = make()
