@@ -36,9 +36,7 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -47,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.communication.health import DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_INTERVAL, HealthCheck
+from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.shared_memory import PeerGoneError, SharedMemoryAllReduce, shared_memory_supported
 
 __all__ = [
@@ -66,7 +65,6 @@ DEFAULT_JOIN_TIMEOUT = 120.0
 POLL_SECONDS = 0.5
 LOG_EVERY_SECONDS = 5.0
 LEAVE_TIMEOUT = 10.0
-KEEP_WORKS_SECONDS = 2.0
 JOIN_TIMEOUT_ENV = "PHALANX_JOIN_TIMEOUT_SECONDS"
 HEARTBEAT_TIMEOUT_ENV = "PHALANX_HEARTBEAT_TIMEOUT_SECONDS"
 _RESTART_HINT = "HINT: check that task's log; restart the job (BackupAndRestore resumes it)."
@@ -109,46 +107,6 @@ def _log_every(join_timeout: float) -> float:
 
 def _strip_brackets(host: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-class RecentWorks:
-    """Keeps every torch.distributed work alive for ``keep_seconds`` after it was started.
-
-    A gloo worker thread drops its reference to a work a moment after the work completes.
-    If that reference is the last one, the thread frees the work's tensors, which takes the
-    GIL; once the interpreter is finalizing, Python ends any thread that asks for the GIL,
-    here from inside a C++ destructor, and the process aborts ("terminate called without an
-    active exception"). Holding each work from Python for a while means a worker thread never
-    drops the last reference; `WorkerGroup.close` tears the process groups down (which joins
-    those threads) before it lets the last works go. Thread-safe.
-
-    Args:
-        keep_seconds: How long a work is held at least (longer while it has not completed).
-        clock: Monotonic clock (a fake one in tests).
-    """
-
-    def __init__(self, keep_seconds: float = KEEP_WORKS_SECONDS, clock: Callable[[], float] = time.monotonic):
-        self._keep, self._clock = keep_seconds, clock
-        self._works: deque[tuple[float, Any]] = deque()
-        self._lock = threading.Lock()
-
-    def add(self, work: Any) -> Any:
-        """Holds ``work`` (and lets go of the works older than ``keep_seconds`` that completed);
-        returns ``work``."""
-        now = self._clock()
-        with self._lock:
-            while self._works and now - self._works[0][0] > self._keep and self._works[0][1].is_completed():
-                self._works.popleft()
-            self._works.append((now, work))
-        return work
-
-    def __len__(self) -> int:
-        return len(self._works)
-
-    def clear(self) -> None:
-        """Lets every work go (once no process-group thread can hold one any more)."""
-        with self._lock:
-            self._works.clear()
 
 
 class WorkerGroup:

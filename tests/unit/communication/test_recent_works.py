@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from phalanx.communication.collectives import RecentWorks
+from phalanx.communication.recent_works import RecentWorks
 
 
 class Clock:
