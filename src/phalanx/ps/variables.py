@@ -166,11 +166,6 @@ class PSClient:
             out[mine] = parts[i][1][0]
         return out
 
-    def versions(self) -> list[int]:
-        """Every ps task's write counter (it changes whenever any of its variables changed)."""
-        replies = self._each_ps({ps: _bind(self.call, ps, "version", {}) for ps in range(self.num_ps)})
-        return [int(replies[ps][0]["version"]) for ps in range(self.num_ps)]
-
     def write(self, method: str, handles: Sequence[VariableHandle], values: Sequence[torch.Tensor]) -> None:
         """``assign`` or ``assign_add`` of ``values`` to ``handles``."""
         handles, values = self._expand(handles, values)

@@ -109,7 +109,7 @@ class WorkerEnvironment:
         self.resources: dict[str, Any] = {}
         self.optimizers: set[str] = set()
         self.used: dict[str, VariableHandle] = {}
-        self.buffers_read: dict[str, tuple[int, torch.Tensor]] = {}
+        self.buffers_read: dict[str, torch.Tensor] = {}  # buffer values as read
         self.read_at: dict[str, int] = {}  # the ps version each local copy was read at
         self.ps_version: dict[int, int] = {}  # the latest version seen of each ps task
         self.lazy: dict[str, VariableHandle] = {}  # sharded embedding tables, read by rows
@@ -186,7 +186,7 @@ class WorkerEnvironment:
                     tensor.copy_(values[i])
                     self.read_at[handle.name] = versions[handle.ps]
                 if handle.kind == "buffer":
-                    self.buffers_read[handle.name] = (tensor._version, tensor.detach().clone())
+                    self.buffers_read[handle.name] = tensor.detach().clone()
         self.ps_version.update(versions)
 
     def _updated(
@@ -209,7 +209,7 @@ class WorkerEnvironment:
     def push_buffer_changes(self) -> None:
         """Adds to the ps copies what the function changed in module buffers."""
         handles, deltas = [], []
-        for name, (_, read) in self.buffers_read.items():
+        for name, read in self.buffers_read.items():
             tensor = self.variables[name]
             # by value: kernels such as batch_norm update running statistics without a version bump
             if not torch.equal(tensor, read):
