@@ -38,6 +38,12 @@ def test_training_is_asynchronous_on_every_worker_and_the_variables_live_on_the_
     assert result["bias_seen_by_worker"] == 123.0
 
 
+def test_model_fit_trains_on_every_worker_process(tmp_path):
+    result, _ = _run(tmp_path, "fit")
+    assert result["losses"][-1] < result["losses"][0]
+    assert result["examples_counted"] == 256  # the last epoch's metric updates all reached the ps
+
+
 def test_a_failing_function_cancels_the_queued_ones_and_join_raises_its_error(tmp_path):
     result, _ = _run(tmp_path, "error")
     assert "a bad batch" in result["join_raised"]

@@ -1,7 +1,7 @@
 """A parameter-server cluster: the chief trains through a ClusterCoordinator, checks the
 results and writes them to OUT_DIR/ps.json; workers and ps tasks serve.
 
-usage: ps_checks.py OUT_DIR MODE   (MODE: train | error | kill-worker | kill-ps)
+usage: ps_checks.py OUT_DIR MODE   (MODE: train | fit | error | kill-worker | kill-ps)
 """
 
 import json
@@ -94,6 +94,24 @@ if mode == "train":
         model[2].bias.fill_(123.0)
     seen = coordinator.schedule(lambda: model[2].bias[0].item())
     result["bias_seen_by_worker"] = seen.fetch()
+elif mode == "fit":
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 4, generator=g)
+    y = (x.sum(1) > 0).long()
+    with strategy.scope():
+        torch.manual_seed(0)
+        keras_model = phalanx.Model(
+            torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        )
+        keras_model.compile(
+            optimizer="adam",
+            loss=phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    history = keras_model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    result["losses"] = history.history["loss"]
+    result["accuracy"] = history.history["accuracy"]
+    result["examples_counted"] = int(keras_model._loss_tracker.count)
 elif mode == "error":
     failing = coordinator.schedule(fails, args=(iterator,))
     later = [coordinator.schedule(step, args=(iterator,)) for _ in range(3)]
