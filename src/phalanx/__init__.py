@@ -24,7 +24,7 @@ from phalanx.context import (
 )
 from phalanx.input.distributed_dataset import DistributedDataset, DistributedIterator
 from phalanx.input.options import AutoShardPolicy, InputContext, InputOptions
-from phalanx.keras import Model, load_model
+from phalanx.keras import Model, SidecarEvaluator, load_model
 from phalanx.nn.losses import compute_average_loss, scale_regularization_loss
 from phalanx.strategies import (
     CentralStorageStrategy,
@@ -70,6 +70,7 @@ __all__ = [
     "ReductionToOneDevice",
     "ReplicaContext",
     "Server",
+    "SidecarEvaluator",
     "Strategy",
     "SyncOnReadVariable",
     "VariableAggregation",

@@ -31,6 +31,7 @@ EXPECTED = sorted(
         "ReductionToOneDevice",
         "ReplicaContext",
         "Server",
+        "SidecarEvaluator",
         "Strategy",
         "SyncOnReadVariable",
         "VariableAggregation",

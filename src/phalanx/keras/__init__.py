@@ -2,5 +2,6 @@
 
 from phalanx.keras.model import Model
 from phalanx.keras.saving import load_model
+from phalanx.keras.sidecar_evaluator import SidecarEvaluator
 
-__all__ = ["Model", "load_model"]
+__all__ = ["Model", "SidecarEvaluator", "load_model"]
