@@ -1,4 +1,4 @@
-"""Shared fixtures: named strategies and per-test hygiene (CONVENTIONS.md, Tests)."""
+"""Shared fixtures: named strategies and per-test hygiene (docs/testing.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The global torch hooks through which strategies see modules and optimizers (DESIGN.md 4.2/4.3).
+"""The global torch hooks through which strategies see modules and optimizers.
+
+See docs/architecture.md, "Distributed variables" and "The optimizer step".
 
 Installed once, the first time any strategy scope is entered (never at import). Each hook
 asks the strategy current on *this thread*; outside a scope it changes nothing.

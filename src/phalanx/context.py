@@ -1,4 +1,4 @@
-"""The per-thread stack of strategy and replica contexts (DESIGN.md 4.1).
+"""The per-thread stack of strategy and replica contexts (docs/architecture.md, "Contexts").
 
 Outside any scope a thread sees the default strategy in its default replica context.
 `strategy.scope()` pushes a cross-replica frame; `strategy.run` pushes a replica frame in

@@ -1,4 +1,6 @@
-"""Distributed variables: parameters and buffers that live once per replica (DESIGN.md 4.2).
+"""Distributed variables: parameters and buffers that live once per replica.
+
+See docs/architecture.md, "Distributed variables".
 
 A distributed variable is a `torch.Tensor` subclass that modules hold as their parameter or
 buffer. Every torch operation on it goes through `__torch_function__`, which resolves it to

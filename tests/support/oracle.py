@@ -1,4 +1,4 @@
-"""The problem the TF reference trajectories were recorded on (../shared/oracles/README.md)."""
+"""The problem the TF reference trajectories were recorded on (tests/parity/oracles/README.md)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from torch import nn
 
 import phalanx
 
-ORACLES = Path(
-    os.environ.get("PHALANX_ORACLES", Path(__file__).resolve().parents[2].parent / "shared" / "oracles")
-)
+# The trajectories live in the repository; PHALANX_ORACLES points elsewhere (e.g. a fresh recording).
+ORACLES = Path(os.environ.get("PHALANX_ORACLES", Path(__file__).resolve().parents[1] / "parity" / "oracles"))
 GLOBAL_BATCH = 32
 WEIGHT_TOL = {"rtol": 1e-5, "atol": 1e-6}
 LOSS_TOL = {"rtol": 1e-5, "atol": 1e-5}

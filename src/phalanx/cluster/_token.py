@@ -1,4 +1,4 @@
-"""The shared secret every task of a parameter-server cluster presents (DESIGN.md 5)."""
+"""The shared secret every task of a parameter-server cluster presents (docs/security.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Distributed datasets: global batches in, one slice per replica out (DESIGN.md 4.5)."""
+"""Distributed datasets: global batches in, one slice per replica out (docs/architecture.md, "Input")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Gradient synchronisation at ``optimizer.step()``: TF's apply_gradients merge point (DESIGN.md 4.3).
+"""Gradient synchronisation at ``optimizer.step()``: TF's apply_gradients merge point.
+
+See docs/architecture.md, "The optimizer step".
 
 Every replica packs its gradients (in its own thread), the replicas meet, the last to arrive
 sums the packs (and all-reduces them across workers), and each replica then installs its

@@ -1,4 +1,6 @@
-"""Per-replica optimizer state: every replica keeps its own momentum, step count, ... (DESIGN.md 4.3).
+"""Per-replica optimizer state: every replica keeps its own momentum, step count, ....
+
+See docs/architecture.md, "The optimizer step".
 
 A shared ``optimizer.state`` would let replicas clobber each other's buffers and count each
 step once per replica. This mapping sends ``optimizer.state[p]`` to the calling replica's
