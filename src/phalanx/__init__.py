@@ -14,7 +14,7 @@ from phalanx.communication import (
     NcclAllReduce,
     ReductionToOneDevice,
 )
-from phalanx.communication.options import CommunicationImplementation, CommunicationOptions
+from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
 from phalanx.context import (
     experimental_set_strategy,
     get_replica_context,
@@ -23,9 +23,9 @@ from phalanx.context import (
     in_cross_replica_context,
 )
 from phalanx.input.distributed_dataset import DistributedDataset, DistributedIterator
-from phalanx.input.options import AutoShardPolicy, InputContext, InputOptions
+from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions
 from phalanx.keras import Model, SidecarEvaluator, load_model
-from phalanx.nn.losses import compute_average_loss, scale_regularization_loss
+from phalanx.losses.averaging import compute_average_loss, scale_regularization_loss
 from phalanx.strategies import (
     CentralStorageStrategy,
     MirroredStrategy,

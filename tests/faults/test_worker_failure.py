@@ -17,7 +17,7 @@ import pytest
 
 import phalanx
 from phalanx.cluster import SimpleClusterResolver, launch
-from phalanx.communication.collectives import PeerUnavailableError
+from phalanx.communication.worker_group import PeerUnavailableError
 
 pytestmark = pytest.mark.multiprocess
 SCRIPTS = Path(__file__).resolve().parents[1] / "multiprocess" / "scripts"

@@ -59,7 +59,7 @@ def test_true_global_count_for_odd_partial_batch(mirrored_2cpu):
     dist = mirrored_2cpu.experimental_distribute_dataset([(x, y)])
 
     def step(xb, yb):
-        per_example = phalanx.nn.losses.compute_average_loss(
+        per_example = phalanx.nn.compute_average_loss(
             __import__("torch").nn.functional.cross_entropy(model(xb), yb, reduction="none")
         )
         return per_example

@@ -5,6 +5,7 @@ written by the chief only (others write a temporary copy that is removed), and o
 chief prints.
 """
 
+from phalanx.callbacks.backup_and_restore import BackupAndRestore
 from phalanx.callbacks.callback import Callback
 from phalanx.callbacks.callback_list import CallbackList
 from phalanx.callbacks.csv_logger import CSVLogger
@@ -36,11 +37,3 @@ __all__ = [
     "TerminateOnNaN",
 ]
 
-
-def __getattr__(name: str) -> object:
-    # BackupAndRestore lives with the checkpointing it relies on; imported on first use (no cycle).
-    if name == "BackupAndRestore":
-        from phalanx.keras.backup_and_restore import BackupAndRestore
-
-        return BackupAndRestore
-    raise AttributeError(f"module 'phalanx.callbacks' has no attribute {name!r}")

@@ -141,7 +141,7 @@ class SharedMemoryAllReduce:
         name: ``name(rank) -> "worker:1"`` for messages.
         timeout: Seconds one call may wait for the others.
         keep: Called with every work this transport starts on ``group`` (see
-            `phalanx.communication.collectives.RecentWorks`); returns it.
+            `phalanx.communication.worker_group.RecentWorks`); returns it.
     """
 
     def __init__(

@@ -7,8 +7,8 @@ cardinality sentinels; ``AUTOTUNE`` lets phalanx pick a degree of parallelism.
 
 from phalanx.data.cardinality import INFINITE, UNKNOWN
 from phalanx.data.dataset import Dataset
-from phalanx.data.options import DistributeOptions, Options
+from phalanx.data.dataset_options import DistributeOptions, Options
 from phalanx.data.parallel import AUTOTUNE
-from phalanx.input.options import AutoShardPolicy
+from phalanx.input.input_options import AutoShardPolicy
 
 __all__ = ["AUTOTUNE", "INFINITE", "UNKNOWN", "AutoShardPolicy", "Dataset", "DistributeOptions", "Options"]

@@ -20,9 +20,9 @@ from phalanx.data._checks import require_callable, require_int
 from phalanx.data.batching import Batch, Unbatch
 from phalanx.data.cardinality import INFINITE, describe, is_known
 from phalanx.data.combine import Concatenate, Zip
+from phalanx.data.dataset_options import Options
 from phalanx.data.interleave import Interleave
 from phalanx.data.op import Op
-from phalanx.data.options import Options
 from phalanx.data.parallel import AUTOTUNE, resolve_parallelism
 from phalanx.data.prefetch import Prefetch
 from phalanx.data.repeat import Repeat

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from phalanx.data.dataset import Dataset
-    from phalanx.data.options import Options
+    from phalanx.data.dataset_options import Options
     from phalanx.data.rows import Rows
 
 __all__ = ["Op"]

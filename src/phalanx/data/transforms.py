@@ -15,7 +15,7 @@ from phalanx.data.parallel import parallel_map
 
 if TYPE_CHECKING:
     from phalanx.data.dataset import Dataset
-    from phalanx.data.options import Options
+    from phalanx.data.dataset_options import Options
 
 __all__ = ["Cache", "Enumerate", "Filter", "Map", "WithOptions"]
 

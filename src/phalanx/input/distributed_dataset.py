@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from phalanx.input.options import AutoShardPolicy, InputContext, InputOptions
+from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions
 from phalanx.input.splitting import as_tensors, batch_size_of, slice_batch, split_sizes
 from phalanx.values import map_structure, regroup
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from phalanx.input.options import AutoShardPolicy
+from phalanx.input.input_options import AutoShardPolicy
 
 if TYPE_CHECKING:
     from phalanx.keras.data_adapter import DataHandler

@@ -12,7 +12,7 @@ from phalanx.keras import optimizers
 from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch
 from phalanx.keras.compile_utils import LossContainer, identifier_config, resolve_metrics
 from phalanx.keras.data_adapter import DataHandler, split_validation
-from phalanx.nn.losses import compute_average_loss
+from phalanx.losses.averaging import compute_average_loss
 
 __all__ = ["Model"]
 

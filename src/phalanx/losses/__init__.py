@@ -7,6 +7,16 @@ size, TensorFlow's distributed convention (see ``phalanx.compute_average_loss``)
 """
 
 from phalanx.losses._resolve import get
+from phalanx.losses.averaging import compute_average_loss, scale_regularization_loss
+from phalanx.losses.builtin import (
+    BinaryCrossentropy,
+    CategoricalCrossentropy,
+    Huber,
+    LossFunctionWrapper,
+    MeanAbsoluteError,
+    MeanSquaredError,
+    SparseCategoricalCrossentropy,
+)
 from phalanx.losses.functions import (
     binary_crossentropy,
     categorical_crossentropy,
@@ -16,15 +26,6 @@ from phalanx.losses.functions import (
     sparse_categorical_crossentropy,
 )
 from phalanx.losses.loss import Loss
-from phalanx.losses.losses import (
-    BinaryCrossentropy,
-    CategoricalCrossentropy,
-    Huber,
-    LossFunctionWrapper,
-    MeanAbsoluteError,
-    MeanSquaredError,
-    SparseCategoricalCrossentropy,
-)
 
 __all__ = [
     "BinaryCrossentropy",
@@ -37,9 +38,11 @@ __all__ = [
     "SparseCategoricalCrossentropy",
     "binary_crossentropy",
     "categorical_crossentropy",
+    "compute_average_loss",
     "get",
     "huber",
     "mean_absolute_error",
     "mean_squared_error",
+    "scale_regularization_loss",
     "sparse_categorical_crossentropy",
 ]

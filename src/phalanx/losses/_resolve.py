@@ -5,27 +5,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from phalanx.losses import functions, losses
+from phalanx.losses import builtin, functions
 from phalanx.losses._utils import to_snake_case
 from phalanx.losses.loss import Loss
 
 __all__ = ["get"]
 
 _CLASSES: list[type[Loss]] = [
-    losses.BinaryCrossentropy,
-    losses.CategoricalCrossentropy,
-    losses.Huber,
-    losses.MeanAbsoluteError,
-    losses.MeanSquaredError,
-    losses.SparseCategoricalCrossentropy,
+    builtin.BinaryCrossentropy,
+    builtin.CategoricalCrossentropy,
+    builtin.Huber,
+    builtin.MeanAbsoluteError,
+    builtin.MeanSquaredError,
+    builtin.SparseCategoricalCrossentropy,
 ]
 _FUNCTION_CLASS: dict[Callable[..., Any], type[Loss]] = {
-    functions.binary_crossentropy: losses.BinaryCrossentropy,
-    functions.categorical_crossentropy: losses.CategoricalCrossentropy,
-    functions.huber: losses.Huber,
-    functions.mean_absolute_error: losses.MeanAbsoluteError,
-    functions.mean_squared_error: losses.MeanSquaredError,
-    functions.sparse_categorical_crossentropy: losses.SparseCategoricalCrossentropy,
+    functions.binary_crossentropy: builtin.BinaryCrossentropy,
+    functions.categorical_crossentropy: builtin.CategoricalCrossentropy,
+    functions.huber: builtin.Huber,
+    functions.mean_absolute_error: builtin.MeanAbsoluteError,
+    functions.mean_squared_error: builtin.MeanSquaredError,
+    functions.sparse_categorical_crossentropy: builtin.SparseCategoricalCrossentropy,
 }
 _ALIASES = {"mse": "mean_squared_error", "mae": "mean_absolute_error", "bce": "binary_crossentropy"}
 
@@ -68,7 +68,7 @@ def get(identifier: Any) -> Loss:
         return identifier()
     if callable(identifier):
         cls = _FUNCTION_CLASS.get(identifier)
-        return cls() if cls is not None else losses.LossFunctionWrapper(identifier)
+        return cls() if cls is not None else builtin.LossFunctionWrapper(identifier)
     raise ValueError(
         "A loss must be a name, a config dict, a phalanx.losses.Loss or a function "
         f"fn(y_true, y_pred). Received: {identifier!r}. HINT: e.g. loss='sparse_categorical_crossentropy'."

@@ -335,7 +335,7 @@ class _LocalIterator:
 
 
 def _call_dataset_fn(fn: Callable[..., Any], env: WorkerEnvironment) -> Any:
-    from phalanx.input.options import InputContext
+    from phalanx.input.input_options import InputContext
 
     try:
         wants_context = len(inspect.signature(fn).parameters) >= 1

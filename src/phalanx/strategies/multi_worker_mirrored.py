@@ -13,7 +13,8 @@ import torch
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.cluster.validation import validate_for_strategy
 from phalanx.communication.bucketing import GradientBuckets
-from phalanx.communication.collectives import (
+from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
+from phalanx.communication.worker_group import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_JOIN_TIMEOUT,
     HEARTBEAT_TIMEOUT_ENV,
@@ -21,7 +22,6 @@ from phalanx.communication.collectives import (
     WorkerGroup,
     seconds_from_env,
 )
-from phalanx.communication.options import CommunicationImplementation, CommunicationOptions
 from phalanx.strategies._gradients import GradientSync
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 from phalanx.values import ReduceOp
@@ -106,7 +106,7 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     Every collective has a deadline and a health check: a worker that dies or stops answering
     becomes a `PeerUnavailableError` naming it on the others, within ``heartbeat_timeout`` +
-    1.5 s (about 12 s by default; see `phalanx.communication.collectives`).
+    1.5 s (about 12 s by default; see `phalanx.communication.worker_group`).
 
     Args:
         cluster_resolver: Where the workers are; default ``phalanx.cluster.resolve_cluster()``.

@@ -11,7 +11,7 @@ from phalanx import context
 from phalanx.values import ReduceOp, regroup, select_replica
 
 if TYPE_CHECKING:
-    from phalanx.communication.options import CommunicationOptions
+    from phalanx.communication.communication_options import CommunicationOptions
     from phalanx.strategies.strategy import Strategy
 
 __all__ = ["ReplicaContext"]
@@ -89,7 +89,7 @@ class ReplicaContext:
         gradients (MEAN divides both ways by the replica count). ``value`` may be a nested
         structure of tensors; same shapes and dtypes on every replica.
         """
-        from phalanx.strategies._collectives import all_reduce_structure
+        from phalanx.strategies._replica_collectives import all_reduce_structure
 
         return all_reduce_structure(self, ReduceOp.coerce(reduce_op), value, options)
 
@@ -99,7 +99,7 @@ class ReplicaContext:
         Shapes may differ along ``axis`` only. Differentiable: each replica's gradient is its
         slice of the summed gradient.
         """
-        from phalanx.strategies._collectives import all_gather_structure
+        from phalanx.strategies._replica_collectives import all_gather_structure
 
         return all_gather_structure(self, value, axis, options)
 

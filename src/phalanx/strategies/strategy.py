@@ -30,8 +30,8 @@ from phalanx.values import DistributedValues, PerReplica, flatten, regroup, sele
 
 if TYPE_CHECKING:
     from phalanx.cluster import ClusterResolver
-    from phalanx.communication.options import CommunicationOptions
-    from phalanx.input.options import InputContext, InputOptions
+    from phalanx.communication.communication_options import CommunicationOptions
+    from phalanx.input.input_options import InputContext, InputOptions
 
 __all__ = ["Strategy", "ValueContext"]
 

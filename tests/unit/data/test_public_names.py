@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import phalanx.data
-from phalanx.input.options import AutoShardPolicy
+from phalanx.input.input_options import AutoShardPolicy
 
 
 def test_public_names_are_frozen():

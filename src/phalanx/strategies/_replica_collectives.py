@@ -14,7 +14,7 @@ import torch
 from phalanx.values import ReduceOp, flatten
 
 if TYPE_CHECKING:
-    from phalanx.communication.options import CommunicationOptions
+    from phalanx.communication.communication_options import CommunicationOptions
     from phalanx.strategies.replica_context import ReplicaContext
     from phalanx.strategies.strategy import Strategy
 

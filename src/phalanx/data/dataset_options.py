@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.input.options import AutoShardPolicy
+from phalanx.input.input_options import AutoShardPolicy
 
 __all__ = ["DistributeOptions", "Options"]
 

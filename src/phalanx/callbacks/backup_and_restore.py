@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from phalanx.callbacks.callback import Callback
 from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
 
 __all__ = ["BackupAndRestore"]
@@ -16,13 +17,7 @@ _FILE = "backup.pt"
 FORMAT = "phalanx.backup/1"
 
 
-def _callback_base() -> type:
-    from phalanx.callbacks import Callback
-
-    return Callback
-
-
-class BackupAndRestore(_callback_base()):  # type: ignore[misc]
+class BackupAndRestore(Callback):
     """Backs up training state and, when `fit` is run again, resumes from it (tf.keras's).
 
     The backup holds the weights, the optimizer state, the metric totals, the random
