@@ -75,7 +75,7 @@ def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> None:
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     replica = context._state.replica
     if replica is not None:
-        replica[0]._gradients.before_step(optimizer, replica[1])
+        replica[0]._step_sync.before_step(optimizer, replica[1])
         return
     frame = context._top()
     if frame is not None:
@@ -95,4 +95,4 @@ def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
 def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     replica = context._state.replica
     if replica is not None:
-        replica[0]._gradients.after_step(optimizer, replica[1])
+        replica[0]._step_sync.after_step(optimizer, replica[1])

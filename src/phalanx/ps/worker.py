@@ -52,10 +52,10 @@ class _PushGradients:
     def __init__(self, env: WorkerEnvironment) -> None:
         self._env = env
 
-    def before_step(self, optimizer: torch.optim.Optimizer, replica_id: int) -> None:
+    def before_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
         self._env.push_gradients(optimizer)
 
-    def after_step(self, optimizer: torch.optim.Optimizer, replica_id: int) -> None:
+    def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
         return None
 
     def reset_thread(self) -> None:
@@ -69,7 +69,7 @@ class WorkerStrategy(Strategy):
     def __init__(self, env: WorkerEnvironment) -> None:
         super().__init__(["cpu:0"])
         self._env = env
-        self._gradients = _PushGradients(env)  # type: ignore[assignment]
+        self._step_sync = _PushGradients(env)
 
     @property
     def worker_index(self) -> int:

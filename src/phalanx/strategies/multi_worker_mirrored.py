@@ -165,7 +165,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             self._group = self._join(join_timeout, heartbeat_timeout)
             if self._num_local_replicas == 1:
                 self._buckets = self._make_buckets(self._group)
-                self._gradients = _BucketSync(self, self._buckets)
+                self._step_sync = _BucketSync(self, self._buckets)
 
     def _join(self, join_timeout: float | None, heartbeat_timeout: float | None) -> WorkerGroup:
         join = join_timeout

@@ -75,10 +75,10 @@ _STEP_ON_THE_COORDINATOR = (
 class _NoStepsHere:
     """The coordinator's optimizer-step hook: steps belong in scheduled functions."""
 
-    def before_step(self, optimizer: torch.optim.Optimizer, replica_id: int) -> None:
+    def before_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
         raise RuntimeError(_STEP_ON_THE_COORDINATOR)
 
-    def after_step(self, optimizer: torch.optim.Optimizer, replica_id: int) -> None:
+    def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
         return None
 
     def reset_thread(self) -> None:
@@ -133,7 +133,7 @@ class ParameterServerStrategy(Strategy):
         self._count = 0
         self._stale = False
         self._lock = threading.RLock()
-        self._gradients = _NoStepsHere()  # type: ignore[assignment]
+        self._step_sync = _NoStepsHere()
         _coordinators[id(self)] = self
 
     def _client(self, job: str, index: int) -> RpcClient:

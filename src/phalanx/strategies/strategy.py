@@ -26,6 +26,7 @@ from phalanx.strategies._rendezvous import Rendezvous
 from phalanx.strategies._replica_threads import ReplicaThreads
 from phalanx.strategies._variable_policy import VariablePolicyMixin
 from phalanx.strategies.replica_context import ReplicaContext
+from phalanx.strategies.step_sync import StepSync
 from phalanx.values import DistributedValues, PerReplica, flatten, regroup, select_replica
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         # batch size and the replicas' example offsets, for the `run` that receives it.
         self._batches: dict[int, tuple[Any, int | None, list[int] | None]] = {}
         self._run_count = 0
-        self._gradients = GradientSync(self)
+        self._step_sync: StepSync = GradientSync(self)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -234,7 +235,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
             finally:
                 state.stack.pop()
                 state.replica = previous
-                self._gradients.reset_thread()
+                self._step_sync.reset_thread()
         grad_mode = torch.is_grad_enabled()
         modes = _thread_modes()
 
@@ -248,7 +249,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
                 try:
                     return fn(*select_replica(i, args), **select_replica(i, kwargs))
                 finally:
-                    self._gradients.reset_thread()
+                    self._step_sync.reset_thread()
 
         self._rendezvous.reset()
         # Replicas share the cores: each replica thread gets its share of the intra-op threads
