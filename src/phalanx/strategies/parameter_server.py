@@ -29,17 +29,17 @@ import torch
 from phalanx.cluster._token import cluster_token
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.ps import sharding
-from phalanx.ps import worker as worker_lib
 from phalanx.ps.partitioners import shard_rows
 from phalanx.ps.pickling import dumps
 from phalanx.ps.transport import RpcClient
 from phalanx.ps.variables import PSClient, VariableHandle
+from phalanx.ps.worker import environment as worker_lib
 from phalanx.strategies.strategy import Strategy
 
 if TYPE_CHECKING:
-    from phalanx.coordinator.closure import Closure
-    from phalanx.coordinator.cluster_coordinator import ClusterCoordinator
-    from phalanx.coordinator.remote_worker import RemoteWorker
+    from phalanx.ps.coordinator.closure import Closure
+    from phalanx.ps.coordinator.cluster_coordinator import ClusterCoordinator
+    from phalanx.ps.coordinator.remote_worker import RemoteWorker
 
 __all__ = ["ParameterServerStrategy"]
 
@@ -256,7 +256,7 @@ class ParameterServerStrategy(Strategy):
 
     # ------------------------------------------------------------------ scheduling
     def _connect_workers(self) -> list[RemoteWorker]:
-        from phalanx.coordinator.remote_worker import RemoteWorker
+        from phalanx.ps.coordinator.remote_worker import RemoteWorker
 
         return [RemoteWorker(i, self._client("worker", i)) for i in range(self._spec.num_tasks("worker"))]
 

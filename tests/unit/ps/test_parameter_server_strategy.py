@@ -11,7 +11,6 @@ import torch
 import phalanx
 from phalanx.cluster._token import TOKEN_ENV
 from phalanx.cluster.resolvers import SimpleClusterResolver
-from phalanx.cluster.server import Server
 from phalanx.coordinator import (
     ClosureAbortedError,
     ClusterCoordinator,
@@ -19,9 +18,10 @@ from phalanx.coordinator import (
     OutOfRangeError,
     PerWorkerValues,
 )
+from phalanx.ps.server import Server
 from phalanx.ps.transport import AuthenticationError, TaskUnavailableError
 from phalanx.ps.variables import VariableHandle
-from phalanx.ps.worker import _worker_variable
+from phalanx.ps.worker.environment import _worker_variable
 
 
 def _data(n=8, seed=0):

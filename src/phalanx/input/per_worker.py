@@ -27,7 +27,7 @@ class PerWorkerValues:
         self._values = tuple(values)
 
     def __reduce__(self) -> Any:
-        from phalanx.ps.worker import _worker_value
+        from phalanx.ps.worker.environment import _worker_value
 
         return _worker_value, (self._values,)
 
@@ -62,7 +62,7 @@ class PerWorkerDataset:
         return PerWorkerIterator(self)
 
     def __reduce__(self) -> Any:
-        from phalanx.ps.worker import _worker_dataset
+        from phalanx.ps.worker.environment import _worker_dataset
 
         return _worker_dataset, (self._id, self._make)
 
@@ -85,6 +85,6 @@ class PerWorkerIterator:
         return self
 
     def __reduce__(self) -> Any:
-        from phalanx.ps.worker import _worker_iterator
+        from phalanx.ps.worker.environment import _worker_iterator
 
         return _worker_iterator, (self._id, self._dataset._id, self._dataset._make)

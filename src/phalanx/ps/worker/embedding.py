@@ -21,7 +21,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 if TYPE_CHECKING:
-    from phalanx.ps.worker import WorkerEnvironment
+    from phalanx.ps.worker.environment import WorkerEnvironment
 
 __all__ = ["install", "sparse_gradient"]
 
@@ -40,9 +40,9 @@ def install() -> None:
 
 
 def _env() -> WorkerEnvironment | None:
-    from phalanx.ps import worker
+    from phalanx.ps.worker import environment
 
-    return getattr(worker._current, "env", None)
+    return getattr(environment._current, "env", None)
 
 
 def _before_forward(module: torch.nn.Module, args: Any) -> None:

@@ -22,8 +22,9 @@ from typing import Any
 import cloudpickle
 import torch
 
-from phalanx.ps import embedding, pickling
+from phalanx.ps import pickling
 from phalanx.ps.variables import PSClient, VariableHandle
+from phalanx.ps.worker import embedding
 from phalanx.strategies.strategy import Strategy
 
 __all__ = ["OutOfRangeError", "WorkerEnvironment", "WorkerStrategy"]

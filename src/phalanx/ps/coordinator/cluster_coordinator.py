@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from phalanx.coordinator.closure import Closure, ClosureQueue
-from phalanx.coordinator.remote_value import RemoteValue
-from phalanx.coordinator.remote_worker import RemoteWorker, WorkerLostError
-from phalanx.coordinator.values import PerWorkerDataset, PerWorkerValues
+from phalanx.input.per_worker import PerWorkerDataset, PerWorkerValues
+from phalanx.ps.coordinator.closure import Closure, ClosureQueue
+from phalanx.ps.coordinator.remote_value import RemoteValue
+from phalanx.ps.coordinator.remote_worker import RemoteWorker, WorkerLostError
 
 if TYPE_CHECKING:
     from phalanx.strategies.parameter_server import ParameterServerStrategy

@@ -4,11 +4,11 @@
 `PerWorkerValues` and per-worker datasets give each worker its own copy of a value.
 """
 
-from phalanx.coordinator.closure import ClosureAbortedError
-from phalanx.coordinator.cluster_coordinator import ClusterCoordinator, NoWorkerAvailableError
-from phalanx.coordinator.remote_value import RemoteValue, RemoteValueStatus
-from phalanx.coordinator.values import PerWorkerDataset, PerWorkerIterator, PerWorkerValues
-from phalanx.ps.worker import OutOfRangeError
+from phalanx.input.per_worker import PerWorkerDataset, PerWorkerIterator, PerWorkerValues
+from phalanx.ps.coordinator.closure import ClosureAbortedError
+from phalanx.ps.coordinator.cluster_coordinator import ClusterCoordinator, NoWorkerAvailableError
+from phalanx.ps.coordinator.remote_value import RemoteValue, RemoteValueStatus
+from phalanx.ps.worker.environment import OutOfRangeError
 
 __all__ = [
     "ClosureAbortedError",

@@ -88,7 +88,7 @@ class Server:
         from phalanx.cluster._token import cluster_token
         from phalanx.ps.transport import RpcClient
         from phalanx.ps.variables import PSClient
-        from phalanx.ps.worker import WorkerEnvironment
+        from phalanx.ps.worker.environment import WorkerEnvironment
 
         if "ps" not in self._spec.jobs:
             raise ValueError(f"A worker needs the cluster's 'ps' job. Received: {self._spec.as_dict()!r}.")

@@ -1,0 +1,1 @@
+"""The chief's side of a parameter-server cluster: the coordinator and its worker threads."""

@@ -1,0 +1,1 @@
+"""A worker task of a parameter-server cluster: runs the functions the coordinator schedules."""
