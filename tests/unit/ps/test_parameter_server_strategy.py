@@ -18,10 +18,10 @@ from phalanx.coordinator import (
     OutOfRangeError,
     PerWorkerValues,
 )
+from phalanx.ps.pickling import variable_on_worker as _worker_variable
 from phalanx.ps.server import Server
 from phalanx.ps.transport import AuthenticationError, TaskUnavailableError
 from phalanx.ps.variables import VariableHandle
-from phalanx.ps.worker.environment import _worker_variable
 
 
 def _data(n=8, seed=0):
