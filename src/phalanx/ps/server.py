@@ -8,8 +8,8 @@
 
 A ps task serves its variables and the optimizers that update them (a
 `phalanx.ps.store.VariableStore`); a worker task runs the functions the coordinator schedules
-(a `phalanx.ps.worker.environment.WorkerEnvironment`). Both listen on their address in the cluster spec and
-accept only peers presenting ``PHALANX_CLUSTER_TOKEN``.
+(a `phalanx.ps.worker.environment.WorkerEnvironment`). Both listen on their address in the
+cluster spec and accept only peers presenting ``PHALANX_CLUSTER_TOKEN``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The worker task of a parameter-server cluster: runs the functions the coordinator schedules.
 
-One function runs at a time. Before it runs, every variable it reaches is read from its ps
-task into this worker's local copy; ``optimizer.step()`` inside it sends the gradients to
+One function runs at a time. Unpickling it resolves its references to this worker's objects
+(`phalanx.ps.pickling`); before it runs, every variable it reaches is read from its ps task
+into this worker's local copy; ``optimizer.step()`` inside it sends the gradients to
 the ps tasks, which apply them (the local copies are then read back); changes the function
 made to module buffers (BatchNorm statistics) are added to the ps copies afterwards.
 Per-worker datasets and their iterators are made here on first use and kept between
-functions.
+functions (`phalanx.input.per_worker`).
 """
 
 from __future__ import annotations
