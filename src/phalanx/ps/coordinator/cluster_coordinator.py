@@ -164,6 +164,8 @@ class ClusterCoordinator:
 
     # ------------------------------------------------------------------ worker threads
     def _serve(self, worker: RemoteWorker) -> None:
+        """One worker's thread: runs queued closures on ``worker`` until shutdown; a lost
+        worker is reported to the worker state machine, whose decisions it carries out."""
         while not self._stop.is_set():
             closure = self._queue.get(timeout=0.5)
             if closure is None:
