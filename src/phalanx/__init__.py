@@ -7,7 +7,6 @@ are installed the first time a strategy scope is entered.
 
 from phalanx import callbacks, checkpoint, cluster, coordinator, data, losses, metrics, nn, partitioners
 from phalanx.cluster import resolvers as cluster_resolver
-from phalanx.cluster.server import Server
 from phalanx.communication import (
     CrossDeviceOps,
     HierarchicalCopyAllReduce,
@@ -26,6 +25,7 @@ from phalanx.input.distributed_dataset import DistributedDataset, DistributedIte
 from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions
 from phalanx.keras import Model, SidecarEvaluator, load_model
 from phalanx.losses.averaging import compute_average_loss, scale_regularization_loss
+from phalanx.ps.server import Server
 from phalanx.strategies import (
     CentralStorageStrategy,
     MirroredStrategy,

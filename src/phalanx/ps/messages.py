@@ -5,11 +5,16 @@ values), optimizer state (tensor entries apart from the rest) and optimizer clas
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import torch
+
+if TYPE_CHECKING:
+    from phalanx.ps.variables import VariableHandle
 
 __all__ = [
     "MESSAGE_HINT",
@@ -19,6 +24,8 @@ __all__ = [
     "encode_gradients",
     "encode_optimizer_class",
     "encode_optimizer_state",
+    "hyperparameters",
+    "optimizer_key",
 ]
 
 MESSAGE_HINT = (
@@ -133,6 +140,31 @@ def decode_optimizer_state(header: Mapping[str, Any], tensors: Sequence[torch.Te
 
 
 # ---------------------------------------------------------------------- optimizers
+
+
+def hyperparameters(group: Mapping[str, Any]) -> dict[str, Any]:
+    """A param group's hyperparameters as they travel with ``create_optimizer`` and each
+    ``apply_gradients`` (tensors as numbers, tuples as lists).
+
+    Raises:
+        TypeError: A hyperparameter is not JSON-serialisable (named before anything is sent).
+    """
+    out = {}
+    for key, value in group.items():
+        if key == "params":
+            continue
+        if isinstance(value, torch.Tensor):
+            value = value.item()
+        out[key] = list(value) if isinstance(value, tuple) else value
+    json.dumps(out)  # fails early, naming nothing sent that the ps could not read
+    return out
+
+
+def optimizer_key(optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[VariableHandle]]) -> str:
+    """The optimizer's name on the ps tasks: the same on the chief and on every worker for the
+    same optimizer (its class and its variables, by group)."""
+    text = type(optimizer).__qualname__ + "|" + "|".join(",".join(h.name for h in g) for g in groups)
+    return f"{type(optimizer).__name__}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 def decode_optimizer_class(text: str) -> type:

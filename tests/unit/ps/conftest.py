@@ -7,7 +7,7 @@ import pytest
 from phalanx.cluster._ports import free_ports
 from phalanx.cluster._token import TOKEN_ENV
 from phalanx.cluster.resolvers import SimpleClusterResolver
-from phalanx.cluster.server import Server
+from phalanx.ps.server import Server
 
 
 class Cluster:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pickle
 import time
 
 import pytest
@@ -11,7 +10,6 @@ import torch
 import phalanx
 from phalanx.cluster._token import TOKEN_ENV
 from phalanx.cluster.resolvers import SimpleClusterResolver
-from phalanx.cluster.server import Server
 from phalanx.coordinator import (
     ClosureAbortedError,
     ClusterCoordinator,
@@ -19,9 +17,8 @@ from phalanx.coordinator import (
     OutOfRangeError,
     PerWorkerValues,
 )
+from phalanx.ps.server import Server
 from phalanx.ps.transport import AuthenticationError, TaskUnavailableError
-from phalanx.ps.variables import VariableHandle
-from phalanx.ps.worker import _worker_variable
 
 
 def _data(n=8, seed=0):
@@ -278,26 +275,6 @@ def test_a_wrong_token_is_refused_and_a_missing_ps_is_named(ps_2workers_1ps, mon
         phalanx.ParameterServerStrategy(ps_2workers_1ps.resolver(), connect_timeout=0.5)
 
 
-def test_server_errors(ps_2workers_1ps):
-    spec = ps_2workers_1ps.spec
-    with pytest.raises(ValueError, match="chief runs the training program"):
-        Server(spec, "chief", 0)
-    with pytest.raises(ValueError, match="gRPC only"):
-        Server(spec, "worker", 0, protocol="mpi")
-    with pytest.raises(ValueError, match="cannot listen"):
-        Server(spec, "worker", 0)  # its port is taken by the running worker
-    server = ps_2workers_1ps.servers[("worker", 1)]
-    assert server.target == f"grpc://{spec['worker'][1]}"
-    assert not server.join(timeout=0.01)
-
-
-def test_a_variable_unpickled_outside_a_worker_is_an_error():
-    data = pickle.dumps(_worker_variable)
-    handle = VariableHandle("0/Linear.weight", 0, (2, 2), "torch.float32")
-    with pytest.raises(RuntimeError, match="outside a worker"):
-        pickle.loads(data)(handle)
-
-
 def test_an_optimizer_step_on_the_coordinator_is_an_error(ps_2workers_1ps):
     strategy = ps_2workers_1ps.strategy()
     with strategy.scope():
@@ -385,27 +362,6 @@ def test_a_partitioned_model_trains_like_a_local_one(ps_1worker_2ps, make_optimi
     for index, entry in local_opt.state_dict()["state"].items():
         for key, value in entry.items():
             torch.testing.assert_close(saved[index][key], value, rtol=1e-5, atol=1e-6)
-
-
-def test_partitioners_follow_tfs_rules():
-    from phalanx.partitioners import FixedShardsPartitioner, MaxSizePartitioner, MinSizePartitioner
-    from phalanx.ps.partitioners import shard_rows
-
-    assert FixedShardsPartitioner(3)((10, 4), torch.float32) == [3, 1]
-    assert FixedShardsPartitioner(3)((2, 4), torch.float32) == [2, 1]  # no empty shard
-    assert MinSizePartitioner(min_shard_bytes=64, max_shards=4)((10, 4), torch.float32) == [2, 1]  # 160 B
-    assert MinSizePartitioner(min_shard_bytes=1 << 20)((10, 4), torch.float32) == [1, 1]
-    assert MaxSizePartitioner(max_shard_bytes=32)((10, 4), torch.float32) == [5, 1]  # 2 rows of 16 B
-    assert MaxSizePartitioner(max_shard_bytes=32, max_shards=3)((10, 4), torch.float32) == [3, 1]
-    assert shard_rows(10, 3) == [(0, 4), (4, 7), (7, 10)]
-    with pytest.raises(ValueError, match="num_shards must be >= 1"):
-        FixedShardsPartitioner(0)
-    with pytest.raises(ValueError, match="must be >= 1"):
-        MinSizePartitioner(min_shard_bytes=0)
-    with pytest.raises(ValueError, match="must be >= 1"):
-        MaxSizePartitioner(max_shard_bytes=0)
-    with pytest.raises(ValueError, match="axis 0 only"):
-        FixedShardsPartitioner(2)((4,), torch.float32, axis=1)
 
 
 def test_a_sharded_sparse_embedding_with_restored_optimizer_state_trains_like_a_local_one(ps_1worker_2ps):

@@ -1,12 +1,16 @@
 """ClusterCoordinator: schedules functions on the workers of a parameter-server cluster.
 
 One thread per worker takes functions from the shared `ClosureQueue` and runs them on its
-worker, one at a time. A function whose worker is lost (the process died, or it stopped
-answering heartbeats) goes back to the front of the queue and runs on another worker; the
-lost worker's thread waits for it to come back (a restarted worker makes its per-worker
-datasets again). If no worker is left for ``worker_recovery_timeout`` seconds, every pending
-function fails with an error naming the lost workers. A function that raises cancels the
-queued ones; the error is raised by the next `schedule`, `join` or `done` (TF's rules).
+worker, one at a time. A function that raises cancels the queued ones; the error is raised by
+the next `schedule`, `join` or `done` (TF's rules). Worker loss is decided by
+`phalanx.ps.coordinator.worker_loss` (the threads report events and carry out its decisions):
+a function whose worker is lost (the process died, or it stopped answering heartbeats) goes
+back to the front of the queue and runs on another worker; the lost worker's thread waits for
+it to come back (a restarted worker makes its per-worker datasets again). If no worker is left
+for ``worker_recovery_timeout`` seconds, every pending function fails with an error naming the
+lost workers.
+
+The coordinator talks to the strategy through its `Chief` only (see `phalanx.ps.coordinator.chief`).
 """
 
 from __future__ import annotations
@@ -18,21 +22,19 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from phalanx.coordinator.closure import Closure, ClosureQueue
-from phalanx.coordinator.remote_value import RemoteValue
-from phalanx.coordinator.remote_worker import RemoteWorker, WorkerLostError
-from phalanx.coordinator.values import PerWorkerDataset, PerWorkerValues
+from phalanx.input.per_worker import PerWorkerDataset, PerWorkerValues
+from phalanx.ps.coordinator.chief import Chief
+from phalanx.ps.coordinator.closure import Closure, ClosureQueue
+from phalanx.ps.coordinator.remote_value import RemoteValue
+from phalanx.ps.coordinator.remote_worker import RemoteWorker, WorkerLostError
+from phalanx.ps.coordinator.worker_loss import Action, Decision, FailurePolicy, WorkerStateMachine
 
 if TYPE_CHECKING:
-    from phalanx.strategies.parameter_server import ParameterServerStrategy
+    from phalanx.strategies.strategy import Strategy
 
-__all__ = ["ClusterCoordinator", "NoWorkerAvailableError"]
+__all__ = ["ClusterCoordinator"]
 
 log = logging.getLogger("phalanx")
-
-
-class NoWorkerAvailableError(RuntimeError):
-    """Every worker was lost for longer than the coordinator's recovery timeout."""
 
 
 class ClusterCoordinator:
@@ -43,43 +45,40 @@ class ClusterCoordinator:
         strategy: The `ParameterServerStrategy` whose workers run the functions.
         worker_recovery_timeout: Seconds to wait for a lost worker while no other worker
             is available (default 3600, TF's bound), then fail.
+
+    Raises:
+        TypeError: ``strategy`` is not a ParameterServerStrategy.
+        ValueError: The strategy already has a coordinator.
     """
 
-    def __init__(self, strategy: ParameterServerStrategy, worker_recovery_timeout: float = 3600.0) -> None:
-        from phalanx.strategies.parameter_server import ParameterServerStrategy
-
-        if not isinstance(strategy, ParameterServerStrategy):
+    def __init__(self, strategy: Strategy, worker_recovery_timeout: float = 3600.0) -> None:
+        chief = Chief.of(strategy)
+        if chief is None:
             raise TypeError(
                 "ClusterCoordinator works with ParameterServerStrategy only. Received: "
                 f"{type(strategy).__name__}. HINT: other strategies run steps with strategy.run."
             )
-        if strategy._coordinator is not None:
-            raise ValueError(
-                "This strategy already has a ClusterCoordinator. HINT: create one coordinator per "
-                "strategy and reuse it (strategy.cluster_coordinator)."
-            )
-        self._strategy = strategy
+        self._strategy, self._chief = strategy, chief
         self._queue = ClosureQueue()
-        self._recovery_timeout = worker_recovery_timeout
+        chief.attach(self, lambda: self._queue.pending)
         self._stop = threading.Event()
-        self._lost: set[int] = set()
-        self._outage_since: float | None = None
-        self._lock = threading.Lock()
-        self._workers = strategy._connect_workers()
+        self._workers = chief.connect_workers()
+        self._worker_states = WorkerStateMachine(
+            [w.name for w in self._workers], FailurePolicy(worker_recovery_timeout)
+        )
         self._threads = [
             threading.Thread(
                 target=self._serve, args=(w,), name=f"phalanx-coordinator-{w.index}", daemon=True
             )
             for w in self._workers
         ]
-        strategy._coordinator = self
         for thread in self._threads:
             thread.start()
         # before the interpreter finalizes: a thread still inside a gRPC call then would abort it
         atexit.register(self.shutdown)
 
     @property
-    def strategy(self) -> ParameterServerStrategy:
+    def strategy(self) -> Strategy:
         """The strategy this coordinator schedules for."""
         return self._strategy
 
@@ -103,10 +102,10 @@ class ClusterCoordinator:
             raise RuntimeError("schedule was called after the coordinator was shut down.")
         if not callable(fn):
             raise TypeError(f"schedule needs a callable. Received: {type(fn).__name__}.")
-        self._strategy._push_coordinator_writes()
+        self._chief.before_schedule()
         closure = Closure(fn, tuple(args or ()), dict(kwargs or {}))
         self._queue.put(closure)
-        self._strategy._mark_stale()
+        self._chief.after_schedule()
         return closure.output
 
     def join(self) -> None:
@@ -119,7 +118,7 @@ class ClusterCoordinator:
         try:
             self._queue.wait()
         finally:
-            self._strategy._refresh()
+            self._chief.refresh()
 
     def done(self) -> bool:
         """Whether every scheduled function finished (does not block).
@@ -158,22 +157,34 @@ class ClusterCoordinator:
             if thread is not threading.current_thread():
                 thread.join(max(deadline - time.monotonic(), 0.0))
 
+    @property
+    def _lost(self) -> frozenset[int]:
+        """The indices of the lost workers (for tests that wait for one to come back)."""
+        return self._worker_states.lost
+
     # ------------------------------------------------------------------ worker threads
     def _serve(self, worker: RemoteWorker) -> None:
+        """One worker's thread: runs queued closures on ``worker`` until shutdown; a lost
+        worker is reported to the worker state machine, whose decisions it carries out."""
         while not self._stop.is_set():
             closure = self._queue.get(timeout=0.5)
             if closure is None:
                 continue
             try:
-                payload = self._strategy._pickle_closure(closure)
+                payload = self._chief.pickle_closure(closure)
             except Exception as exc:
                 self._queue.mark_failed(closure, exc)
                 continue
             try:
                 ok, data = worker.run(payload)
             except WorkerLostError as exc:
-                self._queue.put_back(closure)
-                self._recover(worker, exc)
+                self._act(self._worker_states.worker_lost(worker.index), closure)
+                log.warning(
+                    "Lost %s (%s); its function runs on another worker. Waiting for it to come back.",
+                    worker.name,
+                    exc,
+                )
+                self._wait_for(worker)
                 continue
             except Exception as exc:  # the connection was closed (shutdown)
                 if not self._stop.is_set():
@@ -188,44 +199,26 @@ class ClusterCoordinator:
             self._queue.mark_failed(closure, exc)
         else:
             self._queue.mark_finished(closure, value)
-        self._strategy._mark_stale()
+        self._chief.after_closure()
 
-    def _recover(self, worker: RemoteWorker, exc: WorkerLostError) -> None:
-        """Waits for a lost worker (pinging it); meanwhile fails the pending functions if no
-        worker at all was available for ``worker_recovery_timeout`` seconds."""
-        self._set_lost(worker, True)
-        log.warning(
-            "Lost %s (%s); its function runs on another worker. Waiting for it to come back.",
-            worker.name,
-            exc,
-        )
+    def _wait_for(self, worker: RemoteWorker) -> None:
+        """Pings a lost worker until it answers; meanwhile reports each wait to the worker
+        state machine and carries out its decisions (probe every worker, fail the queue)."""
         while not self._stop.is_set():
             if worker.wait_until_back(0.5, self._stop):
-                self._set_lost(worker, False)
+                self._act(self._worker_states.worker_back(worker.index))
                 log.warning("%s is back.", worker.name)
                 return
-            self._fail_if_no_worker_for_too_long()
+            decision = self._worker_states.waited(self._queue.pending)
+            if decision.action is Action.PROBE:
+                answered = any(w.ping(2.0) for w in self._workers)  # longer than a reconnect backoff
+                decision = self._worker_states.probed(answered, self._queue.pending)
+            self._act(decision)
 
-    def _set_lost(self, worker: RemoteWorker, lost: bool) -> None:
-        with self._lock:
-            if lost:
-                self._lost.add(worker.index)
-            else:
-                self._lost.discard(worker.index)
-            everyone = len(self._lost) == len(self._workers)
-            self._outage_since = (self._outage_since or time.monotonic()) if everyone else None
-
-    def _fail_if_no_worker_for_too_long(self) -> None:
-        with self._lock:
-            since = self._outage_since
-            names = [w.name for w in self._workers if w.index in self._lost]
-        if since is None or time.monotonic() - since < self._recovery_timeout or self._queue.pending == 0:
-            return
-        if any(w.ping(2.0) for w in self._workers):  # longer than a reconnect backoff
-            return  # one is back: its thread takes the functions
-        self._queue.fail_all(
-            NoWorkerAvailableError(
-                f"No worker was available for {self._recovery_timeout:g}s: lost {names}. HINT: restart "
-                "the worker tasks (they rejoin by themselves), or check their logs."
-            )
-        )
+    def _act(self, decision: Decision, closure: Closure | None = None) -> None:
+        """Carries out what the queue must do for ``decision`` (WAIT, PROBE and RESUME are
+        the waiting loop's)."""
+        if decision.action is Action.RETRY and closure is not None:
+            self._queue.put_back(closure)
+        elif decision.action is Action.FAIL and decision.error is not None:
+            self._queue.fail_all(decision.error)

@@ -2,13 +2,14 @@
 
     resolver = phalanx.cluster_resolver.TFConfigClusterResolver()
     if resolver.task_type in ("worker", "ps"):
-        server = phalanx.cluster.Server(resolver.cluster_spec(), job_name=resolver.task_type,
-                                        task_index=resolver.task_id)
+        server = phalanx.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                                task_index=resolver.task_id)
         server.join()  # serves until the task is stopped
 
-A ps task serves its variables and the optimizers that update them; a worker task runs the
-functions the coordinator schedules. Both listen on their address in the cluster spec and
-accept only peers presenting ``PHALANX_CLUSTER_TOKEN``.
+A ps task serves its variables and the optimizers that update them (a
+`phalanx.ps.store.VariableStore`); a worker task runs the functions the coordinator schedules
+(a `phalanx.ps.worker.environment.WorkerEnvironment`). Both listen on their address in the
+cluster spec and accept only peers presenting ``PHALANX_CLUSTER_TOKEN``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from phalanx.cluster._token import cluster_token
 from phalanx.cluster.cluster_spec import ClusterSpec
+from phalanx.ps.store import VariableStore
+from phalanx.ps.transport import RpcClient, RpcServer
+from phalanx.ps.variables import PSClient
+from phalanx.ps.worker.environment import WorkerEnvironment
 
 __all__ = ["Server"]
 
@@ -52,9 +58,6 @@ class Server:
         protocol: str | None = "grpc",
         start: bool = True,
     ) -> None:
-        from phalanx.cluster._token import cluster_token
-        from phalanx.ps.transport import RpcServer
-
         spec = server_or_cluster_def
         if not isinstance(spec, ClusterSpec):
             spec = ClusterSpec(dict(spec))
@@ -78,18 +81,11 @@ class Server:
             self.start()
 
     def _handlers(self) -> dict[str, Any]:
-        from phalanx.ps.store import VariableStore
-
         if self._job == "ps":
             return VariableStore(self.name).handlers()
         return self._worker_environment().handlers()
 
-    def _worker_environment(self) -> Any:
-        from phalanx.cluster._token import cluster_token
-        from phalanx.ps.transport import RpcClient
-        from phalanx.ps.variables import PSClient
-        from phalanx.ps.worker import WorkerEnvironment
-
+    def _worker_environment(self) -> WorkerEnvironment:
         if "ps" not in self._spec.jobs:
             raise ValueError(f"A worker needs the cluster's 'ps' job. Received: {self._spec.as_dict()!r}.")
         token = cluster_token()

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from phalanx.coordinator.remote_value import RemoteValue
+from phalanx.ps.coordinator.remote_value import RemoteValue
 
 __all__ = ["Closure", "ClosureAbortedError", "ClosureQueue"]
 

@@ -15,13 +15,12 @@ while a scheduled function runs.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-if TYPE_CHECKING:
-    from phalanx.ps.worker import WorkerEnvironment
+from phalanx.ps.worker import context
 
 __all__ = ["install", "sparse_gradient"]
 
@@ -39,14 +38,8 @@ def install() -> None:
             _installed = True
 
 
-def _env() -> WorkerEnvironment | None:
-    from phalanx.ps import worker
-
-    return getattr(worker._current, "env", None)
-
-
 def _before_forward(module: torch.nn.Module, args: Any) -> None:
-    env = _env()
+    env = context.current()
     if env is None or not env.lazy:
         return
     for name, param in module._parameters.items():
@@ -57,7 +50,7 @@ def _before_forward(module: torch.nn.Module, args: Any) -> None:
 
 
 def _after_forward(module: torch.nn.Module, args: Any, output: Any) -> Any:
-    env = _env()
+    env = context.current()
     if env is None or not isinstance(module, torch.nn.Embedding) or not env.is_lazy(module.weight):
         return None
     if module.max_norm is not None:

@@ -1,96 +1,33 @@
 """The worker task of a parameter-server cluster: runs the functions the coordinator schedules.
 
-One function runs at a time. Before it runs, every variable it reaches is read from its ps
-task into this worker's local copy; ``optimizer.step()`` inside it sends the gradients to
+One function runs at a time. Unpickling it resolves its references to this worker's objects
+(`phalanx.ps.pickling`); before it runs, every variable it reaches is read from its ps task
+into this worker's local copy; ``optimizer.step()`` inside it sends the gradients to
 the ps tasks, which apply them (the local copies are then read back); changes the function
 made to module buffers (BatchNorm statistics) are added to the ps copies afterwards.
 Per-worker datasets and their iterators are made here on first use and kept between
-functions.
+functions (`phalanx.input.per_worker`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import inspect
-import json
 import threading
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
 import torch
 
-from phalanx.ps import embedding, pickling
+from phalanx.input.per_worker import WorkerIterator, make_dataset
+from phalanx.ps import pickling
+from phalanx.ps.messages import hyperparameters, optimizer_key
 from phalanx.ps.variables import PSClient, VariableHandle
-from phalanx.strategies.strategy import Strategy
+from phalanx.ps.worker import context, embedding
+from phalanx.ps.worker.strategy import WorkerStrategy
 
-__all__ = ["OutOfRangeError", "WorkerEnvironment", "WorkerStrategy"]
-
-_current = threading.local()
-
-
-class OutOfRangeError(Exception):
-    """A per-worker iterator had no more data (tf.errors.OutOfRangeError)."""
-
-
-def _env() -> WorkerEnvironment:
-    env = getattr(_current, "env", None)
-    if env is None:
-        raise RuntimeError(
-            "A parameter-server variable or per-worker iterator was unpickled outside a worker "
-            "of a parameter-server cluster. HINT: it can only be used inside a function given to "
-            "ClusterCoordinator.schedule."
-        )
-    return env
-
-
-class _PushGradients:
-    """The worker strategy's optimizer-step hook: sends gradients to the ps tasks."""
-
-    def __init__(self, env: WorkerEnvironment) -> None:
-        self._env = env
-
-    def before_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
-        self._env.push_gradients(optimizer)
-
-    def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
-        return None
-
-    def reset_thread(self) -> None:
-        return None
-
-
-class WorkerStrategy(Strategy):
-    """What ``strategy`` is inside a scheduled function on a worker: one local replica
-    (``run`` calls the function, ``reduce`` is local), optimizer steps go to the ps tasks."""
-
-    def __init__(self, env: WorkerEnvironment) -> None:
-        super().__init__(["cpu:0"])
-        self._env = env
-        self._step_sync = _PushGradients(env)
-
-    @property
-    def worker_index(self) -> int:
-        """This worker's index in the cluster's ``worker`` job."""
-        return self._env.worker_index
-
-    def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
-        raise RuntimeError(
-            f"A parameter ({type(module).__name__}.{name}) was created inside a scheduled function. "
-            "With ParameterServerStrategy, variables live on the ps tasks and are created by the "
-            "coordinator. HINT: create models and optimizers in strategy.scope() before scheduling."
-        )
-
-    def _create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any:
-        return None
-
-    def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None:
-        self._env.push_gradients(optimizer)
-
-    def __repr__(self) -> str:
-        return f"ParameterServerStrategy(worker {self._env.worker_index})"
+__all__ = ["WorkerEnvironment"]
 
 
 class WorkerEnvironment:
@@ -117,16 +54,6 @@ class WorkerEnvironment:
         self.strategy = WorkerStrategy(self)
         embedding.install()
         self._lock = threading.Lock()  # one function at a time
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        """Makes this the environment that unpickling and hooks on this thread refer to."""
-        previous = getattr(_current, "env", None)
-        _current.env = self
-        try:
-            yield
-        finally:
-            _current.env = previous
 
     # ------------------------------------------------------------------ variables
     def variable(self, handle: VariableHandle) -> torch.Tensor:
@@ -226,8 +153,8 @@ class WorkerEnvironment:
         with a copy of this optimizer; reads the new values back. Clears the gradients so the
         local ``step`` that follows changes nothing."""
         groups = [[self._handle_of(p) for p in group["params"]] for group in optimizer.param_groups]
-        hyper = [_hyperparameters(group) for group in optimizer.param_groups]
-        key = _optimizer_key(optimizer, groups)
+        hyper = [hyperparameters(group) for group in optimizer.param_groups]
+        key = optimizer_key(optimizer, groups)
         if key not in self.optimizers:
             self.ps.create_optimizer(key, type(optimizer), list(zip(groups, hyper, strict=True)))
             self.optimizers.add(key)
@@ -265,27 +192,27 @@ class WorkerEnvironment:
         return self.handles[name]
 
     # ------------------------------------------------------------------ resources
-    def dataset(self, dataset_id: str, make: bytes) -> Any:
+    def dataset(self, dataset_id: str, pickled_fn: bytes) -> Any:
         """The per-worker dataset ``dataset_id``, made here on first use."""
         if dataset_id not in self.resources:
-            fn = pickling.loads(make)
-            self.resources[dataset_id] = _call_dataset_fn(fn, self)
+            fn = pickling.loads(pickled_fn)
+            self.resources[dataset_id] = make_dataset(fn, self.num_workers, self.worker_index)
         return self.resources[dataset_id]
 
-    def iterator(self, iterator_id: str, dataset_id: str, make: bytes) -> _LocalIterator:
+    def iterator(self, iterator_id: str, dataset_id: str, pickled_fn: bytes) -> WorkerIterator:
         """The per-worker iterator ``iterator_id`` (over dataset ``dataset_id``)."""
         if iterator_id not in self.resources:
-            self.resources[iterator_id] = _LocalIterator(
-                iter(self.dataset(dataset_id, make)), self.worker_index
+            self.resources[iterator_id] = WorkerIterator(
+                iter(self.dataset(dataset_id, pickled_fn)), self.worker_index
             )
         iterator = self.resources[iterator_id]
-        assert isinstance(iterator, _LocalIterator)
+        assert isinstance(iterator, WorkerIterator)
         return iterator
 
     # ------------------------------------------------------------------ running
     def run(self, payload: bytes) -> tuple[bool, bytes]:
         """Runs one scheduled function; (True, pickled result) or (False, pickled error)."""
-        with self._lock, self.active():
+        with self._lock, context.running(self):
             self.used, self.lazy, self.lookups = {}, {}, {}
             try:
                 fn, args, kwargs = pickling.loads(payload)
@@ -311,59 +238,6 @@ class WorkerEnvironment:
         return {"ping": ping, "run": run}
 
 
-class _LocalIterator:
-    """A worker's iterator of a per-worker dataset; exhaustion raises `OutOfRangeError`."""
-
-    def __init__(self, iterator: Iterator[Any], worker_index: int) -> None:
-        self._iterator, self._worker = iterator, worker_index
-
-    def __iter__(self) -> _LocalIterator:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            raise OutOfRangeError(
-                f"The per-worker dataset of worker {self._worker} is exhausted. HINT: repeat the "
-                "dataset (dataset.repeat()) and schedule a fixed number of steps per epoch, as with TF."
-            ) from None
-
-    def get_next(self) -> Any:
-        """The next element (TF's spelling)."""
-        return next(self)
-
-
-def _call_dataset_fn(fn: Callable[..., Any], env: WorkerEnvironment) -> Any:
-    from phalanx.input.input_options import InputContext
-
-    try:
-        wants_context = len(inspect.signature(fn).parameters) >= 1
-    except (TypeError, ValueError):
-        wants_context = False
-    if not wants_context:
-        return fn()
-    return fn(InputContext(num_input_pipelines=env.num_workers, input_pipeline_id=env.worker_index))
-
-
-def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in group.items():
-        if key == "params":
-            continue
-        if isinstance(value, torch.Tensor):
-            value = value.item()
-        out[key] = list(value) if isinstance(value, tuple) else value
-    json.dumps(out)  # fails early, naming nothing sent that the ps could not read
-    return out
-
-
-def _optimizer_key(optimizer: torch.optim.Optimizer, groups: list[list[VariableHandle]]) -> str:
-    """The same on every worker for the same optimizer: its class and variables."""
-    text = type(optimizer).__qualname__ + "|" + "|".join(",".join(h.name for h in g) for g in groups)
-    return f"{type(optimizer).__name__}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-
-
 def _detached(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().clone() if not value.is_sparse else value.detach().cpu()
@@ -380,29 +254,3 @@ def _with_remote_traceback(exc: BaseException, worker_index: int) -> BaseExcepti
     with contextlib.suppress(Exception):
         exc.add_note(f"(raised on worker {worker_index}:)\n{text}")  # type: ignore[attr-defined]
     return exc
-
-
-# ---------------------------------------------------------------------- rebuilt on the worker
-def _worker_variable(handle: VariableHandle) -> torch.Tensor:
-    return _env().variable(handle)
-
-
-def _worker_value(values: tuple[Any, ...]) -> Any:
-    env = _env()
-    if len(values) != env.num_workers:
-        raise ValueError(
-            f"PerWorkerValues needs one value per worker ({env.num_workers}). Received: {len(values)}."
-        )
-    return values[env.worker_index]
-
-
-def _worker_strategy() -> WorkerStrategy:
-    return _env().strategy
-
-
-def _worker_dataset(dataset_id: str, make: bytes) -> Any:
-    return _env().dataset(dataset_id, make)
-
-
-def _worker_iterator(iterator_id: str, dataset_id: str, make: bytes) -> _LocalIterator:
-    return _env().iterator(iterator_id, dataset_id, make)

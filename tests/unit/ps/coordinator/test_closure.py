@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from phalanx.coordinator.closure import Closure, ClosureAbortedError, ClosureQueue
-from phalanx.coordinator.remote_value import RemoteValue, RemoteValueStatus
+from phalanx.ps.coordinator.closure import Closure, ClosureAbortedError, ClosureQueue
+from phalanx.ps.coordinator.remote_value import RemoteValue, RemoteValueStatus
 
 
 def _closure(name="f"):

@@ -1,0 +1,183 @@
+"""The chief's copies of the variables that live on the ps tasks.
+
+Parameters and buffers of modules created in ``strategy.scope()`` are placed on the ps
+tasks, round-robin in creation order (TF's placement; a partitioner splits one into shards,
+one per ps task in turn). The chief keeps each tensor as its local copy:
+
+* it is **refreshed** from the ps tasks when a module created in scope runs forward or gives
+  its ``state_dict()`` after scheduled functions may have changed the variables (`refresh`);
+* what the chief **writes** into it (``load_state_dict``, in-place initialisation) is sent to
+  the ps tasks before the next function is scheduled (`push_writes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from phalanx.ps.partitioners import shard_rows
+from phalanx.ps.variables import PSClient, VariableHandle
+
+__all__ = ["LocalCopies"]
+
+_all_copies: weakref.WeakSet[LocalCopies] = weakref.WeakSet()
+_forward_depth = threading.local()
+
+
+class LocalCopies:
+    """The chief's variables: where each lives on the ps tasks, and its local copy. Thread-safe.
+
+    Args:
+        ps: The client of the ps tasks.
+        partitioner: Splits parameters along their first axis (`phalanx.partitioners`), or None.
+        closures_pending: How many scheduled functions are queued or running (0 without a
+            coordinator): while any is, the copies stay stale after a refresh.
+    """
+
+    def __init__(
+        self, ps: PSClient, partitioner: Any, closures_pending: Callable[[], int] = lambda: 0
+    ) -> None:
+        self._ps = ps
+        self._partitioner = partitioner
+        self._closures_pending = closures_pending
+        self._registry: dict[int, tuple[weakref.ref[torch.Tensor], VariableHandle]] = {}
+        self._versions: dict[str, int] = {}  # tensor._version of each copy as last synced
+        self._count = 0
+        self._stale = False
+        self._lock = threading.RLock()
+        _all_copies.add(self)
+
+    # ------------------------------------------------------------------ placement
+    def place(self, module: torch.nn.Module, name: str, tensor: torch.Tensor, kind: str) -> None:
+        """Creates ``module.<name>`` (a "parameter" or a "buffer") on the ps tasks, with
+        ``tensor``'s value, and keeps ``tensor`` as its local copy. A tensor already placed
+        (tied weights) stays one variable."""
+        with self._lock:
+            if self.handle_of(tensor) is not None:
+                return
+            handle = self._handle(f"{type(module).__name__}.{name}", tensor, kind)
+            if handle.shards and isinstance(module, torch.nn.Embedding) and name == "weight":
+                handle = dataclasses.replace(handle, kind="embedding")  # workers read it by rows
+            self._ps.create([handle], [tensor.detach()])
+            self._registry[id(tensor)] = (weakref.ref(tensor), handle)
+            self._versions[handle.name] = tensor._version
+        if not getattr(module, "_phalanx_ps_hooks", False):
+            # module-level functions: the module is pickled with its hooks for every closure
+            module.register_forward_pre_hook(_refresh_before_forward)
+            module.register_forward_hook(_after_forward, always_call=True)
+            module.register_state_dict_pre_hook(_refresh_before_state_dict)
+            module._phalanx_ps_hooks = True  # type: ignore[assignment]
+
+    def _handle(self, name: str, tensor: torch.Tensor, kind: str) -> VariableHandle:
+        """The next variable's place: the next ps task, round-robin; a parameter the
+        partitioner splits gets one shard per ps task in turn."""
+
+        def place(shape: tuple[int, ...], label: str) -> VariableHandle:
+            handle = VariableHandle(
+                name=f"{self._count}/{label}",
+                ps=self._count % self._ps.num_ps,
+                shape=shape,
+                dtype=str(tensor.dtype),
+                kind=kind,
+                requires_grad=bool(tensor.requires_grad),
+            )
+            self._count += 1
+            return handle
+
+        shards = 1
+        if self._partitioner is not None and kind == "parameter" and tensor.dim() >= 1:
+            shards = int(self._partitioner(tuple(tensor.shape), tensor.dtype)[0])
+        if shards <= 1:
+            return place(tuple(tensor.shape), name)
+        rest = tuple(tensor.shape[1:])
+        parts = tuple(
+            place((stop - start, *rest), f"{name}/part_{i}")
+            for i, (start, stop) in enumerate(shard_rows(tensor.shape[0], shards))
+        )
+        whole = f"{parts[0].name}/whole"
+        return dataclasses.replace(parts[0], name=whole, shape=tuple(tensor.shape), shards=parts)
+
+    def handle_of(self, tensor: torch.Tensor) -> VariableHandle | None:
+        """The handle of ``tensor`` if it is one of these copies, else None."""
+        entry = self._registry.get(id(tensor))
+        return entry[1] if entry is not None and entry[0]() is tensor else None
+
+    def owns(self, module: torch.nn.Module) -> bool:
+        """Whether a parameter or buffer of ``module`` is one of these copies."""
+        with self._lock:
+            tensors = [*module._parameters.values(), *module._buffers.values()]
+            return any(t is not None and id(t) in self._registry for t in tensors)
+
+    def live(self) -> list[tuple[torch.Tensor, VariableHandle]]:
+        """Every copy still alive, with its handle (forgets the collected ones)."""
+        with self._lock:
+            out = []
+            for key, (ref, handle) in list(self._registry.items()):
+                tensor = ref()
+                if tensor is None:
+                    del self._registry[key]
+                else:
+                    out.append((tensor, handle))
+            return out
+
+    # ------------------------------------------------------------------ synchronisation
+    def mark_stale(self) -> None:
+        """Scheduled functions may have changed the variables: the next `refresh` reads them."""
+        self._stale = True
+
+    def refresh(self) -> None:
+        """Reads every variable into its copy if scheduled functions may have changed them
+        (blocks on one read per ps task). The copies stay stale while functions are pending."""
+        if not self._stale:
+            return
+        with self._lock:
+            if self._closures_pending() == 0:
+                self._stale = False
+            pairs = self.live()
+            if not pairs:
+                return
+            values = self._ps.read([h for _, h in pairs])
+            with torch.no_grad():
+                for (tensor, handle), value in zip(pairs, values, strict=True):
+                    tensor.copy_(value)
+                    self._versions[handle.name] = tensor._version
+
+    def push_writes(self) -> None:
+        """Sends what the chief wrote into its copies since they were last synced to the ps
+        tasks (one write per ps task; nothing when nothing changed)."""
+        with self._lock:
+            changed = [(t, h) for t, h in self.live() if t._version != self._versions.get(h.name)]
+            if changed:
+                self._ps.write("assign", [h for _, h in changed], [t.detach() for t, _ in changed])
+                for tensor, handle in changed:
+                    self._versions[handle.name] = tensor._version
+
+
+# ---------------------------------------------------------------------- module hooks
+def _owner(module: torch.nn.Module) -> LocalCopies | None:
+    return next((copies for copies in list(_all_copies) if copies.owns(module)), None)
+
+
+def _refresh_before_forward(module: torch.nn.Module, args: Any) -> None:
+    depth = getattr(_forward_depth, "value", 0)
+    _forward_depth.value = depth + 1
+    if depth == 0 and _all_copies:  # the outermost module refreshes them all, once
+        copies = _owner(module)
+        if copies is not None:
+            copies.refresh()
+
+
+def _after_forward(module: torch.nn.Module, args: Any, output: Any) -> None:
+    _forward_depth.value = max(getattr(_forward_depth, "value", 1) - 1, 0)
+
+
+def _refresh_before_state_dict(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
+    if _all_copies:
+        copies = _owner(module)
+        if copies is not None:
+            copies.refresh()

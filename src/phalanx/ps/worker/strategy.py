@@ -1,0 +1,67 @@
+"""WorkerStrategy: what ``strategy`` is inside a scheduled function on a worker."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from phalanx.strategies.strategy import Strategy
+
+if TYPE_CHECKING:
+    from phalanx.ps.worker.environment import WorkerEnvironment
+
+__all__ = ["WorkerStrategy"]
+
+
+class _PushGradients:
+    """The worker strategy's optimizer-step hook (a `StepSync`): sends gradients to the ps tasks."""
+
+    def __init__(self, env: WorkerEnvironment) -> None:
+        self._env = env
+
+    def before_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
+        self._env.push_gradients(optimizer)
+
+    def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
+        return None
+
+    def reset_thread(self) -> None:
+        return None
+
+
+class WorkerStrategy(Strategy):
+    """What ``strategy`` is inside a scheduled function on a worker: one local replica
+    (``run`` calls the function, ``reduce`` is local), optimizer steps go to the ps tasks.
+
+    The chief's ParameterServerStrategy becomes this on unpickling (`phalanx.ps.pickling`).
+
+    Args:
+        env: The worker's environment (its variables and the ps tasks' client).
+    """
+
+    def __init__(self, env: WorkerEnvironment) -> None:
+        super().__init__(["cpu:0"])
+        self._env = env
+        self._step_sync = _PushGradients(env)
+
+    @property
+    def worker_index(self) -> int:
+        """This worker's index in the cluster's ``worker`` job."""
+        return self._env.worker_index
+
+    def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
+        raise RuntimeError(
+            f"A parameter ({type(module).__name__}.{name}) was created inside a scheduled function. "
+            "With ParameterServerStrategy, variables live on the ps tasks and are created by the "
+            "coordinator. HINT: create models and optimizers in strategy.scope() before scheduling."
+        )
+
+    def _create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any:
+        return None
+
+    def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None:
+        self._env.push_gradients(optimizer)
+
+    def __repr__(self) -> str:
+        return f"ParameterServerStrategy(worker {self._env.worker_index})"
