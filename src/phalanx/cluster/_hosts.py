@@ -46,8 +46,12 @@ def canonical_host(host: str) -> str:
         return bare.lower().rstrip(".")
 
 
-def resolve_host(host: str, timeout: float = RESOLVE_TIMEOUT_SECONDS) -> set[str]:
+def resolve_host(host: str, timeout: float | None = None) -> set[str]:
     """The IP addresses ``host`` names (an IP address names itself).
+
+    Args:
+        host: A host as split from ``host:port`` (IPv6 in brackets or not).
+        timeout: Seconds to wait for the name resolver (default `RESOLVE_TIMEOUT_SECONDS`).
 
     Raises:
         OSError: The name does not resolve (``socket.gaierror``), or resolving took longer
@@ -71,9 +75,10 @@ def resolve_host(host: str, timeout: float = RESOLVE_TIMEOUT_SECONDS) -> set[str
     # getaddrinfo has no timeout of its own: a thread that is abandoned if the resolver hangs.
     thread = threading.Thread(target=lookup, name=f"phalanx-resolve-{bare}", daemon=True)
     thread.start()
-    thread.join(timeout)
+    limit = RESOLVE_TIMEOUT_SECONDS if timeout is None else timeout
+    thread.join(limit)
     if thread.is_alive():
-        raise TimeoutError(f"no answer from the name resolver within {timeout:g}s")
+        raise TimeoutError(f"no answer from the name resolver within {limit:g}s")
     error = found.get("error")
     if isinstance(error, OSError):
         raise error

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import threading
 
 import pytest
 
-from phalanx.cluster import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver
+from phalanx.cluster import ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver, _hosts
 from phalanx.cluster._hosts import resolve_host
 from phalanx.cluster.validation import (
     parse_tf_config,
@@ -127,3 +129,18 @@ def test_resolve_host_gives_ip_addresses_and_names_itself_for_a_literal():
     assert "127.0.0.1" in resolve_host("localhost")
     with pytest.raises(OSError, match="never resolves"):
         resolve_host("rank-1.torchrun.invalid")
+
+
+def test_a_name_resolver_that_does_not_answer_is_given_up_on(monkeypatch):
+    # A hung resolver cannot be produced on demand, so getaddrinfo is made to wait here.
+    release = threading.Event()
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: release.wait(30) and [])
+    monkeypatch.setattr(_hosts, "RESOLVE_TIMEOUT_SECONDS", 0.2)
+    try:
+        with pytest.raises(TimeoutError, match=r"no answer from the name resolver within 0.2s"):
+            resolve_host("slow.example")
+        spec = ClusterSpec({"worker": ["slow.example:1", "127.0.0.1:2"]})
+        with pytest.raises(ValueError, match=r"cannot resolve host 'slow.example'.*no answer from the name"):
+            validate_resolved_addresses(spec, serving=[("worker", 0)])
+    finally:
+        release.set()
