@@ -1,4 +1,4 @@
-"""The launcher's policy: given every task's state, run on, succeed, fail or time out.
+"""The launcher's policy: given every task's state, run on, succeed, fail, time out or stop on a signal.
 
 A pure function of the tasks' states (no processes), so each rule is tested on its own;
 `phalanx.cluster._processes` polls the processes and acts on the decision.
