@@ -3,42 +3,146 @@
 Every worker runs the same save code (a collective may hide in a state read); the chief
 writes to the real path, the others to a temporary folder that is removed afterwards, as
 TF's ``write_dirpath`` does.
+
+An atomic save writes ``.tmp-phalanx-XXXXXXXX`` next to its target and renames it over the
+target. The writer holds an exclusive ``flock`` on that file until the rename, so a file of
+that name that nobody holds a lock on, and that is older than the current save, is what a
+killed writer left behind: the next save in the folder removes it (`remove_stale_temp_files`).
+A live writer's file is never removed, whichever process (or machine, on a file system with
+working locks) it runs on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import stat
 import tempfile
-from collections.abc import Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 import torch
 
 from phalanx import context
 
-__all__ = ["atomic_save", "chief_path", "safe_load"]
+try:  # POSIX; elsewhere nothing is locked, so no temporary file is ever taken for stale
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "TEMP_PREFIX",
+    "atomic_save",
+    "atomic_write_text",
+    "chief_path",
+    "remove_stale_temp_files",
+    "safe_load",
+]
+
+TEMP_PREFIX = ".tmp-phalanx-"
+# Exactly the names `tempfile.mkstemp(prefix=TEMP_PREFIX)` makes: 8 characters of its alphabet.
+_TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[a-z0-9_]{8}", re.ASCII)
 
 
 def atomic_save(obj: Any, path: str) -> None:
     """``torch.save`` to a temp file in the same folder, fsync, then rename over ``path``.
 
-    A crash at any moment leaves either the old file or the new one, never a torn file.
+    A crash at any moment leaves either the old file or the new one, never a torn file; the
+    temp file of a killed save is removed by the next save in that folder.
     """
+    _atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write_text(text: str, path: str) -> None:
+    """Writes ``text`` (UTF-8) to ``path`` atomically, as `atomic_save` does."""
+    _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _atomic_write(path: str, write: Callable[[IO[bytes]], Any]) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    started = time.time()
+    fd, tmp = _locked_temp_file(folder)
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+        remove_stale_temp_files(folder, before=started)
+        with os.fdopen(fd, "wb") as f:  # closing it releases the lock: only after the rename
+            write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _locked_temp_file(folder: str) -> tuple[int, str]:
+    """A new temp file in ``folder``, opened and exclusively locked by this process."""
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
+        if not _lock(fd, blocking=True) or _same_file(fd, tmp):
+            return fd, tmp
+        # A cleaner took this name for stale in the instant before we locked it and removed it.
+        os.close(fd)
+
+
+def remove_stale_temp_files(folder: str, before: float) -> list[str]:
+    """Removes the temp files of killed atomic saves in ``folder``; returns their paths.
+
+    A file is removed only when all of these hold: its name is exactly an atomic save's
+    (``.tmp-phalanx-`` and 8 characters), it is a regular file (never a link) owned by this
+    user, it was last modified before ``before`` (the start of the current save), and no
+    process holds its lock (a live writer holds it until its rename). Errors are ignored:
+    cleaning up must never fail a save.
+    """
+    removed = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if _TEMP_NAME.fullmatch(name) and _remove_if_stale(path, before):
+                removed.append(path)
+    return removed
+
+
+def _remove_if_stale(path: str, before: float) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # a link is never followed
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mtime >= before:
+            return False
+        if not _lock(fd, blocking=False) or not _same_file(fd, path):
+            return False  # a live writer holds it, or locks do not work here, or it is gone
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # releases our lock
+
+
+def _lock(fd: int, blocking: bool) -> bool:
+    """An exclusive flock on ``fd``; False when it is held elsewhere or locks are unsupported."""
+    if fcntl is None:  # pragma: no cover - Windows
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError:
+        return False
+    return True
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        named, opened = os.lstat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def safe_load(path: str) -> Any:

@@ -1,25 +1,37 @@
-"""Starting, watching and stopping the task processes of a launch."""
+"""Starting, watching and stopping the task processes of a launch.
+
+No task outlives its launcher. Each task starts through `phalanx.cluster._lifeline`, which
+has the kernel kill it when the launcher dies (SIGKILL included), or watches the launcher
+where the kernel cannot. SIGINT, SIGTERM and SIGHUP to the launcher are passed on to every
+task's process group; tasks still running after `GRACE_SECONDS` are killed, and the launcher
+returns ``128 + signal``, as a shell reports a death by that signal.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import IO
 
+from phalanx.cluster import _lifeline
 from phalanx.cluster._output import PrefixedOutput
 from phalanx.cluster._supervisor import Decision, Outcome, TaskState, decide
 from phalanx.cluster._tasks import TORCHRUN_VARS, PlannedTask
 
-__all__ = ["GRACE_SECONDS", "POLL_SECONDS", "run_tasks"]
+__all__ = ["FORWARDED_SIGNALS", "GRACE_SECONDS", "POLL_SECONDS", "lifeline_command", "run_tasks"]
 
-GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL
+GRACE_SECONDS = 5.0  # between passing a signal on (or SIGTERM) and SIGKILL
 POLL_SECONDS = 0.05
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -30,7 +42,43 @@ class _Running:
 
     def state(self) -> TaskState:
         serves = self.task.coordinated and not self.task.is_trainer
-        return TaskState(self.task.name, self.task.is_trainer, self.process.poll(), serves)
+        coordinator = self.task.coordinated and self.task.is_trainer
+        return TaskState(self.task.name, self.task.is_trainer, self.process.poll(), serves, coordinator)
+
+
+class _Signals:
+    """The signals the launcher received while it runs its tasks (handlers in the main thread).
+
+    A handler only records the signal: the supervision loop sees it at its next poll, so no
+    exception lands in the middle of starting or stopping a task.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_Signals]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self  # Python delivers signals to the main thread only: nothing to install
+            return
+        previous = {sig: signal.signal(sig, self._record) for sig in FORWARDED_SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    @property
+    def first(self) -> int | None:
+        return self.received[0] if self.received else None
+
+
+def lifeline_command(argv: Sequence[str], python: str = sys.executable, mode: str = "auto") -> list[str]:
+    """``argv`` run through `phalanx.cluster._lifeline`, tied to this process's life."""
+    return [python, "-S", "-c", inspect.getsource(_lifeline), str(os.getpid()), mode, *argv]
 
 
 def run_tasks(
@@ -43,13 +91,15 @@ def run_tasks(
 ) -> int:
     """Starts one process per task, streams their output, and waits for the policy's verdict.
 
-    Whatever happens (success, failure, timeout, an exception or Ctrl-C here), every task's
-    process group is stopped before this returns: SIGTERM, then SIGKILL after
-    `GRACE_SECONDS`.
+    Whatever happens (success, failure, timeout, a signal, an exception here), every task's
+    process group is stopped before this returns: the launcher's signal passed on (else
+    SIGTERM), then SIGKILL after `GRACE_SECONDS`. If this process dies without a chance to do
+    that, its tasks die with it (see the module doc). Call it from the thread that should
+    own the tasks: on Linux they die when that thread ends.
 
     Returns:
         0 on success; the failed task's exit code (negative: killed by that signal); 124 on
-        timeout.
+        timeout; 128 + N when the launcher received signal N (SIGINT, SIGTERM, SIGHUP).
 
     Raises:
         ValueError: A process could not be started (e.g. ``python`` does not exist).
@@ -57,32 +107,41 @@ def run_tasks(
     output = PrefixedOutput(out)
     base = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
     running: list[_Running] = []
-    try:
-        for task in tasks:
-            running.append(_start(argv, task, {**base, **(env or {}), **task.env}, output))
-        decision = _supervise(running, timeout, stop_auxiliary)
-        if decision.message:
-            output.note(decision.message)
-        else:
-            left = [r.task.name for r in running if r.process.poll() is None]
-            if left:
-                done = "the chief" if any(r.task.coordinated for r in running) else "every worker"
-                output.note(f"{done} finished; stopping {left}.")
-        return decision.exit_code
-    finally:
-        _stop(running)
-        for r in running:
-            for reader in r.readers:
-                reader.join(timeout=2.0)
+    with _Signals().installed() as signals:
+        try:
+            for task in tasks:
+                running.append(_start(argv, task, {**base, **(env or {}), **task.env}, output))
+            decision = _supervise(running, timeout, stop_auxiliary, signals)
+            _report(decision, running, output)
+            return decision.exit_code
+        finally:
+            _stop(running, signals)
+            for r in running:
+                for reader in r.readers:
+                    reader.join(timeout=2.0)
+
+
+def _report(decision: Decision, running: Sequence[_Running], output: PrefixedOutput) -> None:
+    if decision.message:
+        output.note(decision.message)
+        return
+    left = [r.task.name for r in running if r.process.poll() is None]
+    if left:
+        done = "the chief" if any(r.task.coordinated for r in running) else "every worker"
+        output.note(f"{done} finished; stopping {left}.")
 
 
 def _start(argv: Sequence[str], task: PlannedTask, env: dict[str, str], output: PrefixedOutput) -> _Running:
     env["PYTHONUNBUFFERED"] = "1"  # lines appear as they are printed, not when a buffer fills
     try:
         # A session of its own: the task and its children are stopped together (killpg), and a
-        # Ctrl-C reaches only the launcher, which then stops them in order.
+        # Ctrl-C reaches only the launcher, which passes it on to each task in order.
         process = subprocess.Popen(
-            list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+            lifeline_command(argv, argv[0]),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
     except OSError as exc:
         raise ValueError(
@@ -95,32 +154,44 @@ def _start(argv: Sequence[str], task: PlannedTask, env: dict[str, str], output: 
     return _Running(task, process, readers)
 
 
-def _supervise(running: Sequence[_Running], timeout: float | None, stop_auxiliary: bool) -> Decision:
+def _supervise(
+    running: Sequence[_Running], timeout: float | None, stop_auxiliary: bool, signals: _Signals
+) -> Decision:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         timed_out = deadline is not None and time.monotonic() >= deadline
         decision = decide(
-            [r.state() for r in running], timed_out=timed_out, timeout=timeout, stop_auxiliary=stop_auxiliary
+            [r.state() for r in running],
+            timed_out=timed_out,
+            timeout=timeout,
+            stop_auxiliary=stop_auxiliary,
+            signalled=signals.first,
         )
         if decision.outcome is not Outcome.RUNNING:
             return decision
         time.sleep(POLL_SECONDS)
 
 
-def _stop(running: Sequence[_Running]) -> None:
+def _stop(running: Sequence[_Running], signals: _Signals) -> None:
+    """Passes the launcher's signal on (SIGINT stays SIGINT; else SIGTERM) to every running
+    task's group, waits up to `GRACE_SECONDS` (less if a second signal comes), then SIGKILLs."""
+    first = signals.first
+    polite = signal.SIGINT if first == signal.SIGINT else signal.SIGTERM
+    already = len(signals.received)
     alive = [r for r in running if r.process.poll() is None]
     for r in alive:
-        _signal_group(r.process.pid, signal.SIGTERM)
+        _signal_group(r.process.pid, polite)
     deadline = time.monotonic() + GRACE_SECONDS
-    for r in alive:
-        try:
-            r.process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal_group(r.process.pid, signal.SIGKILL)
-            r.process.wait()
+    while any(r.process.poll() is None for r in alive):
+        if time.monotonic() >= deadline or len(signals.received) > already:
+            break  # out of patience, or the user insists (a second Ctrl-C)
+        time.sleep(POLL_SECONDS)
     for r in running:
         # Children a task left behind (DataLoader workers, servers) are in its group: stop them too.
         _signal_group(r.process.pid, signal.SIGKILL)
+    for r in running:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            r.process.wait(timeout=GRACE_SECONDS)  # SIGKILL cannot be refused: this is prompt
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -10,8 +10,15 @@ torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MAS
 prints is shown prefixed with its name (``[worker-1] ...``), stdout to stdout and stderr to
 stderr, as it is printed. When a task fails, the others are stopped (SIGTERM, then SIGKILL
 after a grace period) and the exit code is the failed task's; in local mode, parameter servers
-are stopped once every worker has finished. A ``timeout`` stops everything (exit code 124)
-and names the tasks that were still running.
+are stopped once every worker has finished; in a parameter-server cluster (a chief and ps
+tasks), the worker and ps tasks are stopped once the chief has finished, in both modes, and
+the exit code is the chief's. A ``timeout`` stops everything (exit code 124) and names the
+tasks that were still running.
+
+No task outlives the launcher: SIGINT, SIGTERM or SIGHUP to the launcher is passed on to the
+tasks, which are killed if they have not exited within a grace period, and the launcher
+exits with 128 + the signal's number; if the launcher is killed outright (SIGKILL), the
+kernel kills its tasks (`phalanx.cluster._lifeline`).
 
 Example::
 
@@ -23,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
@@ -32,7 +38,7 @@ from phalanx.cluster._ports import free_ports
 from phalanx.cluster._processes import run_tasks
 from phalanx.cluster._target import Target, build_command
 from phalanx.cluster._tasks import NodeTasks, cluster_from, local_cluster, plan_tasks, select_node_tasks
-from phalanx.cluster._token import TOKEN_ENV
+from phalanx.cluster._token import TOKEN_ENV, check_token, missing_token_error, new_token
 from phalanx.cluster.cluster_spec import ClusterSpec
 
 __all__ = [
@@ -81,17 +87,21 @@ def launch(
 
     Returns:
         0 when every chief/worker task exited 0; else the failed task's exit code (negative
-        when a signal killed it), or 124 on timeout.
+        when a signal killed it), 124 on timeout, or 128 + N when this process received
+        signal N (SIGINT, SIGTERM, SIGHUP; passed on to the tasks, which are then stopped).
 
     Raises:
-        ValueError: Contradicting counts, a bad timeout, or a target that cannot be run.
+        ValueError: Contradicting counts, a bad timeout, a target that cannot be run, or a
+            ``PHALANX_CLUSTER_TOKEN`` too short to be a secret (with ``ps`` tasks; without
+            one, a fresh token is given to the tasks).
     """
     count = _worker_count(workers, nproc_per_node, chief)
     _check_timeout(timeout)
     argv = build_command(target, args, python)
     spec = local_cluster(count, ps, chief)
-    if ps and TOKEN_ENV not in os.environ and TOKEN_ENV not in (env or {}):
-        env = {TOKEN_ENV: secrets.token_hex(16), **(env or {})}  # the tasks authenticate each other
+    if ps:  # the tasks authenticate each other with a secret: the user's, or a fresh one
+        token = _given_token(env)
+        env = {**(env or {}), TOKEN_ENV: check_token(token) if token is not None else new_token()}
     return run_tasks(argv, plan_tasks(spec, _all_tasks(spec)), env, timeout, out, stop_auxiliary=True)
 
 
@@ -112,7 +122,11 @@ def launch_node(
     Run it on every node with the same ``cluster``. Ranks are global (the chief, then workers);
     ``LOCAL_RANK`` counts this node's chief/worker tasks. Unlike `launch`, ps and evaluator
     tasks are not stopped when the workers finish (other nodes' workers may still need them):
-    the call returns when every task of this node has exited, one fails, or ``timeout``.
+    the call returns when every task of this node has exited, one fails, or ``timeout`` —
+    or, in a parameter-server cluster whose chief runs on this node, when the chief has
+    exited (its code is returned; this node's worker and ps tasks, which served it, are
+    stopped). A cluster with ``ps`` tasks needs ``PHALANX_CLUSTER_TOKEN``, the same on every
+    node.
 
     Args:
         target: As in `launch`.
@@ -127,9 +141,15 @@ def launch_node(
 
     Raises:
         ValueError: A malformed cluster, no task on this node, a contradicting
-            ``nproc_per_node``, a bad timeout or target.
+            ``nproc_per_node``, a bad timeout or target, or a cluster with ``ps`` tasks
+            but no (or a too short) ``PHALANX_CLUSTER_TOKEN`` in ``env`` or the environment.
     """
     spec = cluster_from(cluster)
+    if "ps" in spec.jobs:  # every node must present the same secret: only the user can give it
+        token = _given_token(env)
+        if token is None:
+            raise missing_token_error()
+        check_token(token)
     tasks = plan_tasks(spec, select_node_tasks(spec, node_tasks))
     trainers = sum(t.is_trainer for t in tasks)
     if nproc_per_node is not None and nproc_per_node != trainers:
@@ -170,6 +190,11 @@ def node_environments(
     """
     spec = cluster_from(cluster)
     return {t.name: t.env for t in plan_tasks(spec, select_node_tasks(spec, node_tasks))}
+
+
+def _given_token(env: Mapping[str, str] | None) -> str | None:
+    token = (env or {}).get(TOKEN_ENV, os.environ.get(TOKEN_ENV))
+    return token or None
 
 
 def _all_tasks(spec: ClusterSpec) -> list[tuple[str, int]]:

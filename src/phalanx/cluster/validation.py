@@ -2,16 +2,21 @@
 
 The resolvers call `validate` when they are created, so a bad ``TF_CONFIG`` fails at start
 with a message saying which field is wrong, what was received and how to fix it, rather than
-as a hang at the first collective. Strategies call `validate_for_strategy`.
+as a hang at the first collective. These checks need no network. Strategies call
+`validate_for_strategy` before they contact anyone: it also resolves the tasks' host names,
+so that a name that does not resolve, or two addresses that turn out to be one, are
+reported as such before a rendezvous store is opened.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from phalanx.cluster._roles import TASK_TYPES, split_address
+from phalanx.cluster._hosts import canonical_host, host_syntax_error, resolve_host
+from phalanx.cluster._roles import TASK_TYPES, split_address, trainer_tasks
 from phalanx.cluster.cluster_spec import ClusterSpec
 
 if TYPE_CHECKING:
@@ -24,6 +29,7 @@ __all__ = [
     "validate",
     "validate_cluster",
     "validate_for_strategy",
+    "validate_resolved_addresses",
     "validate_task",
 ]
 
@@ -195,20 +201,36 @@ def _check_job(cluster: ClusterSpec, job: str, source: str) -> None:
 
 
 def _check_addresses(cluster: ClusterSpec, source: str) -> None:
-    seen: dict[str, str] = {}
-    for job in cluster.jobs:
-        for index in cluster.task_indices(job):
-            address = cluster.task_address(job, index)
-            try:
-                split_address(address)
-            except ValueError as exc:
-                raise ValueError(f"{source} 'cluster' {job}:{index}: {exc}") from None
-            if address in seen:
-                raise ValueError(
-                    f"{source} 'cluster' gives the address {address!r} to both {seen[address]} and "
-                    f"{job}:{index}. Every task needs its own host:port. HINT: change one of the ports."
-                )
-            seen[address] = f"{job}:{index}"
+    seen: dict[tuple[str, int], tuple[str, str]] = {}
+    for job, index, address in _tasks(cluster):
+        try:
+            host, port = split_address(address)
+        except ValueError as exc:
+            raise ValueError(f"{source} 'cluster' {job}:{index}: {exc}") from None
+        problem = host_syntax_error(host)
+        if problem is not None:
+            raise ValueError(
+                f"{source} 'cluster' {job}:{index}: the host {host!r} {problem}. Received: {address!r}. "
+                "HINT: a host is a DNS name ('worker-0.example.com'), an IPv4 address ('10.0.0.1') or an "
+                "IPv6 address in brackets ('[::1]:2222')."
+            )
+        key = (canonical_host(host), port)
+        if key in seen:
+            other, spelled = seen[key]
+            same = (
+                f"the address {address!r}"
+                if spelled == address
+                else f"{spelled!r} and {address!r}, one address,"
+            )
+            raise ValueError(
+                f"{source} 'cluster' gives {same} to both {other} and {job}:{index}. Every task needs its "
+                "own host:port. HINT: change one of the ports."
+            )
+        seen[key] = (f"{job}:{index}", address)
+
+
+def _tasks(cluster: ClusterSpec) -> list[tuple[str, int, str]]:
+    return [(job, i, cluster.task_address(job, i)) for job in cluster.jobs for i in cluster.task_indices(job)]
 
 
 def validate_task(
@@ -258,15 +280,82 @@ def validate_for_strategy(
         allow_ps: Whether the strategy uses parameter servers.
 
     Raises:
-        ValueError: A ``ps`` job given to a strategy without parameter servers.
+        ValueError: A ``ps`` job given to a strategy without parameter servers; with several
+            chief/worker tasks, an address `validate_resolved_addresses` refuses (resolving
+            names, so this may wait for the name resolver, at most
+            ``RESOLVE_TIMEOUT_SECONDS`` per name).
     """
+    task: tuple[str | None, int | None] | None = None
     if isinstance(resolver, ClusterSpec):
         spec, where = resolver, "the cluster"
     else:
         spec, where = resolver.cluster_spec(), f"{resolver.source}'s cluster"
+        task = (resolver.task_type, resolver.task_id)
     if not allow_ps and "ps" in spec.jobs:
         raise ValueError(
             f"{strategy_name} does not use parameter servers, but {where} has a 'ps' job "
             f"with {spec.num_tasks('ps')} task(s): {spec.as_dict()['ps']!r}. "
             "HINT: use ParameterServerStrategy, or remove 'ps' from the cluster."
         )
+    trainers = trainer_tasks(spec)
+    if len(trainers) > 1:  # a rendezvous: names are about to be dialled and served
+        # The chief (rank 0) serves the rendezvous at its address: its own name must resolve.
+        validate_resolved_addresses(spec, where, serving=[trainers[0]] if task == trainers[0] else [])
+
+
+def validate_resolved_addresses(
+    cluster: ClusterSpec, where: str = "the cluster", serving: Sequence[tuple[str, int]] = ()
+) -> None:
+    """Resolves the tasks' host names: the tasks this process serves must resolve, and no two
+    tasks may share an IP address and port once names are resolved (``localhost:2222`` beside
+    ``127.0.0.1:2222``). A name that does not resolve for another task is left alone here (it
+    may resolve later, once that task's machine is up).
+
+    Args:
+        cluster: The cluster.
+        where: The cluster's name in messages ("TF_CONFIG's cluster").
+        serving: The tasks this process will listen at (the chief serves the rendezvous).
+
+    Raises:
+        ValueError: A served task's host does not resolve ("cannot resolve host ..."), or two
+            tasks resolve to one address (both are named).
+    """
+    owners: dict[tuple[str, int], tuple[str, str]] = {}
+    resolved: dict[str, set[str] | OSError] = {}  # each name is looked up once
+    for job, index, address in _tasks(cluster):
+        if job == "evaluator":
+            continue  # it serves nothing and runs on its own
+        host, port = split_address(address)
+        if host not in resolved:
+            resolved[host] = _resolve(host)
+        ips = resolved[host]
+        if isinstance(ips, OSError):
+            if (job, index) in serving:
+                raise ValueError(
+                    f"{where} {job}:{index}: cannot resolve host {host!r}, and this task must serve there "
+                    f"(the rendezvous). Received: {address!r} ({ips}). HINT: fix the host name in the "
+                    "cluster spec, or use this machine's name or IP address (`hostname -f`); on Kubernetes, "
+                    "check that the task's service exists."
+                )
+            continue  # another machine's name: it may resolve once that machine is up
+        for ip in sorted(ips):
+            _claim(owners, (ip, port), (f"{job}:{index}", address), where)
+
+
+def _claim(
+    owners: dict[tuple[str, int], tuple[str, str]], slot: tuple[str, int], task: tuple[str, str], where: str
+) -> None:
+    other = owners.setdefault(slot, task)
+    if other[0] != task[0]:
+        raise ValueError(
+            f"{where} gives one address to two tasks once names are resolved: {other[0]} and {task[0]} are "
+            f"both {slot[0]}:{slot[1]}. Every task needs its own host:port. Received: {other[1]!r} and "
+            f"{task[1]!r}. HINT: change one of the ports."
+        )
+
+
+def _resolve(host: str) -> set[str] | OSError:
+    try:
+        return resolve_host(host)
+    except OSError as exc:
+        return exc

@@ -191,3 +191,42 @@ def test_data_iterator_position_is_saved_and_restored(tmp_path, mirrored_2cpu):
     assert mirrored_2cpu.experimental_local_results(next(fresh))[0][0].item() == 2.0
     with pytest.raises(ValueError, match="Cannot rewind"):
         fresh.load_state_dict({"steps": 0})
+
+
+@pytest.mark.parametrize("number", [-1, "../x", 1.5, True])
+def test_a_checkpoint_number_must_be_a_non_negative_integer(tmp_path, number):
+    manager = CheckpointManager(Checkpoint(a=nn.Linear(1, 1)), str(tmp_path))
+    with pytest.raises(
+        ValueError, match=r"checkpoint_number must be a non-negative integer.*Received: .*HINT"
+    ):
+        manager.save(checkpoint_number=number)
+    assert os.listdir(tmp_path) == []
+    assert manager.save(checkpoint_number=0).endswith("ckpt-0.pt")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "must be JSON; .* Received: unreadable JSON"),
+        ('["ckpt-1.pt"]', r'must be \{"checkpoints": \[file names\]\}; .* Received: \[\'ckpt-1.pt\'\]'),
+        ('{"checkpoints": [1]}', r'must be \{"checkpoints": \[file names\]\}'),
+        ('{"checkpoints": ["ckpt-1.pt.bak"]}', r"may list only plain names .* Received: 'ckpt-1.pt.bak'"),
+    ],
+)
+def test_a_malformed_index_is_refused_with_the_rule_and_a_hint(tmp_path, content, message):
+    (tmp_path / "checkpoint.json").write_text(content)
+    with pytest.raises(ValueError, match=f"The checkpoint index .*checkpoint.json {message}.*HINT: "):
+        CheckpointManager(Checkpoint(a=nn.Linear(1, 1)), str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a b", ""])
+def test_checkpoint_name_must_be_one_plain_component(tmp_path, name):
+    with pytest.raises(ValueError, match="checkpoint_name must be a plain file name"):
+        CheckpointManager(Checkpoint(a=nn.Linear(1, 1)), str(tmp_path), checkpoint_name=name)
+
+
+def test_the_index_is_written_atomically_and_leaves_no_temp_file(tmp_path):
+    manager = CheckpointManager(Checkpoint(a=nn.Linear(1, 1)), str(tmp_path), max_to_keep=1)
+    manager.save()
+    manager.save()
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.json", "ckpt-2.pt"]

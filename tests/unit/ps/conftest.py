@@ -46,7 +46,7 @@ class Cluster:
 
 @pytest.fixture
 def ps_2workers_1ps(monkeypatch):
-    monkeypatch.setenv(TOKEN_ENV, "test-secret")
+    monkeypatch.setenv(TOKEN_ENV, "test-secret-0123456789")
     cluster = Cluster(workers=2, ps=1)
     yield cluster
     cluster.close()
@@ -54,7 +54,7 @@ def ps_2workers_1ps(monkeypatch):
 
 @pytest.fixture
 def ps_1worker_2ps(monkeypatch):
-    monkeypatch.setenv(TOKEN_ENV, "test-secret")
+    monkeypatch.setenv(TOKEN_ENV, "test-secret-0123456789")
     cluster = Cluster(workers=1, ps=2)
     yield cluster
     cluster.close()

@@ -265,7 +265,7 @@ def test_strategy_configuration_errors(ps_2workers_1ps, monkeypatch):
 
 
 def test_a_wrong_token_is_refused_and_a_missing_ps_is_named(ps_2workers_1ps, monkeypatch):
-    monkeypatch.setenv(TOKEN_ENV, "another-secret")
+    monkeypatch.setenv(TOKEN_ENV, "another-secret-0123456789")
     strategy = phalanx.ParameterServerStrategy(ps_2workers_1ps.resolver(), connect_timeout=10)
     with pytest.raises(AuthenticationError, match="same PHALANX_CLUSTER_TOKEN"), strategy.scope():
         torch.nn.Linear(2, 2)

@@ -49,6 +49,8 @@ class TorchrunClusterResolver(ClusterResolver):
         self._local_world_size = local_world
         single = world == 1
         host = env.get("MASTER_ADDR") or _require(single, "MASTER_ADDR", "127.0.0.1")
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # an IPv6 MASTER_ADDR: bracketed, so that host:port stays unambiguous
         port = _int_var(env, "MASTER_PORT", low=0, high=65536, default=None if not single else 29500)
         workers = [f"{host}:{port}"] + [f"rank-{r}.torchrun.invalid:{port}" for r in range(1, world)]
         self._spec = ClusterSpec({"worker": workers})

@@ -81,3 +81,38 @@ def test_in_a_parameter_server_cluster_the_chief_alone_decides():
     assert _coordinated(("chief-0", 0), ("worker-0", None), ("ps-0", None)).outcome is Outcome.SUCCEEDED
     failed = _coordinated(("chief-0", 2), ("worker-0", None), ("ps-0", None))
     assert (failed.outcome, failed.exit_code) == (Outcome.FAILED, 2)
+
+
+def _per_node_coordinated(*states):
+    tasks = [
+        TaskState(
+            name, name.startswith("chief"), code, not name.startswith("chief"), name.startswith("chief")
+        )
+        for name, code in states
+    ]
+    return decide(tasks, timed_out=False, timeout=5.0, stop_auxiliary=False)
+
+
+def test_per_node_mode_ends_with_a_local_chief_of_a_parameter_server_cluster():
+    assert _per_node_coordinated(("chief-0", None), ("ps-0", None)).outcome is Outcome.RUNNING
+    done = _per_node_coordinated(("chief-0", 0), ("worker-0", None), ("ps-0", None))
+    assert (done.outcome, done.exit_code) == (Outcome.SUCCEEDED, 0)
+    failed = _per_node_coordinated(("chief-0", 5), ("worker-0", None), ("ps-0", None))
+    assert (failed.outcome, failed.exit_code) == (Outcome.FAILED, 5)
+
+
+def test_a_node_whose_serving_tasks_all_ended_is_done_with_the_first_failure():
+    assert _per_node_coordinated(("worker-0", 1), ("ps-0", None)).outcome is Outcome.RUNNING
+    decision = _per_node_coordinated(("worker-0", -9), ("ps-0", 0))
+    assert (decision.outcome, decision.exit_code) == (Outcome.FAILED, -9)
+    assert decision.message == "worker-0 exited with code -9; no task is left. (killed by SIGKILL)"
+    assert _per_node_coordinated(("worker-0", 0), ("ps-0", 0)).outcome is Outcome.SUCCEEDED
+
+
+@pytest.mark.parametrize(("signum", "code"), [(2, 130), (15, 143), (1, 129)])
+def test_a_signal_to_the_launcher_wins_and_gives_128_plus_its_number(signum, code):
+    tasks = [TaskState("worker-0", True, None), TaskState("worker-1", True, 0)]
+    decision = decide(tasks, timed_out=True, timeout=5.0, stop_auxiliary=True, signalled=signum)
+    assert (decision.outcome, decision.exit_code) == (Outcome.SIGNALLED, code)
+    name = {2: "SIGINT", 15: "SIGTERM", 1: "SIGHUP"}[signum]
+    assert decision.message == f"received {name}; passing it on to ['worker-0'] and stopping them."

@@ -62,3 +62,15 @@ def test_bad_variables_are_named(torchrun_env, changes, message):
             torchrun_env.setenv(name, value)
     with pytest.raises(ValueError, match=message):
         TorchrunClusterResolver()
+
+
+@pytest.mark.parametrize(("master", "address"), [("::1", "[::1]:29500"), ("[fe80::1]", "[fe80::1]:29500")])
+def test_an_ipv6_master_addr_is_bracketed(torchrun_env, master, address):
+    torchrun_env.setenv("MASTER_ADDR", master)
+    assert TorchrunClusterResolver().chief_address() == address
+
+
+def test_a_master_addr_that_is_no_host_is_refused(torchrun_env):
+    torchrun_env.setenv("MASTER_ADDR", "my host")
+    with pytest.raises(ValueError, match=r"worker:0: the host 'my host' is neither a DNS name"):
+        TorchrunClusterResolver()
