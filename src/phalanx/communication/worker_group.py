@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -45,8 +45,9 @@ import torch
 import torch.distributed as dist
 
 from phalanx.communication.health import DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_INTERVAL, HealthCheck
+from phalanx.communication.interfaces import bind_gloo_to, strip_brackets
 from phalanx.communication.recent_works import RecentWorks
-from phalanx.communication.shared_memory import PeerGoneError, SharedMemoryAllReduce, shared_memory_supported
+from phalanx.communication.shared_memory import PeerGoneError, SharedMemoryAllReduce, same_machine_pids
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TIMEOUT",
@@ -92,21 +93,23 @@ def seconds_from_env(name: str, default: float) -> float:
     return value
 
 
-def _boot_id() -> str:
-    """This machine's boot id (tells machines apart where host names repeat), or ''."""
+def _listening_socket(host: str, port: int) -> int:
+    """A TCP socket listening at ``host:port`` (an IPv4/IPv6 address or a name); its fd,
+    owned by the caller (TCPStore closes it)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore's own listener
+        sock.bind(address)
+        sock.listen(128)
     except OSError:
-        return ""
+        sock.close()
+        raise
+    return sock.detach()
 
 
 def _log_every(join_timeout: float) -> float:
     return min(LOG_EVERY_SECONDS, max(join_timeout / 3, 0.2))
-
-
-def _strip_brackets(host: str) -> str:
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 class WorkerGroup:
@@ -118,13 +121,16 @@ class WorkerGroup:
     rank and size) and starts the health check. See the module docstring for the bounds.
 
     Args:
-        host, port: The chief's address, where the rendezvous store listens.
+        host, port: The chief's address, where the rendezvous store listens (the chief
+            listens on that address only).
         rank, world_size: This worker (0 = chief) and the number of workers.
         backend: "gloo" or "nccl".
         task_name: ``task_name(rank) -> "worker:1 (host:port)"``, for messages.
         join_timeout: Seconds to wait for every task to check in.
         collective_timeout: Default deadline of each collective, in seconds.
         heartbeat_timeout: Seconds without a heartbeat before a task counts as dead.
+        own_host: This task's host in the cluster spec: gloo binds the interface that holds
+            it (`bind_gloo_to`), unless ``GLOO_SOCKET_IFNAME`` is set. None: gloo's default.
 
     Raises:
         PeerUnavailableError: A task did not join within ``join_timeout`` (it is named).
@@ -143,10 +149,11 @@ class WorkerGroup:
         join_timeout: float = DEFAULT_JOIN_TIMEOUT,
         collective_timeout: float = 600.0,
         heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+        own_host: str | None = None,
     ) -> None:
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self._name = task_name
-        self._host, self._port = _strip_brackets(host), port
+        self._host, self._port = strip_brackets(host), port
         self._collective_timeout = collective_timeout
         self._failure: str | None = None
         self._closed = False
@@ -158,6 +165,8 @@ class WorkerGroup:
         self._store = self._open_store(deadline, join_timeout)
         self._check_in(deadline, join_timeout)
         self._works = RecentWorks()
+        if backend == "gloo":
+            bind_gloo_to(own_host)
         # "world": this object initialised torch.distributed; "subgroup": it made a group of
         # another backend in the user's; "borrowed": it uses the user's default group
         self._group, self._ownership = self._init_group(backend)
@@ -185,15 +194,22 @@ class WorkerGroup:
         timeout = timedelta(seconds=wait_seconds if heartbeat else max(wait_seconds, 10.0))
         serve = self.rank == 0 and not self._agent_store and not heartbeat
         if serve:
-            try:
+            try:  # on the chief's address only (TCPStore alone would listen on every interface)
+                fd = _listening_socket(self._host, self._port)
                 store = dist.TCPStore(
-                    self._host, self._port, None, is_master=True, timeout=timeout, wait_for_workers=False
+                    self._host,
+                    self._port,
+                    None,
+                    is_master=True,
+                    timeout=timeout,
+                    wait_for_workers=False,
+                    master_listen_fd=fd,
                 )
-            except RuntimeError as exc:
+            except (OSError, RuntimeError) as exc:
                 raise ValueError(
-                    f"The chief {self._name(0)} must serve the rendezvous at port {self._port}, but "
-                    f"it cannot listen there. Received: {exc}. HINT: the chief's address in the "
-                    "cluster spec must name a free port of this machine."
+                    f"The chief {self._name(0)} must serve the rendezvous at {self._host}:{self._port}, "
+                    f"but it cannot listen there. Received: {exc}. HINT: the chief's address in the "
+                    "cluster spec must be an address of this machine with a free port."
                 ) from None
         else:
             self._wait_until_reachable(deadline, wait_seconds, quiet=heartbeat)
@@ -274,28 +290,18 @@ class WorkerGroup:
         return dist.new_group(backend=backend, timeout=timeout), "subgroup"
 
     def _open_shared_memory(self) -> SharedMemoryAllReduce | None:
-        """The same-machine transport when every worker runs on this machine and allows it
-        (all workers reach the same answer from the identities they publish)."""
+        """The same-machine transport when every worker shares this machine's memory and
+        allows it (all workers; see `same_machine_pids`)."""
         if self.backend != "gloo":
             return None
-        me = {
-            "ok": shared_memory_supported(),
-            "host": socket.gethostname(),
-            "boot": _boot_id(),
-            "pid": os.getpid(),
-        }
-        self._store.set(f"machine/{self.rank}", json.dumps(me))
-        keys = [f"machine/{r}" for r in range(self.world_size)]
-        everyone = [json.loads(v) for v in self._store.multi_get(keys)]
-        same = all(e["ok"] and (e["host"], e["boot"]) == (me["host"], me["boot"]) for e in everyone)
-        if not same:
+        pids = same_machine_pids(self._store, self.rank, self.world_size, str(self._port))
+        if pids is None:
             return None
         # its own gloo group: the transport's thread agrees on segments without interleaving
         # with the collectives of the training thread
         group = self._shm_group = dist.new_group(
             backend="gloo", timeout=timedelta(seconds=self._collective_timeout)
         )
-        pids = [int(e["pid"]) for e in everyone]
         return SharedMemoryAllReduce(
             f"{self._port}-{pids[0]}",
             self.rank,
@@ -345,7 +351,7 @@ class WorkerGroup:
         elif self.world_size == 2:
             self._failure = self.failure or f"{self._name(1 - self.rank)} closed its connection ({text})"
         else:  # the heartbeats tell which peer is gone
-            deadline = time.monotonic() + self._health._timeout + 2 * HEARTBEAT_INTERVAL
+            deadline = time.monotonic() + self._health.timeout + 2 * HEARTBEAT_INTERVAL
             while self.failure is None and time.monotonic() < deadline:
                 time.sleep(0.1)
             self._failure = self.failure or f"a peer closed its connection ({text})"
@@ -457,12 +463,24 @@ class WorkerGroup:
         atexit.unregister(self._at_exit)
         if self._shm is not None:
             self._shm.close()
-        with contextlib.suppress(Exception):  # the chief's store may be gone already
-            self._store.set(f"left/{self.rank}", "1")
-            self._wait_for_the_others_to_leave()
+        if self.failure is None:
+            self._leave()
         self._health.stop()
         if self.failure is None:  # a collective stuck on a hung peer would block the teardown
             self._tear_down()
+
+    def _leave(self) -> None:
+        """Announces that this worker leaves and waits for the others, on a thread of its own:
+        a store call across a partition blocks (it does not fail), and closing must not."""
+
+        def announce_and_wait() -> None:
+            with contextlib.suppress(Exception):  # the chief's store may be gone already
+                self._store.set(f"left/{self.rank}", "1")
+                self._wait_for_the_others_to_leave()
+
+        leaving = threading.Thread(target=announce_and_wait, name="phalanx-leave", daemon=True)
+        leaving.start()
+        leaving.join(LEAVE_TIMEOUT + self._health.timeout)
 
     def _tear_down(self) -> None:
         """Destroys the groups this object created, dropping the last references so that
