@@ -76,26 +76,14 @@ def test_the_launchers_per_node_mode_on_each_host(make_hosts, tmp_path):
     hosts = make_hosts(2)
     cluster = worker_cluster(hosts, per_host=2)
     n = 128
+    launch = [sys.executable, "-m", "phalanx", "launch", "--tf-config", json.dumps({"cluster": cluster})]
+    script = [str(SCRIPTS / "ctl_oracle.py"), str(tmp_path), str(n)]
     launches = [
         host.run(
-            [
-                sys.executable,
-                "-m",
-                "phalanx",
-                "launch",
-                "--tf-config",
-                json.dumps({"cluster": cluster}),
-                "--node",
-                host.address,
-                "--timeout",
-                "200",
-                str(SCRIPTS / "ctl_oracle.py"),
-                str(tmp_path),
-                str(n),
-            ],
+            [*launch, "--node", host.address, "--timeout", "200", *script],
             base_env(),
             name=f"node-{host.index}",
-        )  # fmt: skip
+        )
         for host in hosts
     ]
     codes, output = wait_all(launches, timeout=240)
