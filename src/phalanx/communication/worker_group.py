@@ -20,9 +20,17 @@ Bounds (defaults; each also has an environment variable, read when a group is ma
   ``PHALANX_HEARTBEAT_TIMEOUT_SECONDS``) marks that task dead. Waiting collectives look at
   the health check every `POLL_SECONDS` (0.5 s), so the error comes within
   heartbeat_timeout + 1 s + 0.5 s (about 11.5 s < 12 s by default).
+* **A network partition**: the chief's side names the workers cut off (their heartbeats
+  stopped); a worker cut off from the chief's store cannot finish a heartbeat round (store
+  calls block, they do not fail) and names the chief once no round finished for
+  ``heartbeat_timeout``. Closing after a failure never waits on the store or on a peer, so
+  the process exits (docs/multi_machine.md).
 * **Any collective** fails after ``collective_timeout`` (the strategy's timeout, or
   ``CommunicationOptions.timeout_seconds`` per call). The process group is created with the
   same timeout, so gloo's own deadline can cap a longer per-call timeout.
+
+Addresses: the chief's store listens on the chief's address only, and gloo binds the
+interface that holds this task's address (`phalanx.communication.interfaces`).
 
 Every error is a `PeerUnavailableError` naming the missing task(s) and is sticky: after a
 failure, every later collective of the group raises at once (restart the job).
