@@ -8,12 +8,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "HEARTBEAT_INTERVAL", "HealthCheck"]
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "HEARTBEAT_INTERVAL", "HealthCheck", "PeerUnavailableError"]
 
 log = logging.getLogger("phalanx")
 
 DEFAULT_HEARTBEAT_TIMEOUT = 10.0
 HEARTBEAT_INTERVAL = 1.0
+
+
+class PeerUnavailableError(RuntimeError):
+    """Another worker died, stopped answering, or never joined (the message names it)."""
 
 
 class HealthCheck:

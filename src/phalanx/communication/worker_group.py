@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -52,15 +50,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx.communication.health import DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_INTERVAL, HealthCheck
+from phalanx.communication.health import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    HEARTBEAT_INTERVAL,
+    HealthCheck,
+    PeerUnavailableError,
+)
 from phalanx.communication.interfaces import bind_gloo_to, strip_brackets
 from phalanx.communication.recent_works import RecentWorks
+from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
 from phalanx.communication.shared_memory import PeerGoneError, SharedMemoryAllReduce, same_machine_pids
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TIMEOUT",
     "DEFAULT_JOIN_TIMEOUT",
     "HEARTBEAT_INTERVAL",
+    "JOIN_TIMEOUT_ENV",
     "POLL_SECONDS",
     "HealthCheck",
     "PeerUnavailableError",
@@ -68,19 +73,11 @@ __all__ = [
     "seconds_from_env",
 ]
 
-log = logging.getLogger("phalanx")
-
 DEFAULT_JOIN_TIMEOUT = 120.0
 POLL_SECONDS = 0.5
-LOG_EVERY_SECONDS = 5.0
 LEAVE_TIMEOUT = 10.0
-JOIN_TIMEOUT_ENV = "PHALANX_JOIN_TIMEOUT_SECONDS"
 HEARTBEAT_TIMEOUT_ENV = "PHALANX_HEARTBEAT_TIMEOUT_SECONDS"
 _RESTART_HINT = "HINT: check that task's log; restart the job (BackupAndRestore resumes it)."
-
-
-class PeerUnavailableError(RuntimeError):
-    """Another worker died, stopped answering, or never joined (the message names it)."""
 
 
 def seconds_from_env(name: str, default: float) -> float:
@@ -99,25 +96,6 @@ def seconds_from_env(name: str, default: float) -> float:
     if not value > 0:
         raise ValueError(f"{name} must be a positive number of seconds. Received: {name}={text!r}.")
     return value
-
-
-def _listening_socket(host: str, port: int) -> int:
-    """A TCP socket listening at ``host:port`` (an IPv4/IPv6 address or a name); its fd,
-    owned by the caller (TCPStore closes it)."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore's own listener
-        sock.bind(address)
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return sock.detach()
-
-
-def _log_every(join_timeout: float) -> float:
-    return min(LOG_EVERY_SECONDS, max(join_timeout / 3, 0.2))
 
 
 class WorkerGroup:
@@ -166,12 +144,12 @@ class WorkerGroup:
         self._failure: str | None = None
         self._closed = False
         # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; restarts reuse it.
-        self._agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if self._agent_store else "0"
-        self._prefix = f"phalanx/{restart}/"
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        prefix = f"phalanx/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') if agent_store else '0'}/"
+        rendezvous = Rendezvous(self._host, port, rank, world_size, task_name, prefix, agent_store)
         deadline = time.monotonic() + join_timeout
-        self._store = self._open_store(deadline, join_timeout)
-        self._check_in(deadline, join_timeout)
+        self._store = rendezvous.open(deadline, join_timeout)
+        rendezvous.check_in(self._store, deadline, join_timeout)
         self._works = RecentWorks()
         if backend == "gloo":
             bind_gloo_to(own_host)
@@ -182,7 +160,7 @@ class WorkerGroup:
         self._health = HealthCheck(
             # its own connection, whose operations time out with the heartbeat: a chief that
             # stops answering is reported within the same bound as any other task
-            lambda: self._open_store(time.monotonic() + heartbeat_timeout, heartbeat_timeout, heartbeat=True),
+            lambda: rendezvous.open(time.monotonic() + heartbeat_timeout, heartbeat_timeout, heartbeat=True),
             rank,
             world_size,
             task_name,
@@ -191,89 +169,6 @@ class WorkerGroup:
         self._health.start()
         self._shm = self._open_shared_memory()
         atexit.register(self._at_exit)
-
-    # ---------------------------------------------------------------- joining
-    def _open_store(self, deadline: float, wait_seconds: float, heartbeat: bool = False) -> Any:
-        """A connection to the rendezvous store; rank 0 serves it (unless torchrun does).
-
-        Store operations time out after ``wait_seconds`` (at least 10 s, except for the
-        heartbeat's connection).
-        """
-        timeout = timedelta(seconds=wait_seconds if heartbeat else max(wait_seconds, 10.0))
-        serve = self.rank == 0 and not self._agent_store and not heartbeat
-        if serve:
-            try:  # on the chief's address only (TCPStore alone would listen on every interface)
-                fd = _listening_socket(self._host, self._port)
-                store = dist.TCPStore(
-                    self._host,
-                    self._port,
-                    None,
-                    is_master=True,
-                    timeout=timeout,
-                    wait_for_workers=False,
-                    master_listen_fd=fd,
-                )
-            except (OSError, RuntimeError) as exc:
-                raise ValueError(
-                    f"The chief {self._name(0)} must serve the rendezvous at {self._host}:{self._port}, "
-                    f"but it cannot listen there. Received: {exc}. HINT: the chief's address in the "
-                    "cluster spec must be an address of this machine with a free port."
-                ) from None
-        else:
-            self._wait_until_reachable(deadline, wait_seconds, quiet=heartbeat)
-            store = dist.TCPStore(self._host, self._port, None, is_master=False, timeout=timeout)
-        return dist.PrefixStore(self._prefix, store)
-
-    def _wait_until_reachable(self, deadline: float, join_timeout: float, quiet: bool) -> None:
-        # Probe with a plain socket: a TCPStore client retrying by itself floods stderr.
-        start = last_log = time.monotonic()
-        while True:
-            try:
-                with socket.create_connection((self._host, self._port), timeout=1.0):
-                    return
-            except OSError:
-                pass
-            now = time.monotonic()
-            if now > deadline:
-                raise PeerUnavailableError(
-                    f"Gave up after {join_timeout:g}s waiting for ['{self._name(0)}'] to join: "
-                    f"nothing listens at {self._host}:{self._port}, where the chief serves the "
-                    "rendezvous. HINT: start every task of the cluster, and check the chief's "
-                    "address in TF_CONFIG (or MASTER_ADDR/MASTER_PORT)."
-                )
-            if not quiet and now - last_log >= _log_every(join_timeout):
-                log.warning(
-                    "Still waiting for ['%s'] to join (the chief, serving the rendezvous; %.0fs of %gs).",
-                    self._name(0),
-                    now - start,
-                    join_timeout,
-                )
-                last_log = now
-            time.sleep(0.1)
-
-    def _check_in(self, deadline: float, join_timeout: float) -> None:
-        self._store.add(HealthCheck.key(self.rank), 1)
-        start = last_log = time.monotonic()
-        while True:
-            missing = self.missing_tasks()
-            if not missing:
-                return
-            now = time.monotonic()
-            if now > deadline:
-                raise PeerUnavailableError(
-                    f"Gave up after {join_timeout:g}s waiting for {missing} to join. "
-                    "HINT: start every task of the cluster (TF_CONFIG's 'cluster'), check their "
-                    f"addresses, or allow longer with {JOIN_TIMEOUT_ENV}."
-                )
-            if now - last_log >= _log_every(join_timeout):
-                waited = now - start
-                log.warning("Still waiting for %s to join (%.0fs of %gs).", missing, waited, join_timeout)
-                last_log = now
-            time.sleep(0.05)
-
-    def missing_tasks(self) -> list[str]:
-        """The tasks that have not checked in yet, by name."""
-        return [self._name(r) for r in range(self.world_size) if not self._store.check([HealthCheck.key(r)])]
 
     def _init_group(self, backend: str) -> tuple[Any, str]:
         timeout = timedelta(seconds=self._collective_timeout)

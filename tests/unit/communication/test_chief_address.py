@@ -7,7 +7,8 @@ import socket
 import pytest
 
 from phalanx.communication.interfaces import interface_addresses
-from phalanx.communication.worker_group import WorkerGroup, _listening_socket
+from phalanx.communication.rendezvous import _listening_socket
+from phalanx.communication.worker_group import WorkerGroup
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
