@@ -101,9 +101,9 @@ class Rendezvous:
             )
         except (OSError, RuntimeError) as exc:
             raise ValueError(
-                f"The chief {self._name(0)} must serve the rendezvous at {self._host}:{self._port}, "
-                f"but it cannot listen there. Received: {exc}. HINT: the chief's address in the "
-                "cluster spec must be an address of this machine with a free port."
+                f"The chief {self._name(0)} must serve the rendezvous at port {self._port} of its address "
+                f"{self._host}, but it cannot listen there. Received: {exc}. HINT: the chief's address in "
+                "the cluster spec must be an address of this machine with a free port."
             ) from None
 
     def _wait_until_reachable(self, deadline: float, join_timeout: float, quiet: bool) -> None:
