@@ -145,8 +145,7 @@ class Host:
             self.netns,
         )
         _sh("ip", "-n", self._switch, "link", "set", self._port, "master", "br0", "up")
-        if ":" in self.address:  # no link-local address: the ULA is the interface's only one
-            _sh("ip", "netns", "exec", self.netns, "sysctl", "-qw", "net.ipv6.conf.eth0.addr_gen_mode=1")
+        if ":" in self.address:  # nodad: usable at once; the link-local address comes after it
             _sh(
                 "ip",
                 "-n",
