@@ -54,11 +54,11 @@ def missing_tools() -> str | None:
     return None
 
 
-def _sh(*argv: str) -> str:
-    """Runs a setup command; raises with its stderr when it fails."""
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+def _sh(command: str) -> str:
+    """Runs a setup command (words separated by spaces); raises with its stderr when it fails."""
+    done = subprocess.run(command.split(), capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+        raise RuntimeError(f"{command} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout
 
 
@@ -128,75 +128,37 @@ class Host:
         return f"[{self.address}]" if ":" in self.address else self.address
 
     def _plug_in(self) -> None:
-        _sh("ip", "netns", "add", self.netns)
-        _sh(
-            "ip",
-            "-n",
-            self._switch,
-            "link",
-            "add",
-            self._port,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            self.netns,
-        )
-        _sh("ip", "-n", self._switch, "link", "set", self._port, "master", "br0", "up")
-        if ":" in self.address:  # nodad: usable at once; the link-local address comes after it
-            _sh(
-                "ip",
-                "-n",
-                self.netns,
-                "-6",
-                "addr",
-                "add",
-                f"{self.address}/{self._prefix_len}",
-                "dev",
-                "eth0",
-                "nodad",
-            )
-        else:
-            _sh("ip", "-n", self.netns, "addr", "add", f"{self.address}/{self._prefix_len}", "dev", "eth0")
-        _sh("ip", "-n", self.netns, "link", "set", "lo", "up")
-        _sh("ip", "-n", self.netns, "link", "set", "eth0", "up")
+        sw, ns, port = self._switch, self.netns, self._port
+        _sh(f"ip netns add {ns}")
+        _sh(f"ip -n {sw} link add {port} type veth peer name eth0 netns {ns}")
+        _sh(f"ip -n {sw} link set {port} master br0 up")
+        self._add_address()
+        _sh(f"ip -n {ns} link set lo up")
+        _sh(f"ip -n {ns} link set eth0 up")
+
+    def _add_address(self) -> None:
+        # IPv6: nodad makes it usable at once; the link-local address comes after it
+        family, nodad = ("-6", "nodad") if ":" in self.address else ("-4", "")
+        _sh(f"ip -n {self.netns} {family} addr add {self.address}/{self._prefix_len} dev eth0 {nodad}")
 
     def _boot(self) -> None:
         """Starts PID 1 of the host: its own host name, PID namespace and /dev/shm."""
         script = (
             f"hostname {self.hostname} && mount -t tmpfs -o size=1g tmpfs /dev/shm && exec sleep infinity"
         )
-
+        unshare = f"ip netns exec {self.netns} unshare --uts --mount --pid --fork --mount-proc --kill-child"
         self._init = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.netns,
-                "unshare",
-                "--uts",
-                "--mount",
-                "--pid",
-                "--fork",
-                "--mount-proc",
-                "--kill-child",
-                "sh",
-                "-c",
-                script,
-            ],
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            [*unshare.split(), "sh", "-c", script], stdin=subprocess.DEVNULL, start_new_session=True
         )
         children = f"/proc/{self._init.pid}/task/{self._init.pid}/children"
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # unshare's child is the host's PID 1
-            with contextlib.suppress(OSError):
-                text = open(children).read().split()  # noqa: SIM115 (a /proc file, read at once)
-                if text and self._booted(int(text[0])):
-                    self.pid = int(text[0])
-                    return
+            text: list[str] = []
+            with contextlib.suppress(OSError), open(children) as f:
+                text = f.read().split()
+            if text and self._booted(int(text[0])):
+                self.pid = int(text[0])
+                return
             if self._init.poll() is not None:
                 break
             time.sleep(0.05)
@@ -225,68 +187,30 @@ class Host:
             name: The output prefix (default: the host name).
             cwd: Its working directory (default: this process's).
         """
-        command = [
-            "nsenter",
-            "--target",
-            str(self.pid),
-            "--net",
-            "--uts",
-            "--mount",
-            "--pid",
-            f"--wd={cwd or os.getcwd()}",
-            "--",
-            *argv,
-        ]
+        enter = f"nsenter --target {self.pid} --net --uts --mount --pid".split()
+        command = [*enter, f"--wd={cwd or os.getcwd()}", "--", *argv]
         process = HostProcess(name or self.hostname, command, os.environ if env is None else env)
         self.processes.append(process)
         return process
 
     def cut(self) -> None:
         """Takes the host's cable out: both ends of its link go down (packets are dropped)."""
-        _sh("ip", "-n", self._switch, "link", "set", self._port, "down")
-        _sh("ip", "-n", self.netns, "link", "set", "eth0", "down")
+        _sh(f"ip -n {self._switch} link set {self._port} down")
+        _sh(f"ip -n {self.netns} link set eth0 down")
 
     def heal(self) -> None:
         """Puts the cable back (undoes `cut`)."""
-        _sh("ip", "-n", self.netns, "link", "set", "eth0", "up")
-        _sh("ip", "-n", self._switch, "link", "set", self._port, "up")
+        _sh(f"ip -n {self.netns} link set eth0 up")
+        _sh(f"ip -n {self._switch} link set {self._port} up")
         if ":" in self.address:  # an interface that went down drops its IPv6 addresses
             with contextlib.suppress(RuntimeError):
-                _sh(
-                    "ip",
-                    "-n",
-                    self.netns,
-                    "-6",
-                    "addr",
-                    "add",
-                    f"{self.address}/{self._prefix_len}",
-                    "dev",
-                    "eth0",
-                    "nodad",
-                )
+                self._add_address()
 
     def shape(self, rate: str) -> None:
         """Limits the host's link to ``rate`` (``"1gbit"``) in both directions (token bucket)."""
         for netns, dev in ((self.netns, "eth0"), (self._switch, self._port)):
-            _sh(
-                "ip",
-                "netns",
-                "exec",
-                netns,
-                "tc",
-                "qdisc",
-                "replace",
-                "dev",
-                dev,
-                "root",
-                "tbf",
-                "rate",
-                rate,
-                "burst",
-                "256kb",
-                "latency",
-                "50ms",
-            )
+            tbf = f"tbf rate {rate} burst 256kb latency 50ms"
+            _sh(f"ip netns exec {netns} tc qdisc replace dev {dev} root {tbf}")
 
     def shut_down(self) -> None:
         """Ends every process of the host (PID 1 takes its PID namespace with it)."""
@@ -329,10 +253,10 @@ class SimulatedHosts:
             raise
 
     def _build(self, count: int, ipv6: bool) -> None:
-        _sh("ip", "netns", "add", self.switch)
+        _sh(f"ip netns add {self.switch}")
         self._made_switch = True
-        _sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _sh("ip", "-n", self.switch, "link", "set", "br0", "up")
+        _sh(f"ip -n {self.switch} link add br0 type bridge")
+        _sh(f"ip -n {self.switch} link set br0 up")
         subnet = secrets.randbelow(250) + 1
         for i in range(count):
             address = f"fd00:{subnet:x}::{i + 1}" if ipv6 else f"10.{subnet}.0.{i + 1}"
