@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "HEARTBEAT_INTERVAL", "HealthCheck"]
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "HEARTBEAT_INTERVAL", "HealthCheck", "PeerUnavailableError"]
 
 log = logging.getLogger("phalanx")
 
@@ -16,13 +16,22 @@ DEFAULT_HEARTBEAT_TIMEOUT = 10.0
 HEARTBEAT_INTERVAL = 1.0
 
 
+class PeerUnavailableError(RuntimeError):
+    """Another worker died, stopped answering, or never joined (the message names it)."""
+
+
 class HealthCheck:
     """Heartbeats of every worker in a shared store, and the verdict on the others.
 
     `beat` is one round: add 1 to this worker's counter, read every peer's, and remember
     when each last changed. A peer whose counter has not changed for ``timeout`` seconds is
-    dead, unless it announced that it left (`leave`). `start` runs rounds every ``interval``
-    on a daemon thread with its own store connection.
+    dead (the message says whether it announced that it left). `start` runs rounds every
+    ``interval`` on a daemon thread with its own store connection.
+
+    A round that cannot finish is a failure too: across a network partition a store call
+    does not fail, it blocks (TCP retransmits for many minutes), so `dead_peer` also reports
+    the chief as lost once no round has finished for ``timeout`` seconds. That is how the
+    side of a partition without the store notices within the same bound as the chief.
 
     Args:
         connect: Opens a store connection (called on the heartbeat thread).
@@ -49,6 +58,7 @@ class HealthCheck:
         self._seen: dict[int, tuple[bytes, float]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_round: float | None = None  # when the last round finished (None: not started)
         self.failure: str | None = None
 
     @staticmethod
@@ -75,14 +85,33 @@ class HealthCheck:
                 left = store.check([f"left/{peer}"])
                 what = "left the cluster (closed its strategy)" if left else "stopped sending heartbeats"
                 self.failure = f"{self._name(peer)} {what} {now - last[1]:.1f}s ago"
+        self._last_round = self._clock()
         return self.failure
 
+    @property
+    def timeout(self) -> float:
+        """Seconds without a heartbeat (or a finished round) before a task counts as lost."""
+        return self._timeout
+
     def dead_peer(self) -> str | None:
-        """The failure found by the heartbeats, if any (None while every peer beats)."""
+        """The failure found by the heartbeats, if any (None while every peer beats).
+
+        Also the verdict on a round that never finished (see the class doc); called by the
+        threads that wait for collectives, so it never waits for the store itself.
+        """
+        last = self._last_round
+        if self.failure is None and last is not None and self._clock() - last > self._timeout:
+            waited = self._clock() - last
+            whose = "its own rendezvous store" if self._rank == 0 else f"the chief {self._name(0)}'s store"
+            self.failure = (
+                f"lost contact with the cluster: {whose} has not answered a heartbeat for {waited:.1f}s "
+                "(a network partition, or the chief stopped)"
+            )
         return self.failure
 
     def start(self) -> None:
         """Runs `beat` every ``interval`` seconds on a daemon thread until `stop`."""
+        self._last_round = self._clock()  # connecting counts as a round: it is bounded the same way
         self._thread = threading.Thread(target=self._run, name="phalanx-heartbeat", daemon=True)
         self._thread.start()
 
@@ -99,8 +128,9 @@ class HealthCheck:
 
     def stop(self) -> None:
         """Stops the thread and waits for it (a daemon stopped inside a store call at
-        interpreter exit aborts the process)."""
+        interpreter exit aborts the process), except when its store stopped answering: a
+        thread blocked on a partitioned link never returns, and the process must still exit."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
-            thread.join(timeout=15)
+            thread.join(timeout=15 if self.dead_peer() is None else 2 * self._interval)

@@ -32,9 +32,11 @@ order, so this transport is only used there (elsewhere, gloo).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import queue
+import secrets
 import sys
 import threading
 import time
@@ -45,7 +47,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["CHUNK_ELEMENTS", "SHARED_MEMORY_ENV", "SharedMemoryAllReduce", "shared_memory_supported"]
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "SHARED_MEMORY_ENV",
+    "SharedMemoryAllReduce",
+    "same_machine_pids",
+    "shared_memory_supported",
+]
 
 SHARED_MEMORY_ENV = "PHALANX_SHARED_MEMORY"
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per slot at most
@@ -67,6 +75,61 @@ def shared_memory_supported() -> bool:
         return False
     machine = platform.machine().lower()
     return sys.platform.startswith("linux") and machine in ("x86_64", "amd64") and os.path.isdir(_DIR)
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace (``"pid:[4026531836]"``), or '' where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _read_probe(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def same_machine_pids(store: Any, rank: int, world_size: int, tag: str) -> list[int] | None:
+    """Every worker's PID (by rank) when all of them may share memory, else None (all workers).
+
+    "The same machine" is decided by what the transport needs, never by host names or boot
+    ids (two containers or network namespaces can share those and still not share memory):
+    every worker writes a random probe file into its ``/dev/shm`` and publishes its name and
+    content in ``store``; a worker that reads every other's probe shares their ``/dev/shm``.
+    The workers must also share a PID namespace (peers are watched by PID). Each worker
+    publishes what it saw, so every worker reaches the same answer. Blocks until every worker
+    published (the store's timeout).
+
+    Args:
+        store: The job's rendezvous store.
+        rank, world_size: This worker and the number of workers.
+        tag: Unique to this job (names the probe files and store keys).
+    """
+    probe = os.path.join(_DIR, f"phalanx-probe-{tag}-{rank}-{secrets.token_hex(4)}")
+    content = secrets.token_hex(16)
+    ok = shared_memory_supported()
+    try:
+        if ok:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(content)
+        me = {"ok": ok, "probe": probe, "content": content, "pidns": _pid_namespace(), "pid": os.getpid()}
+        store.set(f"machine/{rank}", json.dumps(me))
+        everyone = [json.loads(v) for v in store.multi_get([f"machine/{r}" for r in range(world_size)])]
+        sees = all(
+            e["ok"] and e["pidns"] == me["pidns"] and _read_probe(e["probe"]) == e["content"]
+            for e in everyone
+        )
+        store.set(f"machine-shared/{rank}", "1" if ok and sees else "0")
+        verdicts = store.multi_get([f"machine-shared/{r}" for r in range(world_size)])
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+    return [int(e["pid"]) for e in everyone] if all(v == b"1" for v in verdicts) else None
 
 
 class PeerGoneError(RuntimeError):

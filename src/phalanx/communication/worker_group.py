@@ -20,9 +20,17 @@ Bounds (defaults; each also has an environment variable, read when a group is ma
   ``PHALANX_HEARTBEAT_TIMEOUT_SECONDS``) marks that task dead. Waiting collectives look at
   the health check every `POLL_SECONDS` (0.5 s), so the error comes within
   heartbeat_timeout + 1 s + 0.5 s (about 11.5 s < 12 s by default).
+* **A network partition**: the chief's side names the workers cut off (their heartbeats
+  stopped); a worker cut off from the chief's store cannot finish a heartbeat round (store
+  calls block, they do not fail) and names the chief once no round finished for
+  ``heartbeat_timeout``. Closing after a failure never waits on the store or on a peer, so
+  the process exits (docs/multi_machine.md).
 * **Any collective** fails after ``collective_timeout`` (the strategy's timeout, or
   ``CommunicationOptions.timeout_seconds`` per call). The process group is created with the
   same timeout, so gloo's own deadline can cap a longer per-call timeout.
+
+Addresses: the chief's store listens on the chief's address only, and gloo binds the
+interface that holds this task's address (`phalanx.communication.interfaces`).
 
 Every error is a `PeerUnavailableError` naming the missing task(s) and is sticky: after a
 failure, every later collective of the group raises at once (restart the job).
@@ -32,10 +40,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
-import logging
 import os
-import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -44,14 +50,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx.communication.health import DEFAULT_HEARTBEAT_TIMEOUT, HEARTBEAT_INTERVAL, HealthCheck
+from phalanx.communication.health import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    HEARTBEAT_INTERVAL,
+    HealthCheck,
+    PeerUnavailableError,
+)
+from phalanx.communication.interfaces import bind_gloo_to, strip_brackets
 from phalanx.communication.recent_works import RecentWorks
-from phalanx.communication.shared_memory import PeerGoneError, SharedMemoryAllReduce, shared_memory_supported
+from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
+from phalanx.communication.shared_memory import PeerGoneError, SharedMemoryAllReduce, same_machine_pids
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TIMEOUT",
     "DEFAULT_JOIN_TIMEOUT",
     "HEARTBEAT_INTERVAL",
+    "JOIN_TIMEOUT_ENV",
     "POLL_SECONDS",
     "HealthCheck",
     "PeerUnavailableError",
@@ -59,19 +73,11 @@ __all__ = [
     "seconds_from_env",
 ]
 
-log = logging.getLogger("phalanx")
-
 DEFAULT_JOIN_TIMEOUT = 120.0
 POLL_SECONDS = 0.5
-LOG_EVERY_SECONDS = 5.0
 LEAVE_TIMEOUT = 10.0
-JOIN_TIMEOUT_ENV = "PHALANX_JOIN_TIMEOUT_SECONDS"
 HEARTBEAT_TIMEOUT_ENV = "PHALANX_HEARTBEAT_TIMEOUT_SECONDS"
 _RESTART_HINT = "HINT: check that task's log; restart the job (BackupAndRestore resumes it)."
-
-
-class PeerUnavailableError(RuntimeError):
-    """Another worker died, stopped answering, or never joined (the message names it)."""
 
 
 def seconds_from_env(name: str, default: float) -> float:
@@ -92,23 +98,6 @@ def seconds_from_env(name: str, default: float) -> float:
     return value
 
 
-def _boot_id() -> str:
-    """This machine's boot id (tells machines apart where host names repeat), or ''."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _log_every(join_timeout: float) -> float:
-    return min(LOG_EVERY_SECONDS, max(join_timeout / 3, 0.2))
-
-
-def _strip_brackets(host: str) -> str:
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
 class WorkerGroup:
     """The process group of the training tasks, with check-in, heartbeats and deadlines.
 
@@ -118,13 +107,16 @@ class WorkerGroup:
     rank and size) and starts the health check. See the module docstring for the bounds.
 
     Args:
-        host, port: The chief's address, where the rendezvous store listens.
+        host, port: The chief's address, where the rendezvous store listens (the chief
+            listens on that address only).
         rank, world_size: This worker (0 = chief) and the number of workers.
         backend: "gloo" or "nccl".
         task_name: ``task_name(rank) -> "worker:1 (host:port)"``, for messages.
         join_timeout: Seconds to wait for every task to check in.
         collective_timeout: Default deadline of each collective, in seconds.
         heartbeat_timeout: Seconds without a heartbeat before a task counts as dead.
+        own_host: This task's host in the cluster spec: gloo binds the interface that holds
+            it (`bind_gloo_to`), unless ``GLOO_SOCKET_IFNAME`` is set. None: gloo's default.
 
     Raises:
         PeerUnavailableError: A task did not join within ``join_timeout`` (it is named).
@@ -143,21 +135,24 @@ class WorkerGroup:
         join_timeout: float = DEFAULT_JOIN_TIMEOUT,
         collective_timeout: float = 600.0,
         heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+        own_host: str | None = None,
     ) -> None:
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self._name = task_name
-        self._host, self._port = _strip_brackets(host), port
+        self._host, self._port = strip_brackets(host), port
         self._collective_timeout = collective_timeout
         self._failure: str | None = None
         self._closed = False
         # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; restarts reuse it.
-        self._agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if self._agent_store else "0"
-        self._prefix = f"phalanx/{restart}/"
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        prefix = f"phalanx/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') if agent_store else '0'}/"
+        rendezvous = Rendezvous(self._host, port, rank, world_size, task_name, prefix, agent_store)
         deadline = time.monotonic() + join_timeout
-        self._store = self._open_store(deadline, join_timeout)
-        self._check_in(deadline, join_timeout)
+        self._store = rendezvous.open(deadline, join_timeout)
+        rendezvous.check_in(self._store, deadline, join_timeout)
         self._works = RecentWorks()
+        if backend == "gloo":
+            bind_gloo_to(own_host)
         # "world": this object initialised torch.distributed; "subgroup": it made a group of
         # another backend in the user's; "borrowed": it uses the user's default group
         self._group, self._ownership = self._init_group(backend)
@@ -165,7 +160,7 @@ class WorkerGroup:
         self._health = HealthCheck(
             # its own connection, whose operations time out with the heartbeat: a chief that
             # stops answering is reported within the same bound as any other task
-            lambda: self._open_store(time.monotonic() + heartbeat_timeout, heartbeat_timeout, heartbeat=True),
+            lambda: rendezvous.open(time.monotonic() + heartbeat_timeout, heartbeat_timeout, heartbeat=True),
             rank,
             world_size,
             task_name,
@@ -174,82 +169,6 @@ class WorkerGroup:
         self._health.start()
         self._shm = self._open_shared_memory()
         atexit.register(self._at_exit)
-
-    # ---------------------------------------------------------------- joining
-    def _open_store(self, deadline: float, wait_seconds: float, heartbeat: bool = False) -> Any:
-        """A connection to the rendezvous store; rank 0 serves it (unless torchrun does).
-
-        Store operations time out after ``wait_seconds`` (at least 10 s, except for the
-        heartbeat's connection).
-        """
-        timeout = timedelta(seconds=wait_seconds if heartbeat else max(wait_seconds, 10.0))
-        serve = self.rank == 0 and not self._agent_store and not heartbeat
-        if serve:
-            try:
-                store = dist.TCPStore(
-                    self._host, self._port, None, is_master=True, timeout=timeout, wait_for_workers=False
-                )
-            except RuntimeError as exc:
-                raise ValueError(
-                    f"The chief {self._name(0)} must serve the rendezvous at port {self._port}, but "
-                    f"it cannot listen there. Received: {exc}. HINT: the chief's address in the "
-                    "cluster spec must name a free port of this machine."
-                ) from None
-        else:
-            self._wait_until_reachable(deadline, wait_seconds, quiet=heartbeat)
-            store = dist.TCPStore(self._host, self._port, None, is_master=False, timeout=timeout)
-        return dist.PrefixStore(self._prefix, store)
-
-    def _wait_until_reachable(self, deadline: float, join_timeout: float, quiet: bool) -> None:
-        # Probe with a plain socket: a TCPStore client retrying by itself floods stderr.
-        start = last_log = time.monotonic()
-        while True:
-            try:
-                with socket.create_connection((self._host, self._port), timeout=1.0):
-                    return
-            except OSError:
-                pass
-            now = time.monotonic()
-            if now > deadline:
-                raise PeerUnavailableError(
-                    f"Gave up after {join_timeout:g}s waiting for ['{self._name(0)}'] to join: "
-                    f"nothing listens at {self._host}:{self._port}, where the chief serves the "
-                    "rendezvous. HINT: start every task of the cluster, and check the chief's "
-                    "address in TF_CONFIG (or MASTER_ADDR/MASTER_PORT)."
-                )
-            if not quiet and now - last_log >= _log_every(join_timeout):
-                log.warning(
-                    "Still waiting for ['%s'] to join (the chief, serving the rendezvous; %.0fs of %gs).",
-                    self._name(0),
-                    now - start,
-                    join_timeout,
-                )
-                last_log = now
-            time.sleep(0.1)
-
-    def _check_in(self, deadline: float, join_timeout: float) -> None:
-        self._store.add(HealthCheck.key(self.rank), 1)
-        start = last_log = time.monotonic()
-        while True:
-            missing = self.missing_tasks()
-            if not missing:
-                return
-            now = time.monotonic()
-            if now > deadline:
-                raise PeerUnavailableError(
-                    f"Gave up after {join_timeout:g}s waiting for {missing} to join. "
-                    "HINT: start every task of the cluster (TF_CONFIG's 'cluster'), check their "
-                    f"addresses, or allow longer with {JOIN_TIMEOUT_ENV}."
-                )
-            if now - last_log >= _log_every(join_timeout):
-                waited = now - start
-                log.warning("Still waiting for %s to join (%.0fs of %gs).", missing, waited, join_timeout)
-                last_log = now
-            time.sleep(0.05)
-
-    def missing_tasks(self) -> list[str]:
-        """The tasks that have not checked in yet, by name."""
-        return [self._name(r) for r in range(self.world_size) if not self._store.check([HealthCheck.key(r)])]
 
     def _init_group(self, backend: str) -> tuple[Any, str]:
         timeout = timedelta(seconds=self._collective_timeout)
@@ -274,28 +193,18 @@ class WorkerGroup:
         return dist.new_group(backend=backend, timeout=timeout), "subgroup"
 
     def _open_shared_memory(self) -> SharedMemoryAllReduce | None:
-        """The same-machine transport when every worker runs on this machine and allows it
-        (all workers reach the same answer from the identities they publish)."""
+        """The same-machine transport when every worker shares this machine's memory and
+        allows it (all workers; see `same_machine_pids`)."""
         if self.backend != "gloo":
             return None
-        me = {
-            "ok": shared_memory_supported(),
-            "host": socket.gethostname(),
-            "boot": _boot_id(),
-            "pid": os.getpid(),
-        }
-        self._store.set(f"machine/{self.rank}", json.dumps(me))
-        keys = [f"machine/{r}" for r in range(self.world_size)]
-        everyone = [json.loads(v) for v in self._store.multi_get(keys)]
-        same = all(e["ok"] and (e["host"], e["boot"]) == (me["host"], me["boot"]) for e in everyone)
-        if not same:
+        pids = same_machine_pids(self._store, self.rank, self.world_size, str(self._port))
+        if pids is None:
             return None
         # its own gloo group: the transport's thread agrees on segments without interleaving
         # with the collectives of the training thread
         group = self._shm_group = dist.new_group(
             backend="gloo", timeout=timedelta(seconds=self._collective_timeout)
         )
-        pids = [int(e["pid"]) for e in everyone]
         return SharedMemoryAllReduce(
             f"{self._port}-{pids[0]}",
             self.rank,
@@ -345,7 +254,7 @@ class WorkerGroup:
         elif self.world_size == 2:
             self._failure = self.failure or f"{self._name(1 - self.rank)} closed its connection ({text})"
         else:  # the heartbeats tell which peer is gone
-            deadline = time.monotonic() + self._health._timeout + 2 * HEARTBEAT_INTERVAL
+            deadline = time.monotonic() + self._health.timeout + 2 * HEARTBEAT_INTERVAL
             while self.failure is None and time.monotonic() < deadline:
                 time.sleep(0.1)
             self._failure = self.failure or f"a peer closed its connection ({text})"
@@ -457,12 +366,24 @@ class WorkerGroup:
         atexit.unregister(self._at_exit)
         if self._shm is not None:
             self._shm.close()
-        with contextlib.suppress(Exception):  # the chief's store may be gone already
-            self._store.set(f"left/{self.rank}", "1")
-            self._wait_for_the_others_to_leave()
+        if self.failure is None:
+            self._leave()
         self._health.stop()
         if self.failure is None:  # a collective stuck on a hung peer would block the teardown
             self._tear_down()
+
+    def _leave(self) -> None:
+        """Announces that this worker leaves and waits for the others, on a thread of its own:
+        a store call across a partition blocks (it does not fail), and closing must not."""
+
+        def announce_and_wait() -> None:
+            with contextlib.suppress(Exception):  # the chief's store may be gone already
+                self._store.set(f"left/{self.rank}", "1")
+                self._wait_for_the_others_to_leave()
+
+        leaving = threading.Thread(target=announce_and_wait, name="phalanx-leave", daemon=True)
+        leaving.start()
+        leaving.join(LEAVE_TIMEOUT + self._health.timeout)
 
     def _tear_down(self) -> None:
         """Destroys the groups this object created, dropping the last references so that

@@ -178,6 +178,9 @@ class MultiWorkerMirroredStrategy(Strategy):
             if not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds. Received: {value!r}.")
         host, _, port = self._resolver.chief_address().rpartition(":")
+        job, index, own = self._resolver.task_type, self._resolver.task_id, host  # a lone task: the chief
+        if job is not None and index is not None:
+            own = self._resolver.cluster_spec().task_address(job, index).rpartition(":")[0]
         return WorkerGroup(
             host,
             int(port),
@@ -188,6 +191,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             join_timeout=join,
             collective_timeout=self._timeout,
             heartbeat_timeout=beat,
+            own_host=own,  # gloo binds this task's address from the cluster spec
         )
 
     def _make_buckets(self, group: WorkerGroup) -> GradientBuckets:

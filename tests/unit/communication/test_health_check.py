@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -105,3 +106,44 @@ def test_seconds_from_env(monkeypatch):
         message = rf"PHALANX_TEST_SECONDS must be a positive number of seconds. Received: \w+='{bad}'"
         with pytest.raises(ValueError, match=message):
             seconds_from_env("PHALANX_TEST_SECONDS", 7.0)
+
+
+def test_a_round_that_never_finishes_loses_the_chief_after_the_timeout():
+    clock, released = Clock(), threading.Event()
+
+    def stalled_connect():  # a store across a partition: its calls do not fail, they block
+        released.wait(30)
+        raise RuntimeError("released")
+
+    check = HealthCheck(stalled_connect, 1, 2, _name, timeout=10.0, interval=0.01, clock=clock)
+    check.start()
+    try:
+        clock.now += 10.0
+        assert check.dead_peer() is None
+        clock.now += 0.5
+        assert check.dead_peer() == (
+            "lost contact with the cluster: the chief worker:0 (host0:2222)'s store has not answered a "
+            "heartbeat for 10.5s (a network partition, or the chief stopped)"
+        )
+    finally:
+        released.set()
+        check.stop()
+
+
+def test_the_chief_reports_its_own_store_stalling():
+    store, clock = dist.HashStore(), Clock()
+    check = _check(store, clock, rank=0, world=2)
+    _peers_beat(store, [1])
+    assert check.beat(store) is None
+    clock.now += 12.0  # no round since (the heartbeat thread is stuck)
+    assert "its own rendezvous store has not answered a heartbeat for 12.0s" in check.dead_peer()
+
+
+def test_finished_rounds_keep_a_slow_store_healthy():
+    store, clock = dist.HashStore(), Clock()
+    check = _check(store, clock, rank=1, world=2)
+    for _ in range(5):
+        _peers_beat(store, [0])
+        clock.now += 9.0  # each round takes 9 s: slow, but every one finishes
+        assert check.beat(store) is None
+        assert check.dead_peer() is None
