@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ReplicaThreads"]
+import torch
+
+__all__ = ["ReplicaThreads", "thread_modes"]
+
+
+def thread_modes() -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """The caller's thread-local modes (inference mode, autocast), to enter on replica threads."""
+    inference = torch.is_inference_mode_enabled()
+    autocast = [
+        (kind, torch.get_autocast_dtype(kind)) for kind in ("cpu", "cuda") if torch.is_autocast_enabled(kind)
+    ]
+    if not inference and not autocast:
+        return contextlib.nullcontext
+
+    def enter() -> contextlib.AbstractContextManager[Any]:
+        stack = contextlib.ExitStack()
+        if inference:
+            stack.enter_context(torch.inference_mode())
+        for kind, dtype in autocast:
+            stack.enter_context(torch.autocast(kind, dtype=dtype))
+        return stack
+
+    return enter
+
 
 _STOP = object()
 
