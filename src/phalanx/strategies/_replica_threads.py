@@ -77,7 +77,9 @@ class ReplicaThreads:
     def run(self, fn: Callable[[int], Any], on_error: Callable[[BaseException], None]) -> list[Any]:
         """Calls ``fn(i)`` for every replica i and waits for all of them.
 
-        ``on_error`` is called as soon as one replica fails, so it can wake the others.
+        ``on_error`` is called as soon as one replica fails, so it can wake the others. With
+        several replicas each thread (the caller's too, for the call) gets its share of the
+        caller's intra-op threads.
 
         Returns:
             The results in replica order.
@@ -87,6 +89,23 @@ class ReplicaThreads:
         """
         if self._n == 1:
             return [fn(0)]
+        # Replicas share the cores: each replica thread gets its share of the intra-op threads
+        # (torch's setting is per OS thread), so 2 replicas x 2 threads do not fight over 2 cores.
+        caller_threads = torch.get_num_threads()
+        share = max(1, caller_threads // self._n)
+
+        def call_with_share(i: int) -> Any:
+            if torch.get_num_threads() != share:
+                torch.set_num_threads(share)
+            return fn(i)
+
+        try:
+            return self._run_all(call_with_share, on_error)
+        finally:
+            if torch.get_num_threads() != caller_threads:
+                torch.set_num_threads(caller_threads)
+
+    def _run_all(self, fn: Callable[[int], Any], on_error: Callable[[BaseException], None]) -> list[Any]:
         if not self._queues:
             self._start()
         results: list[Any] = [None] * self._n

@@ -27,10 +27,11 @@ from phalanx.strategies._gradients import GradientSync
 from phalanx.strategies._reduction import CrossReplicaReduction
 from phalanx.strategies._rendezvous import Rendezvous
 from phalanx.strategies._replica_threads import ReplicaThreads, thread_modes
+from phalanx.strategies._run_checks import check_gpus_exist, check_run_call, device_scope
 from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.strategies.replica_context import ReplicaContext
 from phalanx.strategies.step_sync import StepSync
-from phalanx.values import DistributedValues, PerReplica, ReduceOp, local_results, regroup, select_replica
+from phalanx.values import PerReplica, ReduceOp, local_results, regroup, select_replica
 from phalanx.variables import DistributedVariable
 
 if TYPE_CHECKING:
@@ -54,21 +55,6 @@ class ValueContext:
         return (
             f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
             f"num_replicas_in_sync={self.num_replicas_in_sync})"
-        )
-
-
-def _check_gpus_exist(names: Sequence[str]) -> None:
-    """Raises ValueError naming the CUDA devices this machine does not have."""
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    missing = [n for n in names if n.startswith("cuda:") and int(n.split(":")[1]) >= available]
-    if missing:
-        raise ValueError(
-            f"This machine has no {missing[0]}: it has {available} CUDA device(s). Received: "
-            f"devices {list(names)}. HINT: use cuda:0..cuda:{available - 1}, or logical CPU replicas "
-            "such as ['cpu:0', 'cpu:1']."
-            if available
-            else f"This machine has no {missing[0]}: it has no CUDA device. Received: devices "
-            f"{list(names)}. HINT: use logical CPU replicas such as ['cpu:0', 'cpu:1']."
         )
 
 
@@ -97,7 +83,7 @@ class Strategy:
         names = [canonical_name(d) for d in devices]
         if len(set(names)) != len(names):
             raise ValueError(f"Devices must be distinct. Received: {list(devices)}.")
-        _check_gpus_exist(names)
+        check_gpus_exist(names)
         self._device_names = tuple(names)
         self._devices = tuple(torch_device(n) for n in names)
         self._num_local_replicas = len(names)
@@ -278,7 +264,7 @@ class Strategy:
             ValueError: A distributed argument does not have one component per local replica.
             RuntimeError: Called inside another ``run`` or inside another strategy's scope.
         """
-        self._check_run_call(fn, args, kwargs)
+        check_run_call(self, fn, args, kwargs)
         self._before_run()
         kwargs = kwargs or {}
         gbs, offsets = self._batches.take(args, kwargs)
@@ -306,7 +292,7 @@ class Strategy:
                 context.push_frame(self, self._replica_contexts[i]),
                 torch.set_grad_enabled(grad_mode),
                 modes(),
-                self._device_scope(i),
+                device_scope(self._devices[i]),
             ):
                 try:
                     return fn(*select_replica(i, args), **select_replica(i, kwargs))
@@ -314,75 +300,11 @@ class Strategy:
                     self._step_sync.reset_thread()
 
         self._rendezvous.reset()
-        # Replicas share the cores: each replica thread gets its share of the intra-op threads
-        # (torch's setting is per OS thread), so 2 replicas x 2 threads do not fight over 2 cores.
-        caller_threads = torch.get_num_threads()
-        share = max(1, caller_threads // self._num_local_replicas)
-
-        def call_with_share(i: int) -> Any:
-            if torch.get_num_threads() != share:
-                torch.set_num_threads(share)
-            return call(i)
-
-        try:
-            results = self._threads.run(call_with_share, self._rendezvous.abort)
-        finally:
-            if torch.get_num_threads() != caller_threads:
-                torch.set_num_threads(caller_threads)
-        return regroup(results)
-
-    def _check_run_call(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
-        if not callable(fn):
-            raise TypeError(f"strategy.run needs a callable. Received: {type(fn).__name__}.")
-        if not isinstance(args, (tuple, list)):
-            raise TypeError(
-                "strategy.run(fn, args=...) takes args as a tuple or list. Received: "
-                f"{type(args).__name__}. HINT: write args=(x,) for a single argument."
-            )
-        if kwargs is not None and not isinstance(kwargs, dict):
-            raise TypeError(f"strategy.run kwargs must be a dict. Received: {type(kwargs).__name__}.")
-        for value in (*args, *(kwargs or {}).values()):
-            self._check_components(value)
-        replica = context._state.replica
-        if replica is not None and not replica[0]._is_default:
-            raise RuntimeError(
-                "strategy.run was called inside a replica context (inside another run). "
-                "HINT: call strategy.run from the training loop, outside strategy.run."
-            )
-        top = context._top()
-        current = top.strategy if top is not None else self
-        if current is not self and not current._is_default:
-            raise RuntimeError(
-                f"{self!r}.run was called inside the scope of {current!r}. HINT: use the "
-                "strategy whose scope is open."
-            )
+        return regroup(self._threads.run(call, self._rendezvous.abort))
 
     def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None:
         """Called when ``optimizer.step()`` runs in this strategy's scope outside ``run``."""
         return
-
-    def _check_components(self, value: Any) -> None:
-        """Raises ValueError for a distributed value without one component per local replica."""
-        if isinstance(value, DistributedValues):
-            if len(value.values) != self._num_local_replicas:
-                raise ValueError(
-                    f"strategy.run got a {type(value).__name__} with {len(value.values)} components, "
-                    f"but {self!r} has {self._num_local_replicas} local replica(s). HINT: make it "
-                    "with this strategy (experimental_distribute_dataset or "
-                    "experimental_distribute_values_from_function)."
-                )
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                self._check_components(v)
-        elif isinstance(value, dict):
-            for v in value.values():
-                self._check_components(v)
-
-    def _device_scope(self, i: int) -> contextlib.AbstractContextManager[Any]:
-        device = self._devices[i]
-        if device.type == "cuda":
-            return torch.cuda.device(device)
-        return contextlib.nullcontext()
 
     def _before_run(self) -> None:
         """Readies distributed variables (components made or re-mirrored) before a step."""
