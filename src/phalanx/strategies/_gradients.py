@@ -48,8 +48,8 @@ class GradientSync:
             workers (the identity in one process); called by the last replica to arrive.
         policy: The strategy's variable policy: says which parameters are distributed and
             installs the sums as the replicas' gradients.
-        num_workers: The number of workers taking part in each step, read at every step
-            (a multi-worker strategy knows it only after this object is made).
+        num_workers: The number of workers taking part in each step, read at the first
+            step (a multi-worker strategy knows it only after this object is made).
     """
 
     def __init__(
@@ -67,25 +67,34 @@ class GradientSync:
         self._ops = cross_device_ops
         self._cross_worker_all_reduce = cross_worker_all_reduce
         self._policy = policy
+        self._owner = policy.strategy  # whose variables the optimizer must hold
         self._num_workers = num_workers
+        # (replicas in sync, whether they sum in place): fixed once the first step runs, as
+        # the devices, the ops and the workers are; decided then, not at every step.
+        self._layout: tuple[int, bool] | None = None
 
     def _distributed_params(self, optimizer: torch.optim.Optimizer) -> list[DistributedVariable]:
         params: list[DistributedVariable] = []
+        owner = self._owner
         for group in optimizer.param_groups:
             for p in group["params"]:
-                if self._policy.owns(p):
+                # policy.owns(p), inlined: this runs for every parameter at every step
+                if isinstance(p, DistributedVariable) and p._strategy is owner:
                     params.append(p)
                 elif len(self._devices) > 1:
                     raise RuntimeError(
-                        f"optimizer.step() inside {self._policy.strategy!r}.run got a parameter that "
+                        f"optimizer.step() inside {owner!r}.run got a parameter that "
                         "was not created in this strategy's scope, so every replica would update it "
                         "once. HINT: create the model and the optimizer inside `with strategy.scope():`."
                     )
         return params
 
-    def _sums_in_place(self) -> bool:
-        """One worker, and cross-device ops that can sum in place on these devices."""
-        return self._num_workers() == 1 and self._ops.can_sum_in_place(self._devices)
+    def _decide_layout(self) -> tuple[int, bool]:
+        """The replicas in sync, and whether they sum in place: one worker, and cross-device
+        ops that can sum in place on these devices."""
+        workers = self._num_workers()
+        in_place = workers == 1 and self._ops.can_sum_in_place(self._devices)
+        return len(self._devices) * workers, in_place
 
     def before_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         """Sums gradients across replicas before the step (every replica calls it; blocks
@@ -95,9 +104,13 @@ class GradientSync:
             RuntimeError: A parameter of the optimizer was not created in the strategy's scope.
             NotImplementedError: Sparse gradients where they cannot be summed in place.
         """
-        if len(self._devices) * self._num_workers() == 1:
+        layout = self._layout
+        if layout is None:
+            layout = self._layout = self._decide_layout()
+        replicas_in_sync, in_place = layout
+        if replicas_in_sync == 1:
             set_in_optimizer_step(True)  # nothing to sum; the update itself may write variables
-            if self._policy.has_variables():  # one replica of a distributed strategy
+            if self._policy.has_variables:  # one replica of a distributed strategy
                 params = self._distributed_params(optimizer)
                 none = [p._replica_leaf(0).grad is None for p in params]
                 self._policy.install_summed_in_place(params, none, 0)
@@ -106,7 +119,7 @@ class GradientSync:
         if not params:
             return
         like = [p._replica_leaf(index) for p in params]
-        if self._sums_in_place():
+        if in_place:
             all_none = self._sum_in_place(optimizer, index, like)
             self._policy.install_summed_in_place(params, all_none, index)
             set_in_optimizer_step(True)
@@ -114,7 +127,7 @@ class GradientSync:
         grads = [c.grad for c in like]
         if any(g is not None and g.is_sparse for g in grads):
             raise NotImplementedError(
-                f"Sparse gradients (nn.Embedding(sparse=True)) are summed by {self._policy.strategy!r} "
+                f"Sparse gradients (nn.Embedding(sparse=True)) are summed by {self._owner!r} "
                 "only with CPU replicas of one worker and the default cross-device ops. HINT: "
                 "use sparse=False, or CPU replicas."
             )
@@ -130,10 +143,10 @@ class GradientSync:
         set_in_optimizer_step(True)
 
     def _per_replica_state(self, optimizer: torch.optim.Optimizer) -> None:
-        """Gives each replica its own optimizer state (once; run by the last replica to arrive)."""
-        if not isinstance(optimizer.state, PerReplicaState):
-            state = PerReplicaState(optimizer.state, self._policy.strategy, self._devices)
-            optimizer.state = state  # type: ignore[assignment]
+        """Gives each replica its own optimizer state (at the first step; the last replica to
+        arrive calls it, and only while ``optimizer.state`` is not yet a `PerReplicaState`)."""
+        state = PerReplicaState(optimizer.state, self._owner, self._devices)
+        optimizer.state = state  # type: ignore[assignment]
 
     def _sum_in_place(
         self, optimizer: torch.optim.Optimizer, index: int, leaves: list[torch.Tensor]
@@ -152,7 +165,8 @@ class GradientSync:
                 leaf.grad = torch.zeros_like(leaf)
 
         def lead(values: list[Any]) -> list[Any]:
-            self._per_replica_state(optimizer)
+            if not isinstance(optimizer.state, PerReplicaState):
+                self._per_replica_state(optimizer)
             return values
 
         values = self._rendezvous.exchange(
@@ -176,7 +190,8 @@ class GradientSync:
     def _lead(
         self, optimizer: torch.optim.Optimizer, values: list[Any]
     ) -> tuple[dict[torch.dtype, torch.Tensor], list[bool]]:
-        self._per_replica_state(optimizer)
+        if not isinstance(optimizer.state, PerReplicaState):
+            self._per_replica_state(optimizer)
         all_none = [all(mask[k] for _, mask in values) for k in range(len(values[0][1]))]
         home = self._devices[0]
         reduced = {}
@@ -188,7 +203,7 @@ class GradientSync:
     def after_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         """Ends the step's write permission; lets the policy finish the step (all replicas)."""
         set_in_optimizer_step(False)
-        if self._policy.has_variables() and self._distributed_params(optimizer):
+        if self._policy.has_variables and self._distributed_params(optimizer):
             self._policy.after_optimizer_step(index)
 
     def reset_thread(self) -> None:

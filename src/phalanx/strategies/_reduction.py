@@ -37,18 +37,20 @@ class CrossReplicaReduction:
     """Reduces and gathers per-replica values of one strategy (cross-replica context).
 
     Args:
-        strategy: The strategy whose replicas' values are reduced; its layout
-            (``local_devices``, ``num_local_replicas``, ``num_workers_in_sync``) is read at
-            each call and its ``_cross_worker_all_reduce``/``_cross_worker_all_gather``
-            hooks cross workers.
+        strategy: The strategy whose replicas' values are reduced: its local devices and
+            replicas are read here (they are fixed when the strategy is made), its workers at
+            each call (a multi-worker strategy learns them later); its
+            ``_cross_worker_all_reduce``/``_cross_worker_all_gather`` hooks cross workers.
         cross_device_ops: Sums the local replicas' values onto the first local device.
     """
 
     def __init__(self, strategy: Strategy, cross_device_ops: CrossDeviceOps) -> None:
         self._strategy = strategy
         self._ops = cross_device_ops
+        self._home = strategy.local_devices[0]
+        self._num_local = strategy.num_local_replicas
 
-    def check_cross_replica(self, what: str, instead: str) -> None:
+    def _refuse_replica_context(self, what: str, instead: str) -> None:
         """Raises RuntimeError if called inside the strategy's ``run`` (a replica context)."""
         replica = context._state.replica
         if replica is not None and replica[0] is self._strategy and not self._strategy._is_default:
@@ -58,7 +60,15 @@ class CrossReplicaReduction:
             )
 
     def reduce(self, op: ReduceOp, value: Any, axis: int | None) -> Any:
-        """`Strategy.reduce` for a nest of values (see there; all workers, when several)."""
+        """`Strategy.reduce` for a nest of values (see there; all workers, when several).
+
+        Raises:
+            RuntimeError: Called inside the strategy's ``run``.
+        """
+        if context._state.replica is not None:  # checked inline: reduce runs at every step
+            self._refuse_replica_context(
+                "reduce", "inside strategy.run use phalanx.get_replica_context().all_reduce."
+            )
         if axis is None and type(value) is torch.Tensor and self._strategy.num_replicas_in_sync == 1:
             return value  # one replica: nothing to reduce
         return _map_values(lambda v: self.reduce_one(op, v, axis), value)
@@ -66,14 +76,14 @@ class CrossReplicaReduction:
     def reduce_one(self, op: ReduceOp, value: Any, axis: int | None) -> torch.Tensor:
         """Reduces one per-replica (or plain) value onto the first local device."""
         s = self._strategy
-        home = s.local_devices[0]
+        home = self._home
         workers = s.num_workers_in_sync
         if isinstance(value, DistributedValues):
             components = [torch.as_tensor(c) for c in value.values]
             copies = 1
         else:  # a plain value is the same on every local replica
             components = [torch.as_tensor(value)]
-            copies = s.num_local_replicas
+            copies = self._num_local
         if axis is not None:
             count = copies * sum(c.shape[axis] for c in components)
             components = [c.sum(dim=axis) for c in components]
@@ -95,12 +105,19 @@ class CrossReplicaReduction:
         return total / count
 
     def gather(self, value: Any, axis: int) -> Any:
-        """`Strategy.gather` for a nest of values (see there; all workers, when several)."""
+        """`Strategy.gather` for a nest of values (see there; all workers, when several).
+
+        Raises:
+            RuntimeError: Called inside the strategy's ``run``.
+        """
+        self._refuse_replica_context(
+            "gather", "inside strategy.run use phalanx.get_replica_context().all_gather."
+        )
         return _map_values(lambda v: self._gather_one(v, axis), value)
 
     def _gather_one(self, value: Any, axis: int) -> torch.Tensor:
         components = [torch.as_tensor(c) for c in local_results(value)]
-        home = self._strategy.local_devices[0]
+        home = self._home
         components = [c.reshape(1) if c.dim() == 0 else c for c in components]
         local = torch.cat([c.to(home) for c in components], dim=axis)
         gathered, _ = self._strategy._cross_worker_all_gather(

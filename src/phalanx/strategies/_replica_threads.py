@@ -89,25 +89,12 @@ class ReplicaThreads:
         """
         if self._n == 1:
             return [fn(0)]
+        if not self._queues:
+            self._start()
         # Replicas share the cores: each replica thread gets its share of the intra-op threads
         # (torch's setting is per OS thread), so 2 replicas x 2 threads do not fight over 2 cores.
         caller_threads = torch.get_num_threads()
         share = max(1, caller_threads // self._n)
-
-        def call_with_share(i: int) -> Any:
-            if torch.get_num_threads() != share:
-                torch.set_num_threads(share)
-            return fn(i)
-
-        try:
-            return self._run_all(call_with_share, on_error)
-        finally:
-            if torch.get_num_threads() != caller_threads:
-                torch.set_num_threads(caller_threads)
-
-    def _run_all(self, fn: Callable[[int], Any], on_error: Callable[[BaseException], None]) -> list[Any]:
-        if not self._queues:
-            self._start()
         results: list[Any] = [None] * self._n
         errors: list[tuple[int, BaseException]] = []
         done = threading.Semaphore(0)
@@ -115,19 +102,22 @@ class ReplicaThreads:
 
         def job(i: int) -> None:
             try:
+                if torch.get_num_threads() != share:
+                    torch.set_num_threads(share)
                 results[i] = fn(i)
             except BaseException as exc:
                 with lock:
                     errors.append((i, exc))
                 on_error(exc)
             finally:
-                if i:
-                    done.release()
+                done.release()
 
         for i, jobs in enumerate(self._queues, start=1):
             jobs.put(lambda i=i: job(i))
-        job(0)
-        for _ in range(self._n - 1):
+        job(0)  # never raises: errors are collected
+        if torch.get_num_threads() != caller_threads:
+            torch.set_num_threads(caller_threads)
+        for _ in range(self._n):  # replica 0's release is already there
             done.acquire()
         if errors:
             raise _first_cause(errors)

@@ -60,6 +60,9 @@ class VariablePolicy:
         self._rendezvous = rendezvous
         self._ops = cross_device_ops
         self._variables: list[weakref.ref[DistributedVariable]] = []
+        # Whether any variable is registered (and, after `materialize_all`, alive): a plain
+        # attribute because `run` and the gradient path read it at every step.
+        self.has_variables = False
 
     @property
     def strategy(self) -> Strategy:
@@ -70,11 +73,8 @@ class VariablePolicy:
     def register(self, var: DistributedVariable) -> DistributedVariable:
         """Remembers ``var`` (weakly) so that `materialize_all` readies it before each run."""
         self._variables.append(weakref.ref(var))
+        self.has_variables = True
         return var
-
-    def has_variables(self) -> bool:
-        """Whether this strategy has created a distributed variable (alive or not)."""
-        return bool(self._variables)
 
     def variables(self) -> Iterator[DistributedVariable]:
         """The registered variables still alive, in creation order."""
@@ -96,6 +96,7 @@ class VariablePolicy:
                 self.materialize(var)
                 alive.append(ref)
         self._variables = alive
+        self.has_variables = bool(alive)
 
     # ------------------------------------------------------------------ creation
     def create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:

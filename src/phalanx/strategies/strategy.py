@@ -308,7 +308,8 @@ class Strategy:
 
     def _before_run(self) -> None:
         """Readies distributed variables (components made or re-mirrored) before a step."""
-        self._variable_policy.materialize_all()
+        if self._variable_policy.has_variables:
+            self._variable_policy.materialize_all()
 
     # ------------------------------------------------------------------ input
     def experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None = None) -> Any:
@@ -414,20 +415,13 @@ class Strategy:
         Raises:
             RuntimeError: Called inside `run` (use ``get_replica_context().all_reduce``).
         """
-        op = ReduceOp.coerce(reduce_op)
-        self._reduction.check_cross_replica(
-            "reduce", "inside strategy.run use phalanx.get_replica_context().all_reduce."
-        )
-        return self._reduction.reduce(op, value, axis)
+        return self._reduction.reduce(ReduceOp.coerce(reduce_op), value, axis)
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates every replica's value along ``axis``, in global replica order (cross-replica).
 
         Shapes may differ along ``axis`` (partial batches). Raises RuntimeError inside `run`.
         """
-        self._reduction.check_cross_replica(
-            "gather", "inside strategy.run use phalanx.get_replica_context().all_gather."
-        )
         return self._reduction.gather(value, axis)
 
     def update(

@@ -88,5 +88,5 @@ def test_a_variable_policy_forgets_variables_that_died(mirrored_2cpu):
     gc.collect()
     mirrored_2cpu.run(lambda: None)  # materialize_all runs before each run
     assert list(policy.variables()) == [kept.weight, kept.bias]
-    assert policy.has_variables()
+    assert policy.has_variables
     assert len(policy._variables) == 2
