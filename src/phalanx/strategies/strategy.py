@@ -284,6 +284,9 @@ class Strategy:
                 state.stack.pop()
                 state.replica = previous
                 self._step_sync.reset_thread()
+                # The default strategy's replica context is also the one code outside any run
+                # sees: the step's global batch size must not outlive the step.
+                self._replica_contexts[0]._global_batch_size = None
         grad_mode = torch.is_grad_enabled()
         modes = thread_modes()
 
