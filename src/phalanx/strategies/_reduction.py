@@ -71,6 +71,8 @@ class CrossReplicaReduction:
             )
         if axis is None and type(value) is torch.Tensor and self._strategy.num_replicas_in_sync == 1:
             return value  # one replica: nothing to reduce
+        if isinstance(value, (DistributedValues, torch.Tensor)):  # one value: no nest to map
+            return self.reduce_one(op, value, axis)
         return _map_values(lambda v: self.reduce_one(op, v, axis), value)
 
     def reduce_one(self, op: ReduceOp, value: Any, axis: int | None) -> torch.Tensor:

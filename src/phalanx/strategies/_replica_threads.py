@@ -94,7 +94,16 @@ class ReplicaThreads:
         # Replicas share the cores: each replica thread gets its share of the intra-op threads
         # (torch's setting is per OS thread), so 2 replicas x 2 threads do not fight over 2 cores.
         caller_threads = torch.get_num_threads()
-        share = max(1, caller_threads // self._n)
+        try:
+            return self._dispatch(fn, on_error, max(1, caller_threads // self._n))
+        finally:
+            if torch.get_num_threads() != caller_threads:
+                torch.set_num_threads(caller_threads)
+
+    def _dispatch(
+        self, fn: Callable[[int], Any], on_error: Callable[[BaseException], None], share: int
+    ) -> list[Any]:
+        """`run` for several replicas, each thread limited to ``share`` intra-op threads."""
         results: list[Any] = [None] * self._n
         errors: list[tuple[int, BaseException]] = []
         done = threading.Semaphore(0)
@@ -110,14 +119,13 @@ class ReplicaThreads:
                     errors.append((i, exc))
                 on_error(exc)
             finally:
-                done.release()
+                if i:
+                    done.release()
 
         for i, jobs in enumerate(self._queues, start=1):
             jobs.put(lambda i=i: job(i))
-        job(0)  # never raises: errors are collected
-        if torch.get_num_threads() != caller_threads:
-            torch.set_num_threads(caller_threads)
-        for _ in range(self._n):  # replica 0's release is already there
+        job(0)
+        for _ in range(self._n - 1):
             done.acquire()
         if errors:
             raise _first_cause(errors)
