@@ -61,7 +61,7 @@ def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
         return frame.strategy._create_buffer(module, name, buffer)
     # A module re-assigning its buffer inside `run` (self.buf = new): keep the distributed
     # variable and write the new value into this replica's component.
-    return frame.strategy._reassign_buffer(module, name, buffer, frame.replica_context)
+    return frame.strategy.variable_policy.reassign_buffer(module, name, buffer, frame.replica_context)
 
 
 def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> None:
@@ -83,7 +83,7 @@ def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
     from phalanx.strategies._optimizer_state import PerReplicaState
 
     if isinstance(optimizer.state, PerReplicaState):
-        strategy = optimizer.state._strategy
+        strategy = optimizer.state.owner
         raise RuntimeError(
             f"optimizer.step() was called outside {strategy!r}.run, but this optimizer keeps "
             "one state per replica (it stepped inside run before): stepping here would update "

@@ -100,9 +100,9 @@ def get_replica_context() -> ReplicaContext | None:
     if top is None:
         from phalanx.strategies.default import default_strategy
 
-        return default_strategy()._replica_contexts[0]
+        return default_strategy().replica_context(0)
     if top.strategy._is_default and top.replica_context is None:
-        return top.strategy._replica_contexts[0]
+        return top.strategy.replica_context(0)
     return top.replica_context
 
 

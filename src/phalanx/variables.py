@@ -181,7 +181,7 @@ class DistributedVariable(torch.Tensor):
     @property
     def components(self) -> tuple[torch.Tensor, ...]:
         """All local components, in replica order (materialised first if needed)."""
-        self._strategy._materialize(self)
+        self._strategy.variable_policy.materialize(self)
         return tuple(self._components)
 
     # ----------------------------------------------------------------- dispatch
@@ -271,7 +271,7 @@ class MirroredVariable(DistributedVariable):
         self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], index: int
     ) -> Any:
         if is_inplace(func, kwargs) and not in_optimizer_step() and func.__name__ != ("requires_grad_"):
-            return self._strategy._merged_assign(self, func, args, kwargs, index)
+            return self._strategy.variable_policy.merged_assign(self, func, args, kwargs, index)
         return super()._replica_call(func, args, kwargs, index)
 
     def _cross_replica_call(
@@ -298,7 +298,7 @@ class SyncOnReadVariable(DistributedVariable):
     """
 
     def _cross_replica_value(self) -> torch.Tensor:
-        return self._strategy._aggregate_sync_on_read(self)
+        return self._strategy.variable_policy.aggregate_sync_on_read(self)
 
     def _cross_replica_call(
         self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
@@ -318,7 +318,7 @@ class SyncOnReadVariable(DistributedVariable):
 
     def _write_aggregate(self, value: torch.Tensor) -> None:
         sum_like = self._aggregation is VariableAggregation.SUM
-        first_worker = self._strategy._worker_index == 0
+        first_worker = self._strategy.worker_rank == 0
         with torch.no_grad():
             for i, component in enumerate(self._components):
                 if sum_like and (i > 0 or not first_worker):

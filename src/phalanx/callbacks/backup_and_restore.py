@@ -68,7 +68,7 @@ class BackupAndRestore(Callback):
         for metric, metric_state in zip(model.metrics, state["metrics"], strict=False):
             metric.load_state_dict(metric_state)
         torch.set_rng_state(state["rng"])
-        model.strategy._run_count = int(state["run_count"])  # keys replica-invariant dropout
+        model.strategy.run_count = int(state["run_count"])  # keys replica-invariant dropout
         epoch, step = int(state["epoch"]), int(state["step"])
         model._resume = (epoch + 1, 0) if step < 0 else (epoch, step + 1)
 
@@ -91,7 +91,7 @@ class BackupAndRestore(Callback):
             "optimizer": model.optimizer.state_dict(),
             "metrics": [m.state_dict() for m in model.metrics],
             "rng": torch.get_rng_state(),
-            "run_count": model.strategy._run_count,
+            "run_count": model.strategy.run_count,
             "epoch": epoch,
             "step": step,
         }

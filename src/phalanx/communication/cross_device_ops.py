@@ -61,6 +61,19 @@ class CrossDeviceOps:
         """One copy of ``tensor`` per device (the same object where the device already matches)."""
         return [tensor if tensor.device == d else tensor.to(d, non_blocking=True) for d in devices]
 
+    def can_sum_in_place(self, devices: Sequence[torch.device]) -> bool:
+        """Whether replicas on ``devices`` may sum their gradients in place, in parallel.
+
+        True means these ops would compute the plain element-wise sum in host memory that
+        every replica thread can read and write: the gradient path then lets replica ``i``
+        sum slice ``i`` of every gradient directly (no packing, no copies to one device).
+        False (the default) keeps the reduction in these ops' `reduce_to`.
+
+        Args:
+            devices: The local replicas' devices.
+        """
+        return False
+
     def reduce(self, reduce_op: ReduceOp | str, per_replica_value: Any, destinations: Destination) -> Any:
         """Reduces a per-replica value and places the result on ``destinations``.
 
@@ -119,6 +132,19 @@ class ReductionToOneDevice(CrossDeviceOps):
     ) -> None:
         self._device = None if reduce_to_device is None else torch.device(reduce_to_device)
         self._accumulate = accumulation_fn or _add_n
+
+    def can_sum_in_place(self, devices: Sequence[torch.device]) -> bool:
+        """True for the default element-wise sum, accumulated on the CPU (or on the
+        destination, when it is the CPU), with every replica on the CPU: then summing slices
+        in place gives the same numbers as `reduce_to`. A custom ``accumulation_fn``, an
+        accelerator accumulation device or a subclass with its own `reduce_to` (which this
+        answer cannot vouch for) keeps `reduce_to`."""
+        return (
+            type(self).reduce_to is ReductionToOneDevice.reduce_to
+            and self._accumulate is _add_n
+            and self._device in (None, torch.device("cpu"))
+            and all(d.type == "cpu" for d in devices)
+        )
 
     def reduce_to(
         self, reduce_op: ReduceOp, tensors: Sequence[torch.Tensor], device: torch.device

@@ -101,7 +101,7 @@ class DistributedIterator:
         if self._devices is not None:
             pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices, strict=True)]
         batch = regroup(pieces)
-        self._strategy._remember_batch(batch, global_count, offsets)
+        self._strategy.remember_batch(batch, global_count, offsets)
         return batch
 
     def state_dict(self) -> dict[str, int]:
@@ -148,8 +148,8 @@ class _Splitter:
     def __init__(self, strategy: Strategy, batches: Iterator[Any]) -> None:
         self._batches = batches
         self._num_replicas = strategy.num_replicas_in_sync
-        self._first = strategy._worker_index * strategy._num_local_replicas
-        self._local = strategy._num_local_replicas
+        self._first = strategy.first_replica_id
+        self._local = strategy.num_local_replicas
 
     def __call__(self) -> tuple[list[Any], int | None, list[int] | None] | None:
         try:
@@ -170,7 +170,7 @@ class _Sequencer:
     def __init__(self, strategy: Strategy, batches: Iterator[Any]) -> None:
         self._batches = batches
         self._num_replicas = strategy.num_replicas_in_sync
-        self._local = strategy._num_local_replicas
+        self._local = strategy.num_local_replicas
         self._queue: deque[Any] = deque()
 
     def __call__(self) -> tuple[list[Any], int | None, list[int] | None] | None:
@@ -215,7 +215,7 @@ class DistributedDataset:
 
     def _shard(self, dataset: Any) -> tuple[Any, bool]:
         s = self._strategy
-        if s._num_workers == 1:
+        if s.num_workers_in_sync == 1:
             return dataset, False
         policy = _shard_policy(dataset)
         if policy is AutoShardPolicy.OFF:
@@ -239,13 +239,13 @@ class DistributedDataset:
                 "AutoShardPolicy.FILE needs a dataset read from files, and this one has none. "
                 "HINT: use AutoShardPolicy.DATA, or build it with phalanx.data.Dataset.list_files."
             )
-        if len(files) < s._num_workers:
+        if len(files) < s.num_workers_in_sync:
             raise ValueError(
                 f"FILE sharding needs at least one file per worker: {len(files)} files for "
-                f"{s._num_workers} workers. HINT: use AutoShardPolicy.DATA or split the data "
+                f"{s.num_workers_in_sync} workers. HINT: use AutoShardPolicy.DATA or split the data "
                 "into more files."
             )
-        return dataset.with_source_files(files[s._worker_index :: s._num_workers])
+        return dataset.with_source_files(files[s.worker_rank :: s.num_workers_in_sync])
 
     def __iter__(self) -> DistributedIterator:
         batches = iter(self._source)
@@ -275,8 +275,8 @@ class DistributedDatasetsFromFunction:
         self._strategy = strategy
         self._options = options or InputOptions()
         context = InputContext(
-            num_input_pipelines=strategy._num_workers,
-            input_pipeline_id=strategy._worker_index,
+            num_input_pipelines=strategy.num_workers_in_sync,
+            input_pipeline_id=strategy.worker_rank,
             num_replicas_in_sync=strategy.num_replicas_in_sync,
         )
         self._dataset = dataset_fn(context)
@@ -284,7 +284,7 @@ class DistributedDatasetsFromFunction:
     def __iter__(self) -> DistributedIterator:
         batches = iter(self._dataset)
         s = self._strategy
-        local = s._num_local_replicas
+        local = s.num_local_replicas
 
         def next_pieces() -> tuple[list[Any], int | None, list[int] | None] | None:
             pieces = []
@@ -298,8 +298,8 @@ class DistributedDatasetsFromFunction:
             while len(pieces) < local:
                 pieces.append(slice_batch(pieces[0], 0, 0))
             sizes = [batch_size_of(p) for p in pieces]
-            if s._num_workers > 1:
+            if s.num_workers_in_sync > 1:
                 return pieces, None, None
             return pieces, sum(sizes), [sum(sizes[:i]) for i in range(local)]
 
-        return DistributedIterator(s, next_pieces, self._options, agree=s._num_workers > 1)
+        return DistributedIterator(s, next_pieces, self._options, agree=s.num_workers_in_sync > 1)

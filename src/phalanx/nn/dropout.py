@@ -54,7 +54,7 @@ def _keyed_dropout(module: nn.Dropout, args: tuple[Any, ...], output: torch.Tens
     if replica is None or not module.training or module.p == 0.0:
         return None
     strategy, index = replica
-    ctx = strategy._replica_contexts[index] if not strategy._is_default else None
+    ctx = strategy.replica_context(index) if not strategy._is_default else None
     if ctx is None:
         return None
     x = args[0]
@@ -62,7 +62,7 @@ def _keyed_dropout(module: nn.Dropout, args: tuple[Any, ...], output: torch.Tens
         return None
     call = ctx._dropout_calls
     ctx._dropout_calls = call + 1
-    key = hash((torch.initial_seed(), strategy._run_count, call)) & ((1 << 62) - 1)
+    key = hash((torch.initial_seed(), strategy.run_count, call)) & ((1 << 62) - 1)
     keep = keyed_dropout_mask(x.shape, module.p, key, ctx._example_offset, x.device)
     if module.p >= 1.0:
         return x * 0.0

@@ -11,15 +11,12 @@ taken outside ``run`` holds plain tensors, loadable without phalanx.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from typing import Any
 
 import torch
 
 from phalanx import context
-
-if TYPE_CHECKING:
-    from phalanx.strategies.strategy import Strategy
 
 __all__ = ["PerReplicaState"]
 
@@ -38,19 +35,21 @@ class PerReplicaState(MutableMapping[Any, Any]):
 
     Args:
         initial: The state so far (e.g. just loaded); every replica starts from a copy.
-        strategy: The strategy whose replica context selects the dict.
+        owner: The strategy whose replica context selects the dict (compared by identity).
+        devices: The owner's local replica devices; replica ``i``'s copies of tensors that
+            were on ``devices[0]`` move to ``devices[i]``.
     """
 
-    def __init__(self, initial: Mapping[Any, Any], strategy: Strategy) -> None:
-        self._strategy = strategy
-        home = strategy._devices[0]
+    def __init__(self, initial: Mapping[Any, Any], owner: object, devices: Sequence[torch.device]) -> None:
+        self.owner = owner
+        home = devices[0]
         self._states: list[dict[Any, Any]] = [dict(initial)] + [
-            {k: _copy_entry(v, home, device) for k, v in initial.items()} for device in strategy._devices[1:]
+            {k: _copy_entry(v, home, device) for k, v in initial.items()} for device in devices[1:]
         ]
 
     def _current(self) -> dict[Any, Any]:
         replica = context._state.replica
-        if replica is not None and replica[0] is self._strategy:
+        if replica is not None and replica[0] is self.owner:
             return self._states[replica[1]]
         return self._states[0]
 

@@ -33,8 +33,8 @@ def _sum_across_replicas(
     tensors: list[torch.Tensor],
     options: CommunicationOptions | None,
 ) -> list[torch.Tensor]:
-    ops = strategy._cross_device_ops
-    home = strategy._devices[0]
+    ops = strategy.cross_device_ops
+    home = strategy.local_devices[0]
 
     def lead(values: list[list[torch.Tensor]]) -> list[torch.Tensor]:
         out = []
@@ -43,8 +43,8 @@ def _sum_across_replicas(
             out.append(strategy._cross_worker_all_reduce(total, ReduceOp.SUM, options))
         return out
 
-    reduced = strategy._rendezvous.exchange(index, tensors, lead, what="all_reduce")
-    device = strategy._devices[index]
+    reduced = strategy.rendezvous.exchange(index, tensors, lead, what="all_reduce")
+    device = strategy.local_devices[index]
     return [_own_copy(r, device, index) for r in reduced]
 
 
@@ -98,7 +98,7 @@ def all_reduce_structure(
     index = ctx.local_replica_index
     if strategy.num_replicas_in_sync == 1:
         return value
-    device = strategy._devices[index]
+    device = strategy.local_devices[index]
     leaves = [t if t.device == device else t.to(device) for t in leaves]
     out = _AllReduce.apply(strategy, index, op, options, *leaves)
     return _rebuild(value, list(out))
@@ -109,7 +109,7 @@ class _AllGather(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, strategy: Strategy, index: int, axis: int, options: Any, tensor: torch.Tensor
     ) -> torch.Tensor:
-        home = strategy._devices[0]
+        home = strategy.local_devices[0]
 
         def lead(values: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
             local = torch.cat([v.to(home) for v in values], dim=axis)
@@ -117,12 +117,12 @@ class _AllGather(torch.autograd.Function):
             gathered, all_sizes = strategy._cross_worker_all_gather(local, axis, sizes, options)
             return gathered, all_sizes
 
-        gathered, sizes = strategy._rendezvous.exchange(index, tensor, lead, what="all_gather")
+        gathered, sizes = strategy.rendezvous.exchange(index, tensor, lead, what="all_gather")
         ctx.strategy, ctx.index, ctx.axis, ctx.options = strategy, index, axis, options
-        global_index = strategy._worker_index * strategy._num_local_replicas + index
+        global_index = strategy.first_replica_id + index
         ctx.start = sum(sizes[:global_index])
         ctx.length = sizes[global_index]
-        return _own_copy(gathered, strategy._devices[index], index)
+        return _own_copy(gathered, strategy.local_devices[index], index)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -136,7 +136,7 @@ def all_gather_structure(
     """All-gathers every tensor leaf of ``value`` along ``axis``."""
     strategy = ctx.strategy
     index = ctx.local_replica_index
-    device = strategy._devices[index]
+    device = strategy.local_devices[index]
     out = []
     for leaf in flatten(value):
         t = torch.as_tensor(leaf)

@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ReplicaThreads"]
+import torch
+
+__all__ = ["ReplicaThreads", "thread_modes"]
+
+
+def thread_modes() -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """The caller's thread-local modes (inference mode, autocast), to enter on replica threads."""
+    inference = torch.is_inference_mode_enabled()
+    autocast = [
+        (kind, torch.get_autocast_dtype(kind)) for kind in ("cpu", "cuda") if torch.is_autocast_enabled(kind)
+    ]
+    if not inference and not autocast:
+        return contextlib.nullcontext
+
+    def enter() -> contextlib.AbstractContextManager[Any]:
+        stack = contextlib.ExitStack()
+        if inference:
+            stack.enter_context(torch.inference_mode())
+        for kind, dtype in autocast:
+            stack.enter_context(torch.autocast(kind, dtype=dtype))
+        return stack
+
+    return enter
+
 
 _STOP = object()
 
@@ -53,7 +77,9 @@ class ReplicaThreads:
     def run(self, fn: Callable[[int], Any], on_error: Callable[[BaseException], None]) -> list[Any]:
         """Calls ``fn(i)`` for every replica i and waits for all of them.
 
-        ``on_error`` is called as soon as one replica fails, so it can wake the others.
+        ``on_error`` is called as soon as one replica fails, so it can wake the others. With
+        several replicas each thread (the caller's too, for the call) gets its share of the
+        caller's intra-op threads.
 
         Returns:
             The results in replica order.
@@ -65,6 +91,19 @@ class ReplicaThreads:
             return [fn(0)]
         if not self._queues:
             self._start()
+        # Replicas share the cores: each replica thread gets its share of the intra-op threads
+        # (torch's setting is per OS thread), so 2 replicas x 2 threads do not fight over 2 cores.
+        caller_threads = torch.get_num_threads()
+        try:
+            return self._dispatch(fn, on_error, max(1, caller_threads // self._n))
+        finally:
+            if torch.get_num_threads() != caller_threads:
+                torch.set_num_threads(caller_threads)
+
+    def _dispatch(
+        self, fn: Callable[[int], Any], on_error: Callable[[BaseException], None], share: int
+    ) -> list[Any]:
+        """`run` for several replicas, each thread limited to ``share`` intra-op threads."""
         results: list[Any] = [None] * self._n
         errors: list[tuple[int, BaseException]] = []
         done = threading.Semaphore(0)
@@ -72,6 +111,8 @@ class ReplicaThreads:
 
         def job(i: int) -> None:
             try:
+                if torch.get_num_threads() != share:
+                    torch.set_num_threads(share)
                 results[i] = fn(i)
             except BaseException as exc:
                 with lock:

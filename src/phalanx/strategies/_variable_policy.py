@@ -1,22 +1,27 @@
-# mypy: disable-error-code="misc"
-# (methods type `self` as the Strategy they are mixed into, which mypy cannot prove)
-"""How a multi-replica strategy makes, mirrors and reads its distributed variables.
+"""How a strategy makes, mirrors, reads and writes its distributed variables.
 
-The default implementation is MirroredStrategy's: parameters become `MirroredVariable`s
-with an independent copy per replica, buffers become `SyncOnReadVariable`s. Other
-strategies override single methods (CentralStorage aliases components; one-device
-strategies only move tensors).
+A composed object rather than a mixin: every `Strategy` owns one `VariablePolicy`
+(``strategy.variable_policy``), made by its ``_make_variable_policy`` hook. The policy keeps
+the strategy's registry of variables and answers the questions the variables and the
+gradient path ask (materialise the components, aggregate a sync-on-read read, merge a
+replica write, install the summed gradients), so those callers depend on this small
+interface instead of on the strategy's internals.
+
+This class is MirroredStrategy's policy: parameters become `MirroredVariable`s with an
+independent copy per replica, buffers become `SyncOnReadVariable`s.
+`phalanx.strategies.central_storage.CentralStoragePolicy` stores each parameter once.
+One-device strategies keep this policy but never create distributed variables.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from phalanx.strategies._gradients import install_own_copy
+from phalanx.communication.packing import unpack
 from phalanx.values import ReduceOp
 from phalanx.variables import (
     DistributedVariable,
@@ -27,45 +32,98 @@ from phalanx.variables import (
 )
 
 if TYPE_CHECKING:
+    from phalanx.communication.cross_device_ops import CrossDeviceOps
+    from phalanx.strategies._rendezvous import Rendezvous
     from phalanx.strategies.replica_context import ReplicaContext
     from phalanx.strategies.strategy import Strategy
 
-__all__ = ["VariablePolicyMixin"]
+__all__ = ["VariablePolicy", "install_own_copy"]
 
 _MERGEABLE = ("copy_", "add_", "sub_")
 
 
-class VariablePolicyMixin:
-    """Variable creation and resolution for `Strategy` (see module docstring)."""
+class VariablePolicy:
+    """The mirrored variable policy of one strategy (see module docstring).
+
+    The policy reads the strategy's replica layout through its public properties at each
+    call (a multi-worker strategy learns its workers after the policy is made) and reduces
+    across workers through the strategy's ``_cross_worker_all_reduce`` hook.
+
+    Args:
+        strategy: The strategy the variables belong to (their ``_strategy``).
+        rendezvous: Where the strategy's local replicas meet (merged replica writes).
+        cross_device_ops: How the local replicas' values are summed.
+    """
+
+    def __init__(self, strategy: Strategy, rendezvous: Rendezvous, cross_device_ops: CrossDeviceOps) -> None:
+        self._strategy = strategy
+        self._rendezvous = rendezvous
+        self._ops = cross_device_ops
+        self._variables: list[weakref.ref[DistributedVariable]] = []
+        # Whether any variable is registered (and, after `materialize_all`, alive): a plain
+        # attribute because `run` and the gradient path read it at every step.
+        self.has_variables = False
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy whose variables this policy makes."""
+        return self._strategy
+
+    # ------------------------------------------------------------------ registry
+    def register(self, var: DistributedVariable) -> DistributedVariable:
+        """Remembers ``var`` (weakly) so that `materialize_all` readies it before each run."""
+        self._variables.append(weakref.ref(var))
+        self.has_variables = True
+        return var
+
+    def variables(self) -> Iterator[DistributedVariable]:
+        """The registered variables still alive, in creation order."""
+        for ref in self._variables:
+            var = ref()
+            if var is not None:
+                yield var
+
+    def owns(self, tensor: Any) -> bool:
+        """Whether ``tensor`` is a distributed variable of this policy's strategy."""
+        return isinstance(tensor, DistributedVariable) and tensor._strategy is self._strategy
+
+    def materialize_all(self) -> None:
+        """Readies every live variable for a step and forgets the dead ones (before each run)."""
+        alive = []
+        for ref in self._variables:
+            var = ref()
+            if var is not None:
+                self.materialize(var)
+                alive.append(ref)
+        self._variables = alive
+        self.has_variables = bool(alive)
 
     # ------------------------------------------------------------------ creation
-    def _create_parameter(self: Strategy, module: torch.nn.Module, name: str, param: Any) -> Any:
+    def create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
+        """A `MirroredVariable` for a parameter registered in the strategy's scope (None: keep it)."""
         if isinstance(param, DistributedVariable):
             return None
-        primary = param.detach().to(self._devices[0]).requires_grad_(param.requires_grad)
+        primary = param.detach().to(self._strategy.local_devices[0]).requires_grad_(param.requires_grad)
         aggregation = getattr(param, "_phalanx_aggregation", VariableAggregation.NONE)
-        return self._register(MirroredVariable(primary, self, aggregation, is_parameter=True))
+        return self.register(MirroredVariable(primary, self._strategy, aggregation, is_parameter=True))
 
-    def _create_buffer(self: Strategy, module: torch.nn.Module, name: str, buffer: Any) -> Any:
+    def create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any:
+        """A `SyncOnReadVariable` (or `MirroredVariable` if annotated ON_WRITE) for a buffer."""
         if isinstance(buffer, DistributedVariable):
             return None
         floating = buffer.is_floating_point() or buffer.is_complex()
         default = VariableAggregation.MEAN if floating else VariableAggregation.ONLY_FIRST_REPLICA
         aggregation = getattr(buffer, "_phalanx_aggregation", default)
         sync = getattr(buffer, "_phalanx_synchronization", VariableSynchronization.ON_READ)
-        primary = buffer.detach().to(self._devices[0])
+        primary = buffer.detach().to(self._strategy.local_devices[0])
         cls = MirroredVariable if sync is VariableSynchronization.ON_WRITE else SyncOnReadVariable
-        return self._register(cls(primary, self, aggregation, is_parameter=False))
+        return self.register(cls(primary, self._strategy, aggregation, is_parameter=False))
 
-    def _register(self: Strategy, var: DistributedVariable) -> DistributedVariable:
-        self._variables.append(weakref.ref(var))
-        return var
-
-    def _reassign_buffer(
-        self: Strategy, module: torch.nn.Module, name: str, value: Any, ctx: ReplicaContext
-    ) -> Any:
+    def reassign_buffer(self, module: torch.nn.Module, name: str, value: Any, ctx: ReplicaContext) -> Any:
+        """A module re-assigned its buffer inside ``run``: writes ``value`` into this replica's
+        component and keeps the variable (None: not one of ours, let torch assign)."""
         existing = module._buffers.get(name)
-        if not isinstance(existing, DistributedVariable) or existing._strategy is not self:
+        if not isinstance(existing, DistributedVariable) or not self.owns(existing):
             return None
         if value is existing:
             return existing
@@ -74,28 +132,27 @@ class VariablePolicyMixin:
         return existing
 
     # ------------------------------------------------------------------ components
-    def _make_component(self: Strategy, var: DistributedVariable, index: int) -> torch.Tensor:
-        primary = var._components[0]
-        device = self._devices[index]
-        if isinstance(var, SyncOnReadVariable) and var._aggregation is VariableAggregation.SUM:
-            return torch.zeros_like(primary, device=device)
-        copy = primary.detach().to(device, copy=True)
-        return copy.requires_grad_(primary.requires_grad)
-
-    def _materialize(self: Strategy, var: DistributedVariable) -> None:
+    def materialize(self, var: DistributedVariable) -> None:
         """Makes missing components from the primary, or re-mirrors after cross-replica writes."""
         components = var._components
-        if len(components) < self._num_local_replicas:
+        n = self._strategy.num_local_replicas
+        if len(components) < n:
             with torch.no_grad():
-                components.extend(
-                    self._make_component(var, i) for i in range(len(components), self._num_local_replicas)
-                )
+                components.extend(self._make_component(var, i) for i in range(len(components), n))
             var._dirty = False
         elif var._dirty:
             self._mirror(var)
             var._dirty = False
 
-    def _mirror(self: Strategy, var: DistributedVariable) -> None:
+    def _make_component(self, var: DistributedVariable, index: int) -> torch.Tensor:
+        primary = var._components[0]
+        device = self._strategy.local_devices[index]
+        if isinstance(var, SyncOnReadVariable) and var._aggregation is VariableAggregation.SUM:
+            return torch.zeros_like(primary, device=device)
+        copy = primary.detach().to(device, copy=True)
+        return copy.requires_grad_(primary.requires_grad)
+
+    def _mirror(self, var: DistributedVariable) -> None:
         if not isinstance(var, MirroredVariable):
             return
         primary = var._components[0]
@@ -108,29 +165,39 @@ class VariablePolicyMixin:
                     component.copy_(primary)
 
     # ------------------------------------------------------------------ reads and writes
-    def _aggregate_sync_on_read(self: Strategy, var: DistributedVariable) -> torch.Tensor:
+    def aggregate_sync_on_read(self, var: DistributedVariable) -> torch.Tensor:
+        """The cross-replica value of a sync-on-read variable (all workers, when several:
+        the cross-worker sum is a collective)."""
         components = var._components
         aggregation = var._aggregation
         if aggregation in (VariableAggregation.ONLY_FIRST_REPLICA, VariableAggregation.NONE):
             return components[0]
         total = components[0]
         if len(components) > 1:
-            total = self._cross_device_ops.reduce_to(ReduceOp.SUM, components, self._devices[0])
-        if self._num_workers > 1:
-            total = self._cross_worker_all_reduce(total.clone(), ReduceOp.SUM)
-        count = len(components) * self._num_workers  # before the first run: one component
+            total = self._ops.reduce_to(ReduceOp.SUM, components, self._strategy.local_devices[0])
+        workers = self._strategy.num_workers_in_sync
+        if workers > 1:
+            total = self._strategy._cross_worker_all_reduce(total.clone(), ReduceOp.SUM)
+        count = len(components) * workers  # before the first run: one component
         if aggregation is VariableAggregation.MEAN and count > 1:
             total = total / count
         return total
 
-    def _merged_assign(
-        self: Strategy,
+    def merged_assign(
+        self,
         var: DistributedVariable,
         func: Callable[..., Any],
         args: Sequence[Any],
         kwargs: dict[str, Any],
         index: int,
     ) -> Any:
+        """A replica's ``copy_``/``add_``/``sub_`` on a mirrored variable: the replicas' values
+        are aggregated and every component gets the same write (all local replicas; blocks).
+
+        Raises:
+            RuntimeError: The variable has no aggregation.
+            NotImplementedError: Another write, or one with keyword arguments.
+        """
         name = getattr(func, "__name__", repr(func))
         if var._aggregation is VariableAggregation.NONE:
             raise RuntimeError(
@@ -145,7 +212,8 @@ class VariablePolicyMixin:
                 f"with one tensor argument. Received: `{name}`. HINT: use merge_call and "
                 "strategy.extended.update for other writes."
             )
-        value = torch.as_tensor(args[1]).to(self._devices[index])
+        device = self._strategy.local_devices[index]
+        value = torch.as_tensor(args[1]).to(device)
 
         def combine(values: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
             merged = self._aggregate_values(var._aggregation, values)
@@ -154,46 +222,66 @@ class VariablePolicyMixin:
         merged, written = self._rendezvous.exchange(index, value, combine, what=f"MirroredVariable.{name}")
         if not written:
             with torch.no_grad():
-                func(var._components[index], merged.to(self._devices[index]))
+                func(var._components[index], merged.to(device))
         return var
 
     def _write_merged_once(
-        self: Strategy, var: DistributedVariable, func: Callable[..., Any], merged: torch.Tensor
+        self, var: DistributedVariable, func: Callable[..., Any], merged: torch.Tensor
     ) -> bool:
         """Applies a merged replica write once for all replicas, before any goes on; False if
         each replica writes its own component instead (the default)."""
         return False
 
-    def _aggregate_values(
-        self: Strategy, aggregation: VariableAggregation, values: list[torch.Tensor]
-    ) -> torch.Tensor:
+    def _aggregate_values(self, aggregation: VariableAggregation, values: list[torch.Tensor]) -> torch.Tensor:
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
             return values[0]
-        total = self._cross_device_ops.reduce_to(ReduceOp.SUM, values, self._devices[0])
-        total = self._cross_worker_all_reduce(total, ReduceOp.SUM)
+        total = self._ops.reduce_to(ReduceOp.SUM, values, self._strategy.local_devices[0])
+        total = self._strategy._cross_worker_all_reduce(total, ReduceOp.SUM)
         if aggregation is VariableAggregation.MEAN:
-            total = total / self.num_replicas_in_sync
+            total = total / self._strategy.num_replicas_in_sync
         return total
 
     # ------------------------------------------------------------------ optimizer step
-    def _install_gradients(
-        self: Strategy,
+    def install_gradients(
+        self,
         params: list[DistributedVariable],
         reduced: dict[torch.dtype, torch.Tensor],
         all_none: list[bool],
         index: int,
         spec: Any,
-        owned: bool = False,
     ) -> None:
-        install_own_copy(params, reduced, all_none, index, self._devices[index], spec, owned)
+        """Sets replica ``index``'s gradients to the packed sums ``reduced`` (its own copy).
 
-    def _install_summed_in_place(
-        self: Strategy, params: list[DistributedVariable], all_none: list[bool], index: int
+        Called by the gradient path in every replica, after the sum, before the update.
+        """
+        install_own_copy(params, reduced, all_none, index, self._strategy.local_devices[index], spec)
+
+    def install_summed_in_place(
+        self, params: list[DistributedVariable], all_none: list[bool], index: int
     ) -> None:
-        """After an in-place sum every replica's gradients already hold the total."""
+        """After an in-place sum every replica's gradients already hold the total; parameters
+        no replica had a gradient for go back to None (every replica)."""
         for p, none in zip(params, all_none, strict=True):
             if none:
                 p._replica_leaf(index).grad = None
 
-    def _after_optimizer_step(self: Strategy, index: int) -> None:
+    def after_optimizer_step(self, index: int) -> None:
         """Called in every replica after its optimizer step (nothing to do when mirrored)."""
+
+
+def install_own_copy(
+    params: list[DistributedVariable],
+    reduced: dict[torch.dtype, torch.Tensor],
+    all_none: list[bool],
+    index: int,
+    device: torch.device,
+    spec: Any,
+) -> None:
+    """Gives replica ``index`` its own copy of the summed gradients, as views of one buffer
+    (replica 0 keeps the sum itself when it is already on its device)."""
+    mine = {
+        dtype: (buf if index == 0 and buf.device == device else buf.to(device, copy=True))
+        for dtype, buf in reduced.items()
+    }
+    for p, view, none in zip(params, unpack(mine, spec), all_none, strict=True):
+        p._replica_leaf(index).grad = None if none else view

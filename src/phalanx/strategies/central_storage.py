@@ -10,8 +10,11 @@ from typing import Any
 
 import torch
 
+from phalanx.communication.cross_device_ops import CrossDeviceOps
 from phalanx.communication.packing import unpack
 from phalanx.devices import canonical_name, torch_device
+from phalanx.strategies._rendezvous import Rendezvous
+from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.strategies.mirrored import default_devices
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 from phalanx.variables import (
@@ -23,7 +26,7 @@ from phalanx.variables import (
     in_optimizer_step,
 )
 
-__all__ = ["CentralStorageStrategy"]
+__all__ = ["CentralStoragePolicy", "CentralStorageStrategy"]
 
 
 class CentralVariable(MirroredVariable):
@@ -57,93 +60,76 @@ class CentralVariable(MirroredVariable):
         return super()._cross_replica_call(func, args, kwargs)
 
 
-class CentralStorageStrategy(Strategy):
-    """Keeps one copy of each variable on the parameter device and replicates computation.
+class CentralStoragePolicy(VariablePolicy):
+    """CentralStorage's variable policy: each parameter is stored once, on the parameter device.
 
-    Gradients of all replicas are summed onto the parameter device and the update is applied
-    once, by replica 0's optimizer step; replicas wait for it before they read the variables
-    again.
+    Replicas compute with `CentralVariable` leaves (aliases of the storage on its device,
+    else copies); the summed gradient goes to the storage only, replica 0's optimizer step
+    updates it, and the other replicas refresh their copies after that step. Buffers stay
+    per replica, as in the mirrored policy.
 
     Args:
-        compute_devices: The replicas' devices (default: all GPUs, else one CPU replica).
-        parameter_device: Where variables live (default: the compute device if there is
-            one, else the CPU).
-        timeout_seconds: How long a replica waits for the others at a meeting point.
+        strategy: The strategy the variables belong to.
+        rendezvous: Where its local replicas meet.
+        cross_device_ops: How the replicas' values are summed.
+        parameter_device: Where the parameters are stored.
     """
 
     def __init__(
         self,
-        compute_devices: Sequence[str | torch.device] | None = None,
-        parameter_device: str | torch.device | None = None,
-        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        strategy: Strategy,
+        rendezvous: Rendezvous,
+        cross_device_ops: CrossDeviceOps,
+        parameter_device: torch.device,
     ) -> None:
-        devices = list(compute_devices) if compute_devices is not None else default_devices()
-        super().__init__(devices, None, timeout_seconds)
-        if parameter_device is None:
-            parameter_device = self._device_names[0] if len(devices) == 1 else "cpu:0"
-        self._parameter_device = torch_device(canonical_name(parameter_device))
+        super().__init__(strategy, rendezvous, cross_device_ops)
+        self.parameter_device = parameter_device
 
-    def __repr__(self) -> str:
-        return (
-            f"CentralStorageStrategy(compute_devices={list(self._device_names)}, "
-            f"parameter_device={str(self._parameter_device)!r})"
-        )
-
-    def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
+    def create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
+        """A `CentralVariable` stored on the parameter device (None: already distributed)."""
         if isinstance(param, DistributedVariable):
             return None
-        central = param.detach().to(self._parameter_device).requires_grad_(param.requires_grad)
+        central = param.detach().to(self.parameter_device).requires_grad_(param.requires_grad)
         aggregation = getattr(param, "_phalanx_aggregation", VariableAggregation.NONE)
-        var = CentralVariable(central, self, aggregation, is_parameter=True)
+        var = CentralVariable(central, self.strategy, aggregation, is_parameter=True)
         var._compute = []
-        return self._register(var)
+        return self.register(var)
 
-    def _materialize(self, var: DistributedVariable) -> None:
+    def materialize(self, var: DistributedVariable) -> None:
+        """Makes the compute leaves of a central variable, or refreshes them after a
+        cross-replica write; other variables as mirrored."""
         if not isinstance(var, CentralVariable):
-            super()._materialize(var)
+            super().materialize(var)
             return
         central = var._components[0]
         if not var._compute:
-            var._compute = [self._compute_leaf(central, d) for d in self._devices]
+            var._compute = [_compute_leaf(central, d) for d in self.strategy.local_devices]
         elif var._dirty:
-            self._refresh(var, range(self._num_local_replicas))
+            _refresh(var, range(self.strategy.num_local_replicas))
         var._dirty = False
 
-    @staticmethod
-    def _compute_leaf(central: torch.Tensor, device: torch.device) -> torch.Tensor:
-        # Same device: share storage, so replicas see every update at once.
-        leaf = central.detach() if device == central.device else central.detach().to(device, copy=True)
-        return leaf.requires_grad_(central.requires_grad)
-
-    def _refresh(self, var: CentralVariable, indices: Any) -> None:
-        central = var._components[0]
-        with torch.no_grad():
-            for i in indices:
-                leaf = var._compute[i]
-                if leaf.data_ptr() != central.data_ptr():
-                    leaf.copy_(central)
-
-    def _install_gradients(
+    def install_gradients(
         self,
         params: list[DistributedVariable],
         reduced: dict[torch.dtype, torch.Tensor],
         all_none: list[bool],
         index: int,
         spec: Any,
-        owned: bool = False,
     ) -> None:
+        """Replica 0 gives the sums to the central storage; the other replicas no gradient."""
         if index != 0:
             for p in params:
                 p._replica_leaf(index).grad = None
             return
-        mine = {dtype: buf.to(self._parameter_device) for dtype, buf in reduced.items()}
+        mine = {dtype: buf.to(self.parameter_device) for dtype, buf in reduced.items()}
         for p, view, none in zip(params, unpack(mine, spec), all_none, strict=True):
             target = p._components[0] if isinstance(p, CentralVariable) else p._replica_leaf(0)
             target.grad = None if none else view
 
-    def _install_summed_in_place(
+    def install_summed_in_place(
         self, params: list[DistributedVariable], all_none: list[bool], index: int
     ) -> None:
+        """Replica 0 moves its (already total) gradients to the central storage."""
         for p, none in zip(params, all_none, strict=True):
             leaf = p._replica_leaf(index)
             if index == 0 and isinstance(p, CentralVariable):
@@ -162,13 +148,66 @@ class CentralStorageStrategy(Strategy):
         with torch.no_grad():
             func(central, merged.to(central.device))
         if var._compute:
-            self._refresh(var, range(self._num_local_replicas))
+            _refresh(var, range(self.strategy.num_local_replicas))
         return True
 
-    def _after_optimizer_step(self, index: int) -> None:
-        # Replicas wait for replica 0's update of the central variables, then refresh copies.
+    def after_optimizer_step(self, index: int) -> None:
+        """Replicas wait for replica 0's update of the central variables, then refresh their
+        copies (every replica; blocks until all arrive)."""
         self._rendezvous.exchange(index, None, what="the end of optimizer.step()")
-        for ref in self._variables:
+        for ref in self._variables:  # not self.variables(): a generator costs more per step
             var = ref()
             if isinstance(var, CentralVariable) and var._compute:
-                self._refresh(var, (index,))
+                _refresh(var, (index,))
+
+
+def _compute_leaf(central: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # Same device: share storage, so replicas see every update at once.
+    leaf = central.detach() if device == central.device else central.detach().to(device, copy=True)
+    return leaf.requires_grad_(central.requires_grad)
+
+
+def _refresh(var: CentralVariable, indices: Any) -> None:
+    central = var._components[0]
+    with torch.no_grad():
+        for i in indices:
+            leaf = var._compute[i]
+            if leaf.data_ptr() != central.data_ptr():
+                leaf.copy_(central)
+
+
+class CentralStorageStrategy(Strategy):
+    """Keeps one copy of each variable on the parameter device and replicates computation.
+
+    Gradients of all replicas are summed onto the parameter device and the update is applied
+    once, by replica 0's optimizer step; replicas wait for it before they read the variables
+    again (see `CentralStoragePolicy`).
+
+    Args:
+        compute_devices: The replicas' devices (default: all GPUs, else one CPU replica).
+        parameter_device: Where variables live (default: the compute device if there is
+            one, else the CPU).
+        timeout_seconds: How long a replica waits for the others at a meeting point.
+    """
+
+    def __init__(
+        self,
+        compute_devices: Sequence[str | torch.device] | None = None,
+        parameter_device: str | torch.device | None = None,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        devices = list(compute_devices) if compute_devices is not None else default_devices()
+        if parameter_device is None:
+            parameter_device = devices[0] if len(devices) == 1 else "cpu:0"
+        # Read by _make_variable_policy, which Strategy.__init__ calls.
+        self._parameter_device = torch_device(canonical_name(parameter_device))
+        super().__init__(devices, None, timeout_seconds)
+
+    def _make_variable_policy(self) -> VariablePolicy:
+        return CentralStoragePolicy(self, self._rendezvous, self._cross_device_ops, self._parameter_device)
+
+    def __repr__(self) -> str:
+        return (
+            f"CentralStorageStrategy(compute_devices={list(self._device_names)}, "
+            f"parameter_device={str(self._parameter_device)!r})"
+        )

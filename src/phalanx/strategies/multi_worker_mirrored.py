@@ -51,23 +51,38 @@ def _task_name(resolver: ClusterResolver) -> Callable[[int], str]:
     return lambda rank: f"worker:{rank}"
 
 
-class _BucketSync(GradientSync):
+class _BucketSync:
     """The optimizer-step merge point of the DDP layout (one local replica, several workers).
 
-    Before the step: waits for the gradient buckets and installs the sums (all workers);
-    parameters kept as distributed variables (annotated ones) go through the base merge.
+    Before the step: waits for the gradient buckets, which install the sums (all workers);
+    parameters kept as distributed variables (annotated ones) then go through the in-process
+    gradient path ``gradients``, whose cross-worker reduce sums them.
+
+    Args:
+        gradients: The strategy's in-process gradient path.
+        buckets: The gradient buckets all-reduced while backward runs.
+        owner: The strategy, named in error messages.
     """
 
-    def __init__(self, strategy: MultiWorkerMirroredStrategy, buckets: GradientBuckets) -> None:
-        super().__init__(strategy)
+    def __init__(self, gradients: GradientSync, buckets: GradientBuckets, owner: object) -> None:
+        self._gradients = gradients
         self._buckets = buckets
+        self._owner = owner
         self._checked: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
 
-    def before_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
-        """Sums gradients across workers before ``optimizer.step()`` (all workers)."""
+    def before_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
+        """Sums gradients across workers before ``optimizer.step()`` (all workers; blocks)."""
         self._check_params(optimizer)
         self._buckets.synchronize()
-        super().before_step(optimizer, index)
+        self._gradients.before_step(optimizer, replica_index)
+
+    def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
+        """Ends the step (as the in-process gradient path does)."""
+        self._gradients.after_step(optimizer, replica_index)
+
+    def reset_thread(self) -> None:
+        """Clears this thread's step state when its ``run`` ends."""
+        self._gradients.reset_thread()
 
     def _check_params(self, optimizer: torch.optim.Optimizer) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -76,7 +91,7 @@ class _BucketSync(GradientSync):
         for p in params:
             if not isinstance(p, DistributedVariable) and not self._buckets.tracks(p):
                 raise RuntimeError(
-                    f"optimizer.step() inside {self._strategy!r}.run got a parameter (shape "
+                    f"optimizer.step() inside {self._owner!r}.run got a parameter (shape "
                     f"{tuple(p.shape)}) that was not created in this strategy's scope, so its "
                     "gradient would not be summed across workers and the workers would drift "
                     "apart. HINT: create the model and the optimizer inside `with strategy.scope():`."
@@ -165,7 +180,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             self._group = self._join(join_timeout, heartbeat_timeout)
             if self._num_local_replicas == 1:
                 self._buckets = self._make_buckets(self._group)
-                self._step_sync = _BucketSync(self, self._buckets)
+                self._step_sync = _BucketSync(self._in_process_gradient_sync(), self._buckets, self)
 
     def _join(self, join_timeout: float | None, heartbeat_timeout: float | None) -> WorkerGroup:
         join = join_timeout
@@ -269,7 +284,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             or isinstance(param, DistributedVariable)
             or hasattr(param, "_phalanx_aggregation")
         ):
-            return super()._create_parameter(module, name, param)
+            return self._track(super()._create_parameter(module, name, param))
         known = self._plain.get(id(param))
         if known is not None and known() is param:
             return None  # the same parameter in a second module (tied weights)
@@ -283,9 +298,13 @@ class MultiWorkerMirroredStrategy(Strategy):
             self._buckets.add(param)
         return param
 
-    def _register(self, var: DistributedVariable) -> DistributedVariable:
-        var = super()._register(var)
-        if self._group is not None:
+    def _create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any:
+        """A SyncOnReadVariable (as mirrored), broadcast from the chief before the next run."""
+        return self._track(super()._create_buffer(module, name, buffer))
+
+    def _track(self, var: Any) -> Any:
+        """Queues a new distributed variable for the chief's broadcast (several workers)."""
+        if var is not None and self._group is not None:
             self._unbroadcast.append(weakref.ref(var))
         return var
 

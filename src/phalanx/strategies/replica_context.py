@@ -47,13 +47,12 @@ class ReplicaContext:
     @property
     def replica_id_in_sync_group(self) -> int:
         """This replica's index among all replicas of all workers."""
-        s = self._strategy
-        return s._worker_index * s._num_local_replicas + self.local_replica_index
+        return self._strategy.first_replica_id + self.local_replica_index
 
     @property
     def devices(self) -> tuple[torch.device, ...]:
         """The device this replica computes on."""
-        return (self._strategy._devices[self.local_replica_index],)
+        return (self._strategy.local_devices[self.local_replica_index],)
 
     def merge_call(
         self,
@@ -75,7 +74,7 @@ class ReplicaContext:
             with context.push_frame(strategy, None):
                 return merge_fn(strategy, *merged_args, **(merged_kwargs or {}))
 
-        result = strategy._rendezvous.exchange(
+        result = strategy.rendezvous.exchange(
             self.local_replica_index, (tuple(args), kwargs or {}), lead, what="merge_call"
         )
         return select_replica(self.local_replica_index, result)

@@ -1,13 +1,15 @@
 """The Strategy base: scope, run, reduce and the machinery every strategy shares.
 
-Strategies differ by overriding a few methods (how variables are made, how gradients
-meet, how values cross workers), never through checks of the strategy's type.
+Strategies differ by overriding a few documented hooks (how variables are made, how values
+cross workers, where input goes) and by the objects they compose: a `VariablePolicy`
+(``_make_variable_policy``), a `StepSync` (``_step_sync``) and the cross-device ops; never
+through checks of the strategy's type. The hooks and the internal API that phalanx's own
+modules use are listed in docs/architecture.md, "Extension points".
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,14 +22,17 @@ from phalanx.communication.cross_device_ops import (
     select_cross_device_ops,
 )
 from phalanx.devices import canonical_name, torch_device
+from phalanx.strategies._batches import BatchLedger
 from phalanx.strategies._gradients import GradientSync
-from phalanx.strategies._reduction import ReductionMixin
+from phalanx.strategies._reduction import CrossReplicaReduction
 from phalanx.strategies._rendezvous import Rendezvous
-from phalanx.strategies._replica_threads import ReplicaThreads
-from phalanx.strategies._variable_policy import VariablePolicyMixin
+from phalanx.strategies._replica_threads import ReplicaThreads, thread_modes
+from phalanx.strategies._run_checks import check_gpus_exist, check_run_call, device_scope
+from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.strategies.replica_context import ReplicaContext
 from phalanx.strategies.step_sync import StepSync
-from phalanx.values import DistributedValues, PerReplica, flatten, regroup, select_replica
+from phalanx.values import PerReplica, ReduceOp, local_results, regroup, select_replica
+from phalanx.variables import DistributedVariable
 
 if TYPE_CHECKING:
     from phalanx.cluster import ClusterResolver
@@ -53,42 +58,7 @@ class ValueContext:
         )
 
 
-def _thread_modes() -> Callable[[], contextlib.AbstractContextManager[Any]]:
-    """The caller's thread-local modes (inference mode, autocast), to enter on replica threads."""
-    inference = torch.is_inference_mode_enabled()
-    autocast = [
-        (kind, torch.get_autocast_dtype(kind)) for kind in ("cpu", "cuda") if torch.is_autocast_enabled(kind)
-    ]
-    if not inference and not autocast:
-        return contextlib.nullcontext
-
-    def enter() -> contextlib.AbstractContextManager[Any]:
-        stack = contextlib.ExitStack()
-        if inference:
-            stack.enter_context(torch.inference_mode())
-        for kind, dtype in autocast:
-            stack.enter_context(torch.autocast(kind, dtype=dtype))
-        return stack
-
-    return enter
-
-
-def _check_gpus_exist(names: Sequence[str]) -> None:
-    """Raises ValueError naming the CUDA devices this machine does not have."""
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    missing = [n for n in names if n.startswith("cuda:") and int(n.split(":")[1]) >= available]
-    if missing:
-        raise ValueError(
-            f"This machine has no {missing[0]}: it has {available} CUDA device(s). Received: "
-            f"devices {list(names)}. HINT: use cuda:0..cuda:{available - 1}, or logical CPU replicas "
-            "such as ['cpu:0', 'cpu:1']."
-            if available
-            else f"This machine has no {missing[0]}: it has no CUDA device. Received: devices "
-            f"{list(names)}. HINT: use logical CPU replicas such as ['cpu:0', 'cpu:1']."
-        )
-
-
-class Strategy(VariablePolicyMixin, ReductionMixin):
+class Strategy:
     """Distributes one training program over replicas (tf.distribute.Strategy).
 
     Args:
@@ -113,7 +83,7 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         names = [canonical_name(d) for d in devices]
         if len(set(names)) != len(names):
             raise ValueError(f"Devices must be distinct. Received: {list(devices)}.")
-        _check_gpus_exist(names)
+        check_gpus_exist(names)
         self._device_names = tuple(names)
         self._devices = tuple(torch_device(n) for n in names)
         self._num_local_replicas = len(names)
@@ -125,12 +95,28 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         self._threads = ReplicaThreads(self._num_local_replicas, type(self).__name__)
         self._replica_contexts = [ReplicaContext(self, i) for i in range(self._num_local_replicas)]
         self._replica_frame = context._Frame(self, self._replica_contexts[0])
-        self._variables: list[weakref.ref[Any]] = []
-        # Per batch handed out by a distributed iterator (keyed by its first leaf): the global
-        # batch size and the replicas' example offsets, for the `run` that receives it.
-        self._batches: dict[int, tuple[Any, int | None, list[int] | None]] = {}
+        self._batches = BatchLedger()
         self._run_count = 0
-        self._step_sync: StepSync = GradientSync(self)
+        self._variable_policy = self._make_variable_policy()
+        self._reduction = CrossReplicaReduction(self, self._cross_device_ops)
+        self._step_sync: StepSync = self._in_process_gradient_sync()
+
+    # ------------------------------------------------------------------ composition (overridable)
+    def _make_variable_policy(self) -> VariablePolicy:
+        """The policy that makes and mirrors this strategy's variables (called once, by
+        ``Strategy.__init__``: set what it needs before calling ``super().__init__``)."""
+        return VariablePolicy(self, self._rendezvous, self._cross_device_ops)
+
+    def _in_process_gradient_sync(self) -> GradientSync:
+        """The gradient path of this worker's replicas, built from this strategy's parts."""
+        return GradientSync(
+            devices=self._devices,
+            rendezvous=self._rendezvous,
+            cross_device_ops=self._cross_device_ops,
+            cross_worker_all_reduce=self._cross_worker_all_reduce,
+            policy=self._variable_policy,
+            num_workers=lambda: self._num_workers,
+        )
 
     # ------------------------------------------------------------------ identity
     @property
@@ -170,6 +156,68 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={list(self._device_names)})"
+
+    # ------------------------------------------------------------------ internal API
+    # What phalanx's own modules (input, variables, replica context, hooks, callbacks) read
+    # or call; not part of TF's API. See docs/architecture.md, "Extension points".
+    @property
+    def num_local_replicas(self) -> int:
+        """Replicas of this worker (one per local device)."""
+        return self._num_local_replicas
+
+    @property
+    def num_workers_in_sync(self) -> int:
+        """Worker processes whose replicas take part in every step (1 but for multi-worker)."""
+        return self._num_workers
+
+    @property
+    def worker_rank(self) -> int:
+        """This process's rank among the ``num_workers_in_sync`` workers (0 in one process)."""
+        return self._worker_index
+
+    @property
+    def first_replica_id(self) -> int:
+        """The global replica id (``replica_id_in_sync_group``) of this worker's replica 0."""
+        return self._worker_index * self._num_local_replicas
+
+    @property
+    def local_devices(self) -> tuple[torch.device, ...]:
+        """This worker's replica devices, in replica order."""
+        return self._devices
+
+    @property
+    def rendezvous(self) -> Rendezvous:
+        """Where this worker's replica threads meet (merge_call, collectives, the step)."""
+        return self._rendezvous
+
+    @property
+    def cross_device_ops(self) -> CrossDeviceOps:
+        """How this worker's replicas' values are summed onto one device."""
+        return self._cross_device_ops
+
+    @property
+    def variable_policy(self) -> VariablePolicy:
+        """How this strategy makes, mirrors, reads and writes its distributed variables."""
+        return self._variable_policy
+
+    @property
+    def run_count(self) -> int:
+        """Calls of `run` so far: keys replica-invariant dropout masks. BackupAndRestore
+        saves it and sets it back, so a resumed job draws the masks it would have drawn."""
+        return self._run_count
+
+    @run_count.setter
+    def run_count(self, value: int) -> None:
+        self._run_count = int(value)
+
+    def replica_context(self, index: int) -> ReplicaContext:
+        """The context of local replica ``index`` (the same object at every `run`)."""
+        return self._replica_contexts[index]
+
+    def remember_batch(self, batch: Any, global_count: int | None, offsets: list[int] | None) -> None:
+        """Notes a distributed iterator's batch (its global example count and each replica's
+        first example offset) for the `run` it is given to (called by the input pipeline)."""
+        self._batches.remember(batch, global_count, offsets)
 
     # ------------------------------------------------------------------ scope
     @contextlib.contextmanager
@@ -216,10 +264,10 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
             ValueError: A distributed argument does not have one component per local replica.
             RuntimeError: Called inside another ``run`` or inside another strategy's scope.
         """
-        self._check_run_call(fn, args, kwargs)
+        check_run_call(self, fn, args, kwargs)
         self._before_run()
         kwargs = kwargs or {}
-        gbs, offsets = self._batch_info(args, kwargs)
+        gbs, offsets = self._batches.take(args, kwargs)
         self._run_count += 1
         for i, replica_ctx in enumerate(self._replica_contexts):
             replica_ctx._global_batch_size = gbs
@@ -236,15 +284,18 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
                 state.stack.pop()
                 state.replica = previous
                 self._step_sync.reset_thread()
+                # The default strategy's replica context is also the one code outside any run
+                # sees: the step's global batch size must not outlive the step.
+                self._replica_contexts[0]._global_batch_size = None
         grad_mode = torch.is_grad_enabled()
-        modes = _thread_modes()
+        modes = thread_modes()
 
         def call(i: int) -> Any:
             with (
                 context.push_frame(self, self._replica_contexts[i]),
                 torch.set_grad_enabled(grad_mode),
                 modes(),
-                self._device_scope(i),
+                device_scope(self._devices[i]),
             ):
                 try:
                     return fn(*select_replica(i, args), **select_replica(i, kwargs))
@@ -252,108 +303,16 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
                     self._step_sync.reset_thread()
 
         self._rendezvous.reset()
-        # Replicas share the cores: each replica thread gets its share of the intra-op threads
-        # (torch's setting is per OS thread), so 2 replicas x 2 threads do not fight over 2 cores.
-        caller_threads = torch.get_num_threads()
-        share = max(1, caller_threads // self._num_local_replicas)
-
-        def call_with_share(i: int) -> Any:
-            if torch.get_num_threads() != share:
-                torch.set_num_threads(share)
-            return call(i)
-
-        try:
-            results = self._threads.run(call_with_share, self._rendezvous.abort)
-        finally:
-            if torch.get_num_threads() != caller_threads:
-                torch.set_num_threads(caller_threads)
-        return regroup(results)
-
-    def _check_run_call(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
-        if not callable(fn):
-            raise TypeError(f"strategy.run needs a callable. Received: {type(fn).__name__}.")
-        if not isinstance(args, (tuple, list)):
-            raise TypeError(
-                "strategy.run(fn, args=...) takes args as a tuple or list. Received: "
-                f"{type(args).__name__}. HINT: write args=(x,) for a single argument."
-            )
-        if kwargs is not None and not isinstance(kwargs, dict):
-            raise TypeError(f"strategy.run kwargs must be a dict. Received: {type(kwargs).__name__}.")
-        for value in (*args, *(kwargs or {}).values()):
-            self._check_components(value)
-        replica = context._state.replica
-        if replica is not None and not replica[0]._is_default:
-            raise RuntimeError(
-                "strategy.run was called inside a replica context (inside another run). "
-                "HINT: call strategy.run from the training loop, outside strategy.run."
-            )
-        top = context._top()
-        current = top.strategy if top is not None else self
-        if current is not self and not current._is_default:
-            raise RuntimeError(
-                f"{self!r}.run was called inside the scope of {current!r}. HINT: use the "
-                "strategy whose scope is open."
-            )
+        return regroup(self._threads.run(call, self._rendezvous.abort))
 
     def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None:
         """Called when ``optimizer.step()`` runs in this strategy's scope outside ``run``."""
         return
 
-    def _remember_batch(self, batch: Any, global_count: int | None, offsets: list[int] | None) -> None:
-        """Notes a distributed iterator's batch, for the `run` it is given to."""
-        leaves = flatten(batch)
-        if leaves:
-            self._batches[id(leaves[0])] = (leaves[0], global_count, offsets)
-            while len(self._batches) > 16:  # batches never given to run
-                del self._batches[next(iter(self._batches))]
-
-    def _batch_info(self, args: Any, kwargs: dict[str, Any]) -> tuple[int | None, list[int] | None]:
-        """The global batch size and offsets of the iterator batch among ``args``: found by
-        identity (two iterators may alternate), else the latest batch handed out."""
-        if not self._batches:
-            return None, None
-        for leaf in flatten([args, kwargs]):
-            entry = self._batches.get(id(leaf))
-            if entry is not None and entry[0] is leaf:
-                del self._batches[id(leaf)]
-                return entry[1], entry[2]
-        latest = self._batches.pop(next(reversed(self._batches)))
-        return latest[1], latest[2]
-
-    def _check_components(self, value: Any) -> None:
-        """Raises ValueError for a distributed value without one component per local replica."""
-        if isinstance(value, DistributedValues):
-            if len(value.values) != self._num_local_replicas:
-                raise ValueError(
-                    f"strategy.run got a {type(value).__name__} with {len(value.values)} components, "
-                    f"but {self!r} has {self._num_local_replicas} local replica(s). HINT: make it "
-                    "with this strategy (experimental_distribute_dataset or "
-                    "experimental_distribute_values_from_function)."
-                )
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                self._check_components(v)
-        elif isinstance(value, dict):
-            for v in value.values():
-                self._check_components(v)
-
-    def _device_scope(self, i: int) -> contextlib.AbstractContextManager[Any]:
-        device = self._devices[i]
-        if device.type == "cuda":
-            return torch.cuda.device(device)
-        return contextlib.nullcontext()
-
     def _before_run(self) -> None:
         """Readies distributed variables (components made or re-mirrored) before a step."""
-        if not self._variables:
-            return
-        alive = []
-        for ref in self._variables:
-            var = ref()
-            if var is not None:
-                self._materialize(var)
-                alive.append(ref)
-        self._variables = alive
+        if self._variable_policy.has_variables:
+            self._variable_policy.materialize_all()
 
     # ------------------------------------------------------------------ input
     def experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None = None) -> Any:
@@ -380,26 +339,29 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
 
     def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
         """Builds a per-replica value by calling ``value_fn(ValueContext)`` for each local replica."""
-        base = self._worker_index * self._num_local_replicas
+        base = self.first_replica_id
         values = [
             value_fn(ValueContext(base + i, self.num_replicas_in_sync))
             for i in range(self._num_local_replicas)
         ]
         return values[0] if len(values) == 1 else PerReplica(values)
 
-    def _sums_in_shared_memory(self) -> bool:
-        """Whether gradient sums can run in parallel by every replica over shared memory:
-        one worker, all replicas on the host CPU, and the default reduction."""
-        from phalanx.communication.cross_device_ops import ReductionToOneDevice, _add_n
+    # ------------------------------------------------------------------ variables (hooks)
+    def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
+        """What replaces a parameter registered in this strategy's scope (None: keep it).
 
-        ops = self._cross_device_ops
-        return (
-            self._num_workers == 1
-            and all(d.type == "cpu" for d in self._devices)
-            and type(ops) is ReductionToOneDevice
-            and ops._accumulate is _add_n
-            and ops._device in (None, torch.device("cpu"))
-        )
+        Called by `phalanx._hooks` when a module registers a parameter inside ``scope()``
+        (not inside ``run``). The base asks the variable policy (a `MirroredVariable`).
+        """
+        return self._variable_policy.create_parameter(module, name, param)
+
+    def _create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any:
+        """What replaces a buffer registered in this strategy's scope (None: keep it).
+
+        Called by `phalanx._hooks` like `_create_parameter`. The base asks the variable
+        policy (a `SyncOnReadVariable`).
+        """
+        return self._variable_policy.create_buffer(module, name, buffer)
 
     def _fetch_devices(self) -> tuple[torch.device, ...] | None:
         """Where distributed input is placed, per local replica (None: leave it where it is)."""
@@ -431,6 +393,40 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         return tensor, local_sizes
 
     # ------------------------------------------------------------------ TF extended API
+    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        """The components of ``value`` on this worker's replicas, in replica order.
+
+        A distributed variable gives its per-replica tensors (one for a CentralStorage
+        variable, which is stored once); a plain value gives ``(value,)``.
+        """
+        if isinstance(value, DistributedVariable):
+            return value.components
+        return local_results(value)
+
+    def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
+        """Reduces a per-replica value across all replicas and workers (cross-replica context).
+
+        Args:
+            reduce_op: SUM or MEAN.
+            value: A per-replica value (or nest of them), as returned by `run`; a plain value
+                counts as identical on every local replica (MEAN gives it back; SUM gives it
+                times the local replicas, summed over workers).
+            axis: None reduces across replicas only. An axis also reduces along it; MEAN
+                then divides by the true number of elements across replicas, so partial
+                batches give the right mean.
+
+        Raises:
+            RuntimeError: Called inside `run` (use ``get_replica_context().all_reduce``).
+        """
+        return self._reduction.reduce(ReduceOp.coerce(reduce_op), value, axis)
+
+    def gather(self, value: Any, axis: int) -> Any:
+        """Concatenates every replica's value along ``axis``, in global replica order (cross-replica).
+
+        Shapes may differ along ``axis`` (partial batches). Raises RuntimeError inside `run`.
+        """
+        return self._reduction.gather(value, axis)
+
     def update(
         self,
         var: torch.Tensor,
@@ -443,8 +439,6 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
 
         Args are distributed values (each component gets its own) or plain values.
         """
-        from phalanx.variables import DistributedVariable
-
         kwargs = kwargs or {}
         if not isinstance(var, DistributedVariable):
             with torch.no_grad():
@@ -463,10 +457,10 @@ class Strategy(VariablePolicyMixin, ReductionMixin):
         Returns:
             A tensor for one destination device, else a `Mirrored` value.
         """
-        from phalanx.values import Mirrored, ReduceOp
+        from phalanx.values import Mirrored
 
         op = ReduceOp.coerce(reduce_op)
-        total = self._reduce_one(op, value, None)
+        total = self._reduction.reduce_one(op, value, None)
         copies = self._cross_device_ops.broadcast(total, destination_devices(destinations))
         return copies[0] if len(copies) == 1 else Mirrored(copies)
 

@@ -220,3 +220,10 @@ def test_strategy_identity(any_strategy):
     assert any_strategy.cluster_resolver is None
     assert len(any_strategy.worker_devices) == any_strategy.num_replicas_in_sync
     assert type(any_strategy).__name__.replace("Strategy", "") in repr(any_strategy)
+
+
+def test_a_steps_global_batch_size_does_not_outlive_the_step(any_strategy):
+    batches = iter(any_strategy.experimental_distribute_dataset([torch.zeros(16, 1)]))
+    any_strategy.run(lambda x: None, args=(next(batches),))
+    # outside any scope and run: the default strategy's replica context, local batch rule
+    assert phalanx.compute_average_loss(torch.tensor([1.0, 2.0, 3.0])).item() == 2.0

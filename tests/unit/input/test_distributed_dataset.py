@@ -1,23 +1,11 @@
-"""Distributed input (TF's split rule) and compute_average_loss."""
+"""Distributed datasets and iterators: splitting global batches across replicas."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 import phalanx
-from phalanx.input.splitting import split_sizes
-
-
-def test_split_sizes_follow_tf():
-    assert split_sizes(32, 2) == [16, 16]
-    assert split_sizes(25, 2) == [13, 12]
-    assert split_sizes(26, 2) == [13, 13]
-    assert split_sizes(1, 2) == [1, 0]
-    assert split_sizes(5, 4) == [2, 1, 1, 1]
-    with pytest.raises(ValueError, match="num_parts must be >= 1"):
-        split_sizes(3, 0)
 
 
 @pytest.mark.parametrize(
@@ -88,25 +76,6 @@ def test_distribute_datasets_from_function(mirrored_2cpu):
         mirrored_2cpu.distribute_datasets_from_function(3)
 
 
-def test_input_options_and_context_validation():
-    with pytest.raises(ValueError, match="divisible by num_replicas_in_sync"):
-        phalanx.InputContext(1, 0, 2).get_per_replica_batch_size(33)
-    with pytest.raises(ValueError, match="input_pipeline_id must be in"):
-        phalanx.InputContext(2, 2, 2)
-    with pytest.raises(ValueError, match="num_input_pipelines must be >= 1"):
-        phalanx.InputContext(0, 0, 1)
-    with pytest.raises(ValueError, match="num_replicas_in_sync must be >= 1"):
-        phalanx.InputContext(1, 0, 0)
-    with pytest.raises(ValueError, match="buffer_size must be >= 0"):
-        phalanx.InputOptions(experimental_per_replica_buffer_size=-1)
-    with pytest.raises(ValueError, match="PER_WORKER"):
-        phalanx.InputOptions(experimental_replication_mode="PER_REPLICA")
-    assert phalanx.AutoShardPolicy.coerce("file") is phalanx.AutoShardPolicy.FILE
-    assert phalanx.AutoShardPolicy.coerce(-1) is phalanx.AutoShardPolicy.OFF
-    with pytest.raises(ValueError, match="auto_shard_policy must be one of"):
-        phalanx.AutoShardPolicy.coerce(7)
-
-
 def test_bad_batches_are_rejected(mirrored_2cpu):
     with pytest.raises(ValueError, match="same first dimension"):
         next(iter(mirrored_2cpu.experimental_distribute_dataset([(torch.ones(2), torch.ones(3))])))
@@ -114,36 +83,6 @@ def test_bad_batches_are_rejected(mirrored_2cpu):
         next(iter(mirrored_2cpu.experimental_distribute_dataset([torch.tensor(1.0)])))
     with pytest.raises(ValueError, match="at least one tensor"):
         next(iter(mirrored_2cpu.experimental_distribute_dataset([("a", "b")])))
-
-
-def test_compute_average_loss_cases(mirrored_2cpu):
-    per_example = torch.tensor([1.0, 2.0, 3.0])
-    assert phalanx.compute_average_loss(per_example).item() == 2.0  # default strategy: local batch
-    assert phalanx.compute_average_loss(per_example, global_batch_size=6).item() == 1.0
-    weighted = phalanx.compute_average_loss(
-        torch.ones(2, 3), sample_weight=torch.tensor([1.0, 0.0]), global_batch_size=2
-    )
-    assert weighted.item() == 1.5
-    empty = phalanx.compute_average_loss(torch.zeros(0, requires_grad=True))
-    assert empty.item() == 0.0
-    assert empty.requires_grad
-    assert phalanx.compute_average_loss(np.array([2.0, 4.0]), global_batch_size=4).item() == 1.5
-    # TF's fallback rule without distributed input: local size x replicas
-    values = mirrored_2cpu.run(lambda: phalanx.compute_average_loss(torch.tensor([2.0, 2.0])))
-    assert [v.item() for v in mirrored_2cpu.experimental_local_results(values)] == [1.0, 1.0]
-    reg = mirrored_2cpu.run(lambda: phalanx.scale_regularization_loss(torch.tensor([1.0, 3.0])))
-    assert mirrored_2cpu.experimental_local_results(reg)[0].item() == 2.0
-    with pytest.raises(ValueError, match="rank >= 1"):
-        phalanx.compute_average_loss(torch.tensor(1.0))
-    with pytest.raises(ValueError, match="positive integer"):
-        phalanx.compute_average_loss(per_example, global_batch_size=0)
-    with pytest.raises(ValueError, match="positive integer"):
-        phalanx.compute_average_loss(per_example, global_batch_size=2.5)
-    with mirrored_2cpu.scope():
-        with pytest.raises(RuntimeError, match="cross-replica context without a global_batch_size"):
-            phalanx.compute_average_loss(per_example)
-        with pytest.raises(RuntimeError, match="scale_regularization_loss was called in cross-replica"):
-            phalanx.scale_regularization_loss(per_example)
 
 
 def test_interleaved_iterators_each_give_run_their_own_global_batch_size(any_strategy):

@@ -1,0 +1,40 @@
+"""What a distributed iterator knows about each batch it hands out, kept for the `run` that
+receives the batch: the global batch size and each replica's offset of its first example."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.values import flatten
+
+__all__ = ["BatchLedger"]
+
+_KEEP = 16  # batches handed out but never given to run are forgotten beyond this
+
+
+class BatchLedger:
+    """Batch facts by identity of the batch's first leaf (two iterators may alternate)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[Any, int | None, list[int] | None]] = {}
+
+    def remember(self, batch: Any, global_count: int | None, offsets: list[int] | None) -> None:
+        """Notes a batch's global example count and per-replica example offsets."""
+        leaves = flatten(batch)
+        if leaves:
+            self._entries[id(leaves[0])] = (leaves[0], global_count, offsets)
+            while len(self._entries) > _KEEP:
+                del self._entries[next(iter(self._entries))]
+
+    def take(self, args: Any, kwargs: dict[str, Any]) -> tuple[int | None, list[int] | None]:
+        """The facts of the remembered batch among ``args``/``kwargs`` (found by identity),
+        else of the latest batch handed out; (None, None) when none is remembered."""
+        if not self._entries:
+            return None, None
+        for leaf in flatten([args, kwargs]):
+            entry = self._entries.get(id(leaf))
+            if entry is not None and entry[0] is leaf:
+                del self._entries[id(leaf)]
+                return entry[1], entry[2]
+        latest = self._entries.pop(next(reversed(self._entries)))
+        return latest[1], latest[2]

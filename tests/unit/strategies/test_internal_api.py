@@ -1,0 +1,92 @@
+"""The strategy's internal API (read by phalanx's input pipeline, variables, replica context,
+dropout and callbacks): what each strategy reports, and that it matches what `run` does."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import phalanx
+from phalanx.strategies._rendezvous import Rendezvous
+from phalanx.strategies._variable_policy import VariablePolicy
+from phalanx.strategies.central_storage import CentralStoragePolicy
+
+LAYOUT = {
+    "default": (1, ("cpu",)),
+    "one_device": (1, ("cpu",)),
+    "mirrored_2cpu": (2, ("cpu", "cpu")),
+    "central_storage_2cpu": (2, ("cpu", "cpu")),
+}
+
+
+def test_the_replica_layout_of_every_in_process_strategy(any_strategy, request):
+    strategy = any_strategy
+    local, device_types = LAYOUT[request.node.callspec.params["any_strategy"]]
+    assert strategy.num_local_replicas == local
+    assert strategy.num_workers_in_sync == 1
+    assert strategy.worker_rank == 0
+    assert strategy.first_replica_id == 0
+    assert tuple(d.type for d in strategy.local_devices) == device_types
+    assert isinstance(strategy.rendezvous, Rendezvous)
+    assert isinstance(strategy.cross_device_ops, phalanx.ReductionToOneDevice)
+    assert strategy.variable_policy.strategy is strategy
+    assert strategy.num_replicas_in_sync == local
+
+
+def test_each_strategy_owns_the_policy_that_makes_its_variables(mirrored_2cpu, central_storage_2cpu):
+    assert type(mirrored_2cpu.variable_policy) is VariablePolicy
+    policy = central_storage_2cpu.variable_policy
+    assert isinstance(policy, CentralStoragePolicy)
+    assert policy.parameter_device == torch.device("cpu")
+    with central_storage_2cpu.scope():
+        layer = nn.Linear(2, 2)
+    assert policy.owns(layer.weight)
+    assert not mirrored_2cpu.variable_policy.owns(layer.weight)
+    assert [v for v in policy.variables()] == [layer.weight, layer.bias]
+
+
+def test_replica_context_is_the_one_run_gives_each_replica(mirrored_2cpu):
+    seen = mirrored_2cpu.run(lambda: phalanx.get_replica_context())
+    assert mirrored_2cpu.experimental_local_results(seen) == (
+        mirrored_2cpu.replica_context(0),
+        mirrored_2cpu.replica_context(1),
+    )
+    assert [c.replica_id_in_sync_group for c in seen.values] == [0, 1]
+
+
+def test_run_count_counts_runs_and_can_be_restored(any_strategy):
+    start = any_strategy.run_count
+    any_strategy.run(lambda: None)
+    any_strategy.run(lambda: None)
+    assert any_strategy.run_count == start + 2
+    any_strategy.run_count = 41
+    any_strategy.run(lambda: None)
+    assert any_strategy.run_count == 42
+
+
+def test_a_remembered_batch_gives_run_its_global_batch_size(mirrored_2cpu):
+    batch = phalanx.values.PerReplica([torch.ones(3, 1), torch.ones(2, 1)])
+    mirrored_2cpu.remember_batch(batch, 10, [0, 3])
+
+    def facts(x):
+        ctx = phalanx.get_replica_context()
+        return ctx._global_batch_size, ctx._example_offset
+
+    global_size, offsets = mirrored_2cpu.run(facts, args=(batch,))
+    assert global_size == 10  # the same on both replicas: regrouped to a plain value
+    assert mirrored_2cpu.experimental_local_results(offsets) == (0, 3)
+
+
+def test_a_variable_policy_forgets_variables_that_died(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        kept = nn.Linear(2, 2)
+        dropped = nn.Linear(2, 2)
+    policy = mirrored_2cpu.variable_policy
+    del dropped
+    import gc
+
+    gc.collect()
+    mirrored_2cpu.run(lambda: None)  # materialize_all runs before each run
+    assert list(policy.variables()) == [kept.weight, kept.bias]
+    assert policy.has_variables
+    assert len(policy._variables) == 2
