@@ -36,13 +36,16 @@ def main(call_file: Path) -> None:
     call = pickle.loads(call_file.read_bytes())
     resolver = phalanx.cluster.TFConfigClusterResolver()
     name = f"{resolver.task_type}-{resolver.task_id}"
+    # every task imports the function's module, as every task of a real program runs its script:
+    # a function it schedules on a parameter-server worker is pickled by reference to it
+    function = _function(call["module"], call["file"], call["qualname"])
     if call["strategy"] == "ParameterServerStrategy" and resolver.task_type in ("worker", "ps"):
         job, index = resolver.task_type, resolver.task_id
         phalanx.Server(resolver.cluster_spec(), job_name=job, task_index=index).join()
         return
     strategy = getattr(phalanx, call["strategy"])(**call["strategy_kwargs"])
     try:
-        result = _function(call["module"], call["file"], call["qualname"])(strategy, *call["args"])
+        result = function(strategy, *call["args"])
         (call_file.parent / f"{name}.pkl").write_bytes(pickle.dumps(result))
     finally:
         strategy.close()

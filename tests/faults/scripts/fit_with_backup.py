@@ -43,7 +43,8 @@ class KillAt(phalanx.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if (
-            int(kill_epoch) >= 0
+            killer
+            and int(kill_epoch) >= 0
             and not os.path.exists(marker)
             and (self.epoch, batch) == (int(kill_epoch), int(kill_batch))
         ):
