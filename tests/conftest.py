@@ -13,7 +13,7 @@ import pytest
 
 from phalanx import context
 
-pytest_plugins = ["support.strategies"]
+pytest_plugins = ["support.strategies", "pytester"]  # pytester: tests of the hygiene itself
 
 
 def _replica_threads() -> list[threading.Thread]:

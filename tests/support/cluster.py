@@ -119,11 +119,12 @@ class ClusterRun:
 
     ``output`` holds every task's lines, prefixed with its name, in the order they arrived.
     Tasks that serve (ps, and the workers of a parameter-server cluster) are killed once the
-    tasks waited for have finished; their code is then ``-SIGKILL``.
+    tasks ``waited`` for have finished; their code is then ``-SIGKILL``.
     """
 
     tasks: dict[str, TaskResult]
     output: str
+    waited: tuple[str, ...]
 
     def __getitem__(self, name: str) -> TaskResult:
         return self.tasks[name]
@@ -133,8 +134,8 @@ class ClusterRun:
         return {name: task.returncode for name, task in self.tasks.items()}
 
     def check(self, *names: str) -> ClusterRun:
-        """Fail, showing the output, unless the named tasks (default: the chief/workers) exited 0."""
-        names = names or tuple(n for n in self.tasks if n.split("-")[0] in ("chief", "worker"))
+        """Fail, showing the output, unless the named tasks (default: those waited for) exited 0."""
+        names = names or self.waited
         failed = {n: self.tasks[n].returncode for n in names if self.tasks[n].returncode != 0}
         assert not failed, f"tasks failed: {failed}\n{self.output}"
         return self
@@ -238,18 +239,19 @@ class LocalCluster:
                 was killed and the message names those still running, with everyone's output.
         """
         deadline = time.monotonic() + timeout
-        for name in names or self.trainers:
+        waited = tuple(names or self.trainers)
+        for name in waited:
             try:
                 self._tasks[name].proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                hung = [n for n in names or self.trainers if self._tasks[n].proc.poll() is None]
+                hung = [n for n in waited if self._tasks[n].proc.poll() is None]
                 self.stop()
                 raise ClusterTimeout(
                     f"local cluster timed out after {timeout}s; still running: {hung} (every task "
                     f"was killed). Output:\n{self._output.text()}"
                 ) from None
         self.stop()
-        return ClusterRun({n: t.result() for n, t in self._tasks.items()}, self._output.text())
+        return ClusterRun({n: t.result() for n, t in self._tasks.items()}, self._output.text(), waited)
 
     def stop(self) -> None:
         """Kill every task still running, and anything a task started, then reap them."""

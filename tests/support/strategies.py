@@ -144,8 +144,7 @@ class ProcessRunner:
         }
         (folder / "call.pkl").write_bytes(pickle.dumps(call))
         with LocalCluster(env=env, **self.cluster) as cluster:
-            run = cluster.start(RUN_FUNCTION, folder / "call.pkl").wait(timeout)
-            run.check(*cluster.trainers)
+            cluster.start(RUN_FUNCTION, folder / "call.pkl").wait(timeout).check()
             return [pickle.loads((folder / f"{name}.pkl").read_bytes()) for name in cluster.trainers]
 
 
