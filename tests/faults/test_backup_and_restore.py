@@ -23,7 +23,7 @@ def _run(tmp, name, save_freq, kill, strategy):
 
 @pytest.mark.parametrize(
     ("save_freq", "strategy"),
-    [("epoch", "one_device"), ("3", "one_device"), ("epoch", "mirrored"), ("4", "mirrored")],
+    [("epoch", "one_device"), ("3", "one_device"), ("epoch", "mirrored_2cpu"), ("4", "mirrored_2cpu")],
 )
 def test_killed_fit_resumes_to_the_uninterrupted_weights(tmp_path, save_freq, strategy):
     reference_dir = tmp_path / "ref"

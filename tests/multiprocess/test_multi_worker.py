@@ -142,11 +142,11 @@ def test_collectives_and_gradient_buckets_with_one_replica_per_worker(tmp_path, 
         assert result["temp_removed"]
 
 
-def test_keras_under_two_workers_restore_metrics_and_predict_order(tmp_path):
+def test_keras_under_two_workers_restore_metrics_and_predict_order(tmp_path, one_device):
     from phalanx.checkpoint import Checkpoint
 
     torch.manual_seed(3)
-    with phalanx.OneDeviceStrategy("cpu").scope():
+    with one_device.scope():
         net = torch.nn.Sequential(torch.nn.Linear(4, 3))
     path = Checkpoint(model=net).write(str(tmp_path / "one_device.pt"))
     run_cluster(SCRIPTS / "keras_checks.py", path, tmp_path).check()

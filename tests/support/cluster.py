@@ -91,9 +91,14 @@ def run_python(
     """
     argv = [sys.executable, *map(str, args)]
     proc = subprocess.Popen(
-        argv, env=child_env(env), cwd=cwd, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        argv,
+        env=child_env(env),
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         start_new_session=True,  # its own process group: killed with everything it started
-    )  # fmt: skip
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -246,6 +251,8 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 hung = [n for n in waited if self._tasks[n].proc.poll() is None]
                 self.stop()
+                for task in self._tasks.values():
+                    task.result()  # every line up to the kill
                 raise ClusterTimeout(
                     f"local cluster timed out after {timeout}s; still running: {hung} (every task "
                     f"was killed). Output:\n{self._output.text()}"
