@@ -61,7 +61,7 @@ def _no_child_processes(request):
         return
     before = set(_children())
     yield
-    deadline = time.monotonic() + 5  # a child killed by the test may still be on its way out
+    deadline = time.monotonic() + 2  # a child killed by the test may still be on its way out
     while (left := {p: c for p, c in _children().items() if p not in before}) and time.monotonic() < deadline:
         time.sleep(0.1)
     for pid in left:
