@@ -1,50 +1,19 @@
-"""Shared fixtures: named strategies and per-test hygiene (docs/testing.md)."""
+"""Shared fixtures: named strategies (support/strategies.py) and per-test hygiene (docs/testing.md)."""
 
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-import phalanx
 from phalanx import context
 
-STRATEGY_FACTORIES = {
-    "default": lambda: phalanx.get_strategy(),
-    "one_device": lambda: phalanx.OneDeviceStrategy("cpu"),
-    "mirrored_2cpu": lambda: phalanx.MirroredStrategy(["cpu:0", "cpu:1"]),
-    "central_storage_2cpu": lambda: phalanx.CentralStorageStrategy(["cpu:0", "cpu:1"]),
-}
-
-
-def _made(name):
-    strategy = STRATEGY_FACTORIES[name]()
-    yield strategy
-    if not strategy._is_default:
-        strategy._threads.close()  # pytest holds fixture values past teardown
-
-
-@pytest.fixture(params=list(STRATEGY_FACTORIES))
-def any_strategy(request):
-    """Every in-process strategy, by name."""
-    yield from _made(request.param)
-
-
-@pytest.fixture
-def one_device():
-    yield from _made("one_device")
-
-
-@pytest.fixture
-def mirrored_2cpu():
-    yield from _made("mirrored_2cpu")
-
-
-@pytest.fixture
-def central_storage_2cpu():
-    yield from _made("central_storage_2cpu")
+pytest_plugins = ["support.strategies", "pytester"]  # pytester: tests of the hygiene itself
 
 
 def _replica_threads() -> list[threading.Thread]:
@@ -69,3 +38,47 @@ def _hygiene():
             break
         time.sleep(0.05)
     assert not leaked, f"replica threads outlived their strategy: {[t.name for t in leaked]}"
+
+
+@pytest.fixture(autouse=True)
+def _restored_environment():
+    """Every test ends with the environment variables it started with (set by it or by phalanx)."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+@pytest.fixture(autouse=True)
+def _no_child_processes(request):
+    """A multiprocess test leaves no child process alive: fail naming them (then kill them).
+
+    Only tests marked ``multiprocess`` are checked: scanning /proc costs ~20 ms here.
+    """
+    if request.node.get_closest_marker("multiprocess") is None:
+        yield
+        return
+    before = set(_children())
+    yield
+    deadline = time.monotonic() + 2  # a child killed by the test may still be on its way out
+    while (left := {p: c for p, c in _children().items() if p not in before}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"child processes outlived the test: {left}"
+
+
+def _children() -> dict[int, str]:
+    """This process's live (non-zombie) children: pid -> command line."""
+    me, found = os.getpid(), {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if stat[0] != "Z" and int(stat[1]) == me:
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue  # it ended meanwhile
+    return found

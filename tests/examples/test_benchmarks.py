@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+import pytest
+
+from support.cluster import run_python
+
+pytestmark = pytest.mark.multiprocess
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def test_benchmark_runner_prints_ratios():
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "run.py"), "--quick", "overhead", "mirrored", "ps"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_python(BENCHMARKS / "run.py", "--quick", "overhead", "mirrored", "ps", timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("ratio") >= 6
     assert "ps read 4MB" in done.stdout

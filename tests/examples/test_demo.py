@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from phalanx.demo import STRATEGIES, run_demo
+from support.cluster import run_python
+
+pytestmark = pytest.mark.multiprocess  # the command-line tests start processes
 
 
 def test_demo_default_reaches_90_percent():
@@ -20,35 +20,21 @@ def test_demo_runs_under_every_strategy(name):
 
 
 def test_cli_entry_point_prints_progress_and_accuracy():
-    done = subprocess.run(
-        [sys.executable, "-m", "phalanx", "demo", "--epochs", "1", "--strategy", "one_device"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_python("-m", "phalanx", "demo", "--epochs", 1, "--strategy", "one_device", timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Epoch 1/1" in done.stdout
     assert "test accuracy:" in done.stdout
 
 
 def test_cli_rejects_unknown_strategy():
-    done = subprocess.run(
-        [sys.executable, "-m", "phalanx", "demo", "--strategy", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_python("-m", "phalanx", "demo", "--strategy", "nope", timeout=60)
     assert done.returncode == 2
     assert "invalid choice" in done.stderr
 
 
 def test_cli_multi_worker_demo_launches_two_workers():
-    done = subprocess.run(
-        [sys.executable, "-m", "phalanx", "demo", "--strategy", "multi_worker_mirrored", "--epochs", "2"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    demo = ["-m", "phalanx", "demo", "--strategy", "multi_worker_mirrored", "--epochs", 2]
+    done = run_python(*demo, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[worker-0] test accuracy:" in done.stdout
     assert "[worker-1] test accuracy:" not in done.stdout  # logs only from the chief

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from support.cluster import run_python
+
+pytestmark = pytest.mark.multiprocess  # every example runs in processes of its own
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -21,35 +23,15 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 )
 def test_example_runs(script, args, expect, tmp_path):
     extra = ["--checkpoint-dir", str(tmp_path)] if "digits" in script else []
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), *args, *extra],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,
-    )
+    done = run_python(EXAMPLES / script, *args, *extra, timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert expect in done.stdout
 
 
 def test_multi_worker_example_under_the_launcher(tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "phalanx",
-            "launch",
-            "--workers",
-            "2",
-            str(EXAMPLES / "multi_worker_keras.py"),
-            "--epochs",
-            "2",
-            "--model-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
+    script = EXAMPLES / "multi_worker_keras.py"
+    done = run_python(
+        "-m", "phalanx", "launch", "--workers", 2, script, "--epochs", 2, "--model-dir", tmp_path, timeout=240
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[worker-0] saved True" in done.stdout
@@ -59,25 +41,8 @@ def test_multi_worker_example_under_the_launcher(tmp_path):
 
 
 def test_parameter_server_example_under_the_launcher():
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "phalanx",
-            "launch",
-            "--chief",
-            "--workers",
-            "2",
-            "--ps",
-            "1",
-            str(EXAMPLES / "parameter_server_training.py"),
-            "--epochs",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    launch = ["-m", "phalanx", "launch", "--chief", "--workers", 2, "--ps", 1]
+    done = run_python(*launch, EXAMPLES / "parameter_server_training.py", "--epochs", 3, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[chief-0] Epoch 3:" in done.stdout
     accuracy = float(done.stdout.split("final accuracy on all digits: ")[1].split()[0])

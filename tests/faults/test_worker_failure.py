@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import io
-import json
 import logging
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,73 +14,42 @@ import pytest
 import phalanx
 from phalanx.cluster import SimpleClusterResolver, launch
 from phalanx.communication.worker_group import PeerUnavailableError
+from support.cluster import LocalCluster, free_ports
 
 pytestmark = pytest.mark.multiprocess
 SCRIPTS = Path(__file__).resolve().parents[1] / "multiprocess" / "scripts"
 BOUND_SECONDS = 12.0  # heartbeat timeout (10 s) + beat (1 s) + poll (0.5 s): the documented bound
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _start_workers(args, extra_env=None):
-    """Two workers from TF_CONFIG, started by hand (a launcher would stop the survivor)."""
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
-    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    procs = []
-    for index in range(2):
-        tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
-        env = {**base, **(extra_env or {}), "TF_CONFIG": tf_config}
-        cmd = [sys.executable, str(SCRIPTS / "train_forever.py"), *map(str, args)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    return procs, workers
-
-
-def _finish(procs, timeout=90):
-    try:
-        return [p.communicate(timeout=timeout)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+def _start_workers(cluster, args):
+    """Both workers run train_forever.py; none is stopped when another dies (a launcher would)."""
+    return cluster.start(SCRIPTS / "train_forever.py", *args)
 
 
 @pytest.mark.parametrize("transport", ["shared_memory", "gloo"])
 def test_sigkilled_worker_is_named_by_the_survivor_within_the_bound(tmp_path, transport):
     env = {"PHALANX_SHARED_MEMORY": "1" if transport == "shared_memory" else "0"}
-    procs, workers = _start_workers([1, 20, tmp_path], env)
-    outputs = _finish(procs)
-    assert procs[1].returncode == -signal.SIGKILL
-    assert procs[0].returncode != 0
+    with LocalCluster(2, env=env) as cluster:
+        run = _start_workers(cluster, [1, 20, tmp_path]).wait(timeout=90)
+    assert run["worker-1"].returncode == -signal.SIGKILL
+    assert run["worker-0"].returncode != 0
     error = (tmp_path / "error-0.txt").read_text().splitlines()
     elapsed, message = float(error[0]), "\n".join(error[1:])
-    assert elapsed < BOUND_SECONDS, outputs[0]
-    assert f"worker:1 ({workers[1]})" in message
-    assert "PeerUnavailableError" in outputs[0]
+    assert elapsed < BOUND_SECONDS, run.output
+    assert f"worker:1 ({cluster.address('worker-1')})" in message
+    assert "PeerUnavailableError" in run["worker-0"].output
 
 
 def test_a_worker_that_stops_answering_is_named_after_its_heartbeat_timeout(tmp_path):
     # SIGSTOP keeps the sockets open: only the heartbeats can tell. A 2 s heartbeat timeout
     # bounds the detection by 2 + 1 (beat) + 0.5 (poll) seconds.
-    procs, workers = _start_workers([1, 10, tmp_path, "STOP"], {"PHALANX_HEARTBEAT_TIMEOUT_SECONDS": "2"})
-    try:
-        survivor = procs[0].communicate(timeout=90)[0].decode()
-    finally:
-        for p in procs:
-            p.kill()  # the stopped worker too
-        _finish(procs)
-    assert procs[0].returncode != 0, survivor
+    with LocalCluster(2, env={"PHALANX_HEARTBEAT_TIMEOUT_SECONDS": "2"}) as cluster:
+        run = _start_workers(cluster, [1, 10, tmp_path, "STOP"]).wait(timeout=90, names=["worker-0"])
+    assert run["worker-0"].returncode != 0, run.output  # the stopped worker was killed after it
     error = (tmp_path / "error-0.txt").read_text().splitlines()
     elapsed, message = float(error[0]), "\n".join(error[1:])
-    assert 1.0 < elapsed < 2 + 1 + 0.5 + 2.5, survivor  # 2.5 s of slack for a loaded machine
-    assert f"worker:1 ({workers[1]}) stopped sending heartbeats" in message
+    assert 1.0 < elapsed < 2 + 1 + 0.5 + 2.5, run.output  # 2.5 s of slack for a loaded machine
+    assert f"worker:1 ({cluster.address('worker-1')}) stopped sending heartbeats" in message
 
 
 def test_launcher_stops_the_others_and_fails_when_a_worker_dies(tmp_path):
@@ -97,7 +62,7 @@ def test_launcher_stops_the_others_and_fails_when_a_worker_dies(tmp_path):
 
 
 def _two_worker_resolver(index):
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     return SimpleClusterResolver({"worker": workers}, task_type="worker", task_id=index), workers
 
 

@@ -5,21 +5,17 @@ from __future__ import annotations
 import importlib
 import io
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from phalanx.cluster import launch, launch_node
-from phalanx.cluster._ports import free_ports
+from support.cluster import free_ports, run_python
 
 pytestmark = pytest.mark.multiprocess
 SCRIPTS = Path(__file__).parent / "scripts"
 TASK = SCRIPTS / "launcher_task.py"
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def _alive(pid: int) -> bool:
@@ -89,26 +85,14 @@ def test_a_module_level_function_runs_in_every_task(monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_a_function_of_the_main_script_runs_without_rerunning_its_main_block():
-    done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "launcher_main_function.py")],
-        capture_output=True,
-        text=True,
-        timeout=50,
-        env={**os.environ, "PYTHONPATH": SRC},
-    )
+    done = run_python(SCRIPTS / "launcher_main_function.py", timeout=50)
     assert done.returncode == 0, done.stderr
     assert "[worker-1] it ran as __mp_main__" in done.stdout
 
 
 @pytest.mark.timeout(60)
 def test_the_cli_with_torchruns_spelling():
-    done = subprocess.run(
-        [sys.executable, "-m", "phalanx", "launch", "--nproc-per-node", "2", str(TASK), "ok"],
-        capture_output=True,
-        text=True,
-        timeout=50,
-        env={**os.environ, "PYTHONPATH": SRC},
-    )
+    done = run_python("-m", "phalanx", "launch", "--nproc-per-node", "2", TASK, "ok", timeout=50)
     assert done.returncode == 0, done.stderr
     assert "[worker-1] task worker:1 rank=1 world=2 local=1/2" in done.stdout
 

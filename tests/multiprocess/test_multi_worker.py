@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,94 +10,47 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.cluster import launch
 from support import oracle
+from support.cluster import free_ports, run_cluster, run_python
 
 pytestmark = pytest.mark.multiprocess
 SCRIPTS = Path(__file__).parent / "scripts"
-ENV = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def _launch(script, args, workers=2, timeout=120, env=None):
-    out = io.StringIO()
-    code = launch(
-        str(SCRIPTS / script),
-        workers=workers,
-        args=[str(a) for a in args],
-        env=env or ENV,
-        timeout=timeout,
-        out=out,
-    )
-    return code, out.getvalue()
-
-
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _clean_env():
-    """This environment without any cluster configuration."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TF_CONFIG")}
-    return {**env, "PYTHONPATH": ENV["PYTHONPATH"]}
-
-
-def _tf_config_envs(cluster):
-    """One environment per task with TF_CONFIG only (torchrun's variables removed)."""
-    base = _clean_env()
-    return [
-        {**base, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": i}})}
-        for job in ("chief", "worker")
-        for i in range(len(cluster.get(job, [])))
-    ]
-
-
-def _results(tmp_path, workers):
-    return [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(workers)], [
-        torch.load(tmp_path / f"state-{r}.pt")["state"] for r in range(workers)
-    ]
-
-
-def test_two_workers_reproduce_ctl_mirrored(tmp_path):
-    code, output = _launch("ctl_oracle.py", [tmp_path])
-    assert code == 0, output
-    assert "[worker-1] done 1 2" in output
-    results, states = _results(tmp_path, 2)
-    assert results[0]["plain_parameters"] == 4  # the DDP layout
-    assert results[0]["buckets"]
-    ref, meta = oracle.reference("ctl_mirrored")
-    for r in range(2):
-        np.testing.assert_allclose(results[r]["losses"], ref["losses"], **oracle.LOSS_TOL)
-        for name, value in states[r].items():
-            np.testing.assert_allclose(value.numpy(), ref[f"final/torch/{name}"], **oracle.WEIGHT_TOL)
-    # worker 0 saw 0..15 and worker 1 16..31 at step 0, as two in-process replicas would
-    assert [results[0]["seen"][0][0], results[1]["seen"][0][0]] == meta["replica_indices_per_step"][0]
+def _ctl(strategy, n, gpu=False):
+    """The oracle's custom loop on this worker, with the layout it trained in (runs in each worker)."""
+    if gpu:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    losses, state, seen = oracle.run_ctl(strategy, n=n)
+    return {
+        "losses": losses,
+        "state": {k: v.cpu() for k, v in state.items()},
+        "seen": seen,
+        "replicas": strategy.num_replicas_in_sync,
+        "plain_parameters": len(strategy._plain),
+        "buckets": strategy._buckets is not None,
+    }
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_two_workers_sharing_a_gpu_over_gloo_reproduce_ctl_mirrored(tmp_path):
-    code, output = _launch("ctl_oracle.py", [tmp_path, 1, 256, "cuda"])
-    assert code == 0, output
-    results, states = _results(tmp_path, 2)
-    assert results[0]["buckets"]  # gradient buckets of CUDA tensors, all-reduced by gloo
+def test_two_workers_sharing_a_gpu_over_gloo_reproduce_ctl_mirrored(mwms_2workers):
+    # RING (gloo) lets two workers share one GPU, which NCCL refuses
+    options = phalanx.CommunicationOptions(implementation="RING")
+    results = mwms_2workers.run(
+        _ctl, 256, True, strategy_kwargs={"devices": ["cuda:0"], "communication_options": options}
+    )
     ref, _ = oracle.reference("ctl_mirrored")
     gpu_tol = {"rtol": 1e-4, "atol": 1e-5}  # kernels differ from the CPU recording
-    for r in range(2):
-        np.testing.assert_allclose(results[r]["losses"], ref["losses"], **gpu_tol)
-        for name, value in states[r].items():
+    for result in results:
+        assert result["buckets"]  # gradient buckets of CUDA tensors, all-reduced by gloo
+        np.testing.assert_allclose(result["losses"], ref["losses"], **gpu_tol)
+        for name, value in result["state"].items():
             np.testing.assert_allclose(value.numpy(), ref[f"final/torch/{name}"], **gpu_tol)
 
 
-def test_two_workers_with_two_local_replicas_equal_four_replicas(tmp_path):
-    code, output = _launch("ctl_oracle.py", [tmp_path, 2, 250])
-    assert code == 0, output
-    results, states = _results(tmp_path, 2)
+def test_two_workers_with_two_local_replicas_equal_four_replicas(mwms_2workers):
+    results = mwms_2workers.run(_ctl, 250, strategy_kwargs={"devices": ["cpu:0", "cpu:1"]})
     assert results[0]["replicas"] == 4
     assert results[0]["plain_parameters"] == 0  # mirrored variables
     assert not results[0]["buckets"]
@@ -113,12 +61,11 @@ def test_two_workers_with_two_local_replicas_equal_four_replicas(tmp_path):
     assert results[0]["seen"]
     assert [s[0] for s in results[0]["seen"]] == [s[0] for s in seen]
     for name, value in state.items():
-        np.testing.assert_allclose(states[1][name].numpy(), value.numpy(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(results[1]["state"][name].numpy(), value.numpy(), rtol=1e-6, atol=1e-6)
 
 
 def test_uneven_workers_end_the_epoch_together(tmp_path):
-    code, output = _launch("uneven_epoch.py", [tmp_path])
-    assert code == 0, output
+    run_cluster(SCRIPTS / "uneven_epoch.py", tmp_path).check()
     results = [json.loads((tmp_path / f"steps-{r}.json").read_text()) for r in range(2)]
     assert results[0]["sizes"] == [4, 4, 0, 0] * 2  # worker 0 ran out: empty batches, same steps
     assert results[1]["sizes"] == [4, 4, 4, 4] * 2
@@ -163,17 +110,16 @@ def _check_collectives(tmp_path, local):
 
 
 def test_reduce_gather_and_all_reduce_across_two_workers_of_two_replicas(tmp_path):
-    code, output = _launch("collectives_checks.py", [tmp_path, 2])
-    assert code == 0, output
+    run_cluster(SCRIPTS / "collectives_checks.py", tmp_path, 2).check()
     _check_collectives(tmp_path, 2)
 
 
 @pytest.mark.parametrize("transport", ["shared_memory", "gloo"])
 def test_collectives_and_gradient_buckets_with_one_replica_per_worker(tmp_path, transport):
-    env = {**ENV, "PHALANX_SHARED_MEMORY": "1" if transport == "shared_memory" else "0"}
-    code, output = _launch("collectives_checks.py", [tmp_path, 1], env=env)
-    assert code == 0, output
-    assert "after close: " in output
+    env = {"PHALANX_SHARED_MEMORY": "1" if transport == "shared_memory" else "0"}
+    run = run_cluster(SCRIPTS / "collectives_checks.py", tmp_path, 1, env=env).check()
+    assert "[worker-0] after close: " in run.output
+    assert "[worker-1] after close: " in run.output
     for rank, result in enumerate(_check_collectives(tmp_path, 1)):
         assert result["uses_shared_memory"] == (transport == "shared_memory")
         assert result["plain_parameters"]
@@ -196,15 +142,14 @@ def test_collectives_and_gradient_buckets_with_one_replica_per_worker(tmp_path, 
         assert result["temp_removed"]
 
 
-def test_keras_under_two_workers_restore_metrics_and_predict_order(tmp_path):
+def test_keras_under_two_workers_restore_metrics_and_predict_order(tmp_path, one_device):
     from phalanx.checkpoint import Checkpoint
 
     torch.manual_seed(3)
-    with phalanx.OneDeviceStrategy("cpu").scope():
+    with one_device.scope():
         net = torch.nn.Sequential(torch.nn.Linear(4, 3))
     path = Checkpoint(model=net).write(str(tmp_path / "one_device.pt"))
-    code, output = _launch("keras_checks.py", [path, tmp_path])
-    assert code == 0, output
+    run_cluster(SCRIPTS / "keras_checks.py", path, tmp_path).check()
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(53, 4, generator=g), torch.randint(0, 3, (53,), generator=g)
     with torch.no_grad():
@@ -221,8 +166,7 @@ def test_keras_under_two_workers_restore_metrics_and_predict_order(tmp_path):
 
 
 def test_sync_batch_norm_across_workers(tmp_path):
-    code, output = _launch("sync_bn.py", [tmp_path])
-    assert code == 0, output
+    run_cluster(SCRIPTS / "sync_bn.py", tmp_path).check()
     x = torch.arange(7 * 3, dtype=torch.float32).reshape(7, 3) ** 1.5
     reference = torch.nn.BatchNorm1d(3)
     expected = reference(x)
@@ -233,37 +177,25 @@ def test_sync_batch_norm_across_workers(tmp_path):
         torch.testing.assert_close(torch.tensor(result["var"]), reference.running_var, rtol=1e-4, atol=1e-4)
 
 
-def test_per_call_timeout_of_communication_options(tmp_path):
-    code, output = _launch("per_call_timeout.py", [])
-    assert code == 7, output
-    assert "[worker-0] timed out: all_reduce failed on worker:0" in output
-    assert "no answer within 1s" in output
+def test_per_call_timeout_of_communication_options():
+    run = run_cluster(SCRIPTS / "per_call_timeout.py")
+    assert run.returncodes == {"worker-0": 7, "worker-1": 0}, run.output
+    assert "[worker-0] timed out: all_reduce failed on worker:0" in run.output
+    assert "no answer within 1s" in run.output
 
 
 def _run_program(tmp_path, launcher):
-    script = [str(SCRIPTS / "tf_config_program.py"), str(tmp_path)]
+    script = [SCRIPTS / "tf_config_program.py", tmp_path]
     if launcher == "torchrun":  # torchrun's agent serves the rendezvous store itself
-        env = _clean_env()
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-        cmd += ["--master-port", str(_free_ports(1)[0]), *script]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
+        port = free_ports(1)[0]
+        done = run_python(
+            "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port, *script, timeout=90
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
         return sorted(lines, key=lambda r: r["rank"])
-    chief, worker = (f"127.0.0.1:{p}" for p in _free_ports(2))
-    envs = _tf_config_envs({"chief": [chief], "worker": [worker]})
-    out = subprocess.PIPE
-    procs = [
-        subprocess.Popen([sys.executable, *script], env=env, stdout=out, stderr=subprocess.STDOUT)
-        for env in envs
-    ]
-    try:
-        outputs = [p.communicate(timeout=90)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    run = run_cluster(*script, chief=True, workers=1, timeout=90).check()  # TF_CONFIG only
+    return [json.loads(run[task].output.strip().splitlines()[-1]) for task in ("chief-0", "worker-0")]
 
 
 @pytest.mark.parametrize(

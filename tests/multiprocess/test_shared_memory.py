@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -13,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.cluster import launch
 from phalanx.communication.shared_memory import (
     SHARED_MEMORY_ENV,
     SharedMemoryAllReduce,
@@ -21,6 +19,7 @@ from phalanx.communication.shared_memory import (
     _Work,
     shared_memory_supported,
 )
+from support.cluster import run_cluster
 
 pytestmark = pytest.mark.multiprocess
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -28,16 +27,7 @@ needs_shm = pytest.mark.skipif(not shared_memory_supported(), reason="needs Linu
 
 
 def _run(tmp_path, workers, env=None):
-    out = io.StringIO()
-    path = str(Path(__file__).resolve().parents[1])
-    merged = {
-        "PYTHONPATH": path + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        "PYTHONFAULTHANDLER": "1",  # a native abort shows where each thread was
-        **(env or {}),
-    }
-    script = str(SCRIPTS / "shared_memory_checks.py")
-    code = launch(script, workers=workers, args=[str(tmp_path)], env=merged, timeout=180, out=out)
-    assert code == 0, out.getvalue()
+    run_cluster(SCRIPTS / "shared_memory_checks.py", tmp_path, workers=workers, env=env, timeout=180).check()
     return [json.loads((tmp_path / f"shm-{r}.json").read_text()) for r in range(workers)]
 
 

@@ -11,6 +11,7 @@ from support import oracle
 
 
 def _fit(strategy, n):
+    """One epoch of Model.fit over the first ``n`` examples; returns the model and its History."""
     x, y = oracle.dataset(n)
     with strategy.scope():
         model = phalanx.Model(oracle.OracleNet())
@@ -22,12 +23,20 @@ def _fit(strategy, n):
     return model, history
 
 
-@pytest.mark.parametrize("name", ["mirrored_2cpu", "central_storage_2cpu", "one_device"])
-def test_fit_one_epoch_matches_ctl_final_weights(request, name):
-    model, _ = _fit(request.getfixturevalue(name), 256)
+def _fitted_weights(strategy, n):
+    """(each process) The weights after one epoch of fit."""
+    model, _ = _fit(strategy, n)
+    return model.module.state_dict()
+
+
+@pytest.mark.parametrize(
+    "runner", ["one_device", "mirrored_2cpu", "central_storage_2cpu", "mwms_2workers"], indirect=True
+)
+def test_fit_one_epoch_matches_ctl_final_weights(runner):
     ref, _ = oracle.reference("ctl_mirrored")
-    for key, value in model.module.state_dict().items():
-        np.testing.assert_allclose(value.numpy(), ref[f"final/torch/{key}"], **oracle.WEIGHT_TOL)
+    for weights in runner.run(_fitted_weights, 256):
+        for key, value in weights.items():
+            np.testing.assert_allclose(value.numpy(), ref[f"final/torch/{key}"], **oracle.WEIGHT_TOL)
 
 
 def test_fit_uneven_matches_keras_fit(mirrored_2cpu):

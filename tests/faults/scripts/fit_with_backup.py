@@ -1,6 +1,8 @@
 """Trains with BackupAndRestore; optionally SIGKILLs itself at (epoch, batch) on its first run.
 
 usage: fit_with_backup.py BACKUP_DIR OUT_FILE SAVE_FREQ KILL_EPOCH KILL_BATCH STRATEGY
+
+STRATEGY: one_device, mirrored_2cpu, central_storage_2cpu, or multi_worker (a task of a cluster).
 """
 
 import os
@@ -11,16 +13,15 @@ import torch
 from torch import nn
 
 import phalanx
+from support.strategies import IN_PROCESS
 
 backup_dir, out_file, save_freq, kill_epoch, kill_batch, strategy_name = sys.argv[1:7]
 save_freq = save_freq if save_freq == "epoch" else int(save_freq)
 marker = os.path.join(os.path.dirname(out_file), "killed-once")
 
-strategy = {
-    "one_device": lambda: phalanx.OneDeviceStrategy("cpu"),
-    "mirrored": lambda: phalanx.MirroredStrategy(["cpu:0", "cpu:1"]),
-    "multi_worker": lambda: phalanx.MultiWorkerMirroredStrategy(),
-}[strategy_name]()
+# a named in-process strategy (tests/support/strategies.py), or one worker of several from TF_CONFIG
+make = phalanx.MultiWorkerMirroredStrategy if strategy_name == "multi_worker" else IN_PROCESS[strategy_name]
+strategy = make()
 resolver = strategy.cluster_resolver
 killer = resolver is None or resolver.worker_index == resolver.num_workers - 1  # one worker of several
 
@@ -43,7 +44,8 @@ class KillAt(phalanx.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if (
-            int(kill_epoch) >= 0
+            killer
+            and int(kill_epoch) >= 0
             and not os.path.exists(marker)
             and (self.epoch, batch) == (int(kill_epoch), int(kill_batch))
         ):

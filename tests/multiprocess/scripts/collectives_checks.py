@@ -16,7 +16,8 @@ from torch import nn
 import phalanx
 
 out_dir, local = sys.argv[1], int(sys.argv[2])
-torch.manual_seed(100 + int(os.environ["RANK"]))  # different on every worker: the chief's values must win
+task_index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+torch.manual_seed(100 + task_index)  # different on every worker: the chief's values must win
 options = phalanx.CommunicationOptions(bytes_per_pack=4096)  # several small buckets
 strategy = phalanx.MultiWorkerMirroredStrategy(
     communication_options=options, devices=[f"cpu:{i}" for i in range(local)]

@@ -1,14 +1,13 @@
 """A parameter-server cluster: the chief trains through a ClusterCoordinator, checks the
 results and writes them to OUT_DIR/ps.json; workers and ps tasks serve.
 
-usage: ps_checks.py OUT_DIR MODE   (MODE: train | fit | error | kill-worker | kill-ps)
+usage: ps_checks.py OUT_DIR MODE   (MODE: train | fit | error | kill-worker)
 """
 
 import json
 import os
 import signal
 import sys
-import time
 
 import torch
 
@@ -30,24 +29,6 @@ with strategy.scope():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
 result["placement"] = sorted({h.ps for _, h in strategy._live()})
 initial = [p.detach().clone() for p in model.parameters()]
-
-
-def _task_pid(job):
-    """The pid of this cluster's task of ``job`` (a process of this script with that TF_CONFIG)."""
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        config = next((e[10:] for e in env if e.startswith(b"TF_CONFIG=")), None)
-        if (
-            config
-            and json.loads(config)["task"]["type"] == job
-            and json.loads(config)["cluster"] == resolver.cluster_spec().as_dict()
-        ):
-            return int(pid)
-    raise RuntimeError(f"no {job} task found")
 
 
 def dataset_fn(ctx):
@@ -132,16 +113,6 @@ elif mode == "kill-worker":
     coordinator.join()
     result["finished"] = sum(v.status.value == "READY" for v in values)
     result["workers_after_kill"] = sorted({v.fetch()["worker"] for v in values})
-elif mode == "kill-ps":
-    coordinator.schedule(step, args=(iterator,)).fetch()
-    os.kill(_task_pid("ps"), signal.SIGKILL)
-    started = time.monotonic()
-    coordinator.schedule(step, args=(iterator,))
-    try:
-        coordinator.join()
-    except Exception as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"
-    result["seconds"] = time.monotonic() - started
 
 with open(os.path.join(out_dir, "ps.json"), "w") as f:
     json.dump(result, f)
