@@ -46,6 +46,17 @@ def _plain_module(model: Any) -> nn.Module:
     return plain.eval()
 
 
+def _batch_of_two(example_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Inputs with a batch of 1 repeated to 2: torch.export would fix a size-1 axis to 1."""
+
+    def widen(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == 1:
+            return value.expand(2, *value.shape[1:]).clone()
+        return value
+
+    return tuple(widen(value) for value in example_inputs)
+
+
 def _batch_dynamic_shapes(example_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
     def spec(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.dim() > 0:
@@ -83,6 +94,8 @@ def save(
     """
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     plain = _plain_module(model)
+    if dynamic_batch:
+        inputs = _batch_of_two(inputs)
     shapes = _batch_dynamic_shapes(inputs) if dynamic_batch else None
     with torch.no_grad():
         program = torch.export.export(plain, inputs, dynamic_shapes=shapes, strict=False)

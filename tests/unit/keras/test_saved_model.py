@@ -94,6 +94,13 @@ def test_a_pt2_file_name_is_used_as_is(tmp_path):
     assert torch.allclose(saved_model.load(path)(x), model(x))
 
 
+def test_an_example_batch_of_one_still_gives_a_dynamic_batch(tmp_path):
+    model = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
+    saved_model.save(model, tmp_path, torch.randn(1, 3))  # torch.export alone would fix the batch to 1
+    x = torch.randn(5, 3)
+    assert torch.allclose(saved_model.load(tmp_path)(x), model(x))
+
+
 def test_fixed_batch_when_dynamic_batch_is_off(tmp_path):
     saved_model.save(nn.Linear(3, 2), tmp_path, torch.randn(4, 3), dynamic_batch=False)
     loaded = saved_model.load(tmp_path)
