@@ -1,7 +1,8 @@
 """The `phalanx` command: `phalanx demo` and `phalanx launch`.
 
-Building the parser imports neither torch nor any strategy: ``phalanx --help`` answers at
-once, and each subcommand imports what it needs when it runs.
+Building the parser imports neither torch nor any strategy (nor the launcher, unless the
+command line says ``launch``): ``phalanx --help`` answers at once, and each subcommand
+imports what it needs when it runs.
 """
 
 from __future__ import annotations
@@ -83,24 +84,30 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo.set_defaults(func=_demo)
 
 
-def _parser() -> argparse.ArgumentParser:
-    # The launcher's argument definitions import only the standard library (no torch).
-    from phalanx.cluster.launcher import add_launch_arguments, run_launch
-
-    parser = argparse.ArgumentParser(prog="phalanx", description="tf.distribute's strategies for PyTorch.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_demo(sub)
+def _add_launch(sub: argparse._SubParsersAction, with_arguments: bool) -> None:
     launch = sub.add_parser(
         "launch", help="start a local cluster: one process per task, each with its TF_CONFIG"
     )
-    add_launch_arguments(launch)
-    launch.set_defaults(func=run_launch)
+    if with_arguments:  # the launcher's module is only imported when `launch` is on the line
+        from phalanx.cluster.launcher import add_launch_arguments, run_launch
+
+        add_launch_arguments(launch)
+        launch.set_defaults(func=run_launch)
+
+
+def _parser(with_launch_arguments: bool = True) -> argparse.ArgumentParser:
+    """The command's parser; without the launch arguments it imports nothing beyond argparse."""
+    parser = argparse.ArgumentParser(prog="phalanx", description="tf.distribute's strategies for PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_demo(sub)
+    _add_launch(sub, with_launch_arguments)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``phalanx`` command."""
-    args = _parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = _parser(with_launch_arguments="launch" in arguments).parse_args(arguments)
     return int(args.func(args))
 
 
