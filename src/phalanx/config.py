@@ -7,7 +7,7 @@ multi-replica programs run on a machine without GPUs. Their names are accepted w
 device is (``MirroredStrategy([d.name for d in list_logical_devices("CPU")])``).
 
 By default there is one logical CPU, as in TensorFlow; `set_logical_device_configuration`
-with N `LogicalDeviceConfiguration`\\ s for the CPU makes `list_logical_devices` list N.
+with N `LogicalDeviceConfiguration` objects for the CPU makes `list_logical_devices` list N.
 A strategy accepts any number of ``"cpu:i"`` names whatever this setting is: the
 configuration only decides what the listing returns.
 """
