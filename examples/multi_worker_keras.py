@@ -42,3 +42,8 @@ model.fit(x, y, batch_size=global_batch_size, epochs=args.epochs, callbacks=[bac
 model.save(os.path.join(args.model_dir, "model.pt"))
 if strategy.is_chief:
     print("saved", os.path.exists(os.path.join(args.model_dir, "model.pt")))
+    # A torch.nn-only model loads without its class (TF's tf.keras.models.load_model), here
+    # outside any strategy scope: a plain single-device model for inspection or serving.
+    restored = phalanx.load_model(os.path.join(args.model_dir, "model.pt"))
+    _, accuracy = restored.evaluate(x, y, verbose=0)
+    print(f"restored model accuracy: {accuracy:.3f}")

@@ -13,7 +13,14 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["STRATEGIES", "build_strategy", "default_strategy_name", "run_demo"]
+__all__ = [
+    "STRATEGIES",
+    "build_strategy",
+    "default_strategy_name",
+    "parameter_server_task_main",
+    "run_demo",
+    "worker_main",
+]
 
 
 def _mirrored() -> Any:
@@ -30,6 +37,13 @@ def _multi_worker() -> Any:
     return MultiWorkerMirroredStrategy()
 
 
+def _parameter_server() -> Any:
+    from phalanx import ParameterServerStrategy
+    from phalanx.cluster.resolvers import TFConfigClusterResolver
+
+    return ParameterServerStrategy(TFConfigClusterResolver())
+
+
 STRATEGIES: dict[str, Callable[[], Any]] = {
     "default": lambda: __import__("phalanx").get_strategy(),
     "one_device": lambda: __import__("phalanx").OneDeviceStrategy(
@@ -40,6 +54,7 @@ STRATEGIES: dict[str, Callable[[], Any]] = {
     "central_storage": lambda: __import__("phalanx").CentralStorageStrategy(
         None if torch.cuda.is_available() else ["cpu:0", "cpu:1"]
     ),
+    "parameter_server": _parameter_server,
 }
 
 
@@ -127,4 +142,25 @@ def worker_main() -> int:
 
     epochs, batch_size = int(sys.argv[1]), int(sys.argv[2])
     accuracy = run_demo("multi_worker_mirrored", epochs=epochs, batch_size=batch_size)
+    return 0 if accuracy > 0 else 1
+
+
+def parameter_server_task_main() -> int:
+    """One task of ``phalanx demo --strategy parameter_server`` (started by the launcher).
+
+    Workers and ps tasks serve (a `phalanx.Server` each) until the launcher stops them once
+    the chief is done; the chief coordinates `Model.fit`, whose steps the workers run
+    asynchronously against the variables on the ps task.
+    """
+    import sys
+
+    from phalanx.cluster.resolvers import TFConfigClusterResolver
+    from phalanx.ps.server import Server
+
+    resolver = TFConfigClusterResolver()
+    if resolver.task_type in ("worker", "ps"):
+        Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id or 0).join()
+        return 0
+    epochs, batch_size = int(sys.argv[1]), int(sys.argv[2])
+    accuracy = run_demo("parameter_server", epochs=epochs, batch_size=batch_size)
     return 0 if accuracy > 0 else 1

@@ -35,6 +35,8 @@ def test_multi_worker_example_under_the_launcher(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[worker-0] saved True" in done.stdout
+    restored = float(done.stdout.split("[worker-0] restored model accuracy: ")[1].split()[0])
+    assert restored > 0.5  # load_model rebuilt the nn.Sequential without its class
     assert "Epoch 2/2" in done.stdout
     assert (tmp_path / "model.pt").exists()
     assert not (tmp_path / "backup").exists()

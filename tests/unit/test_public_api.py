@@ -43,7 +43,9 @@ EXPECTED = sorted(
         "cluster_resolver",
         "coordinator",
         "compute_average_loss",
+        "config",
         "data",
+        "experimental",
         "experimental_set_strategy",
         "get_replica_context",
         "get_strategy",
@@ -54,6 +56,7 @@ EXPECTED = sorted(
         "metrics",
         "nn",
         "partitioners",
+        "saved_model",
         "scale_regularization_loss",
     ]
 )
@@ -61,6 +64,7 @@ EXPECTED = sorted(
 
 def test_public_names_are_frozen():
     assert sorted(phalanx.__all__) == EXPECTED
+    assert sorted([*phalanx._NAMES, "__version__"]) == EXPECTED  # the lazy table knows every name
     for name in phalanx.__all__:
         assert hasattr(phalanx, name), name
 
@@ -74,3 +78,28 @@ def test_import_has_no_side_effects():
         "assert not torch.distributed.is_initialized()"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_import_is_lazy_and_every_name_still_resolves():
+    # `import phalanx` loads neither torch nor a submodule; each public name imports on first use.
+    code = (
+        "import sys; import phalanx; assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert 'phalanx.strategies' not in sys.modules; "
+        "from phalanx import Model, MirroredStrategy, cluster_resolver, losses; "
+        "assert MirroredStrategy is phalanx.MirroredStrategy; "
+        "assert cluster_resolver is sys.modules['phalanx.cluster.resolvers']; "
+        "assert all(getattr(phalanx, n) is not None for n in phalanx.__all__); "
+        "assert set(phalanx.__all__) <= set(dir(phalanx)); print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_unknown_name_raises_attribute_error():
+    import pytest
+
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchStrategy'"):
+        phalanx.NoSuchStrategy  # noqa: B018
+    with pytest.raises(ImportError):
+        exec("from phalanx import NoSuchStrategy")

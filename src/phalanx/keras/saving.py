@@ -2,9 +2,14 @@
 
 A saved model holds plain data only (read back with ``torch.load(weights_only=True)``):
 the module's class as ``"module:QualName"`` and its config (from ``get_config()`` if the
-class has one), the weights, the compile configuration and the optimizer state. Loading
-finds the class in ``custom_objects`` or in an *already imported* module — it never
-imports or executes anything named by the file.
+class has one), the architecture as data when the model is made only of ``torch.nn``
+layers and containers (`phalanx.keras.architecture`), the weights, the compile
+configuration and the optimizer state.
+
+Loading rebuilds such a model without its class, instantiating only allow-listed
+``torch.nn`` types. Any other class is found in ``custom_objects`` or in an *already
+imported* module, or the caller passes ``module=`` — loading never imports or executes
+anything named by the file.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from torch import nn
 
 from phalanx import context
 from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
-from phalanx.keras import optimizers
+from phalanx.keras import architecture, optimizers
 from phalanx.keras.compile_utils import rebuild
 
 __all__ = ["load_model", "load_weights", "save_model", "save_weights", "summary_lines"]
@@ -41,6 +46,7 @@ def save_model(model: Any, filepath: str) -> None:
         "format": FORMAT,
         "module_class": _class_path(model.module),
         "module_config": _module_config(model.module),
+        "architecture": architecture.describe(model.module),
         "weights": model.module.state_dict(),
         "compile": model._compile_config or None,
         "optimizer_state": model.optimizer.state_dict() if model.optimizer is not None else None,
@@ -73,15 +79,20 @@ def _find_class(path: str, custom_objects: dict[str, Any]) -> type[nn.Module]:
     for part in qualname.split("."):
         found = getattr(found, part, None) if found is not None else None
     if not (isinstance(found, type) and issubclass(found, nn.Module)):
+        name = qualname.rsplit(".", 1)[-1] or "MyNet"
         raise ValueError(
-            f"Cannot rebuild the module class {path!r}: it is not in custom_objects and its "
-            "module is not imported (phalanx never imports code named by a file). HINT: "
-            f"pass custom_objects={{'{qualname}': {qualname}}} or module=<an instance>."
+            "load_model rebuilds a model without its class only when it is made of torch.nn layers "
+            "and containers; any other class must be given, as phalanx never imports code named by a "
+            f"file. Received: module class {path!r}, not in custom_objects and not imported. HINT: "
+            f"pass the module: phalanx.load_model(path, module={name}()), or "
+            f"custom_objects={{'{name}': {name}}}."
         )
     return found
 
 
 def _build_module(payload: dict[str, Any], custom_objects: dict[str, Any]) -> nn.Module:
+    if payload.get("architecture") is not None:
+        return architecture.build(payload["architecture"])
     cls = _find_class(payload["module_class"], custom_objects)
     config = payload.get("module_config")
     if config is None:
@@ -99,7 +110,9 @@ def load_model(
     """Rebuilds a model saved with `Model.save` under the current strategy.
 
     Call it inside ``strategy.scope()`` to load the model for that strategy (weights saved
-    under any strategy load under any other).
+    under any strategy load under any other). A model made only of ``torch.nn`` layers and
+    containers (``nn.Sequential`` of ``nn.Linear``, ...) is rebuilt from the file without
+    its class; any other class comes from ``module=``, ``custom_objects`` or an imported module.
 
     Args:
         filepath: The saved file.
@@ -108,7 +121,10 @@ def load_model(
         compile: Restore the optimizer, loss and metrics (and optimizer state).
 
     Raises:
-        ValueError: Not a phalanx model file, or the module class cannot be found.
+        ValueError: Not a phalanx model file, or the module class cannot be found (the
+            error's HINT: pass ``module=``).
+        phalanx.keras.architecture.ArchitectureError: The file's architecture names a type
+            outside the allow-list (a crafted file); nothing is imported or run.
     """
     from phalanx import losses, metrics
     from phalanx.keras.model import Model

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +91,60 @@ class _Builtin(LossFunctionWrapper):
         return cls(**config)
 
 
+# How many calls of a cross-entropy loss look at y_pred for logits: each look reads one bool
+# back from the device, so it is done while training starts and then no more.
+LOGITS_CHECKED_CALLS = 10
+_warn_lock = threading.Lock()  # module-level: a loss object stays picklable for ps workers
+
+
+class _ProbabilityCrossentropy(_Builtin):
+    """A cross-entropy on probabilities unless ``from_logits``: warns once if y_pred looks like logits.
+
+    Keras' default is ``from_logits=False`` and phalanx keeps it (a model ported from Keras
+    ends with a softmax or sigmoid). A torch model usually returns logits; with the default
+    the loss would clip them to [1e-7, 1 - 1e-7] and train badly without an error. The first
+    `LOGITS_CHECKED_CALLS` calls therefore look at y_pred, and the first one whose values
+    are clearly not probabilities warns (once per loss object) with the fix.
+    """
+
+    _rows_sum_to_one = False  # the categorical losses: each row of probabilities sums to 1
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._calls_checked = 0
+        self._warned_logits = False
+
+    def _unreduced(self, y_true: Any, y_pred: torch.Tensor) -> torch.Tensor:
+        if not self._fn_kwargs.get("from_logits") and self._calls_checked < LOGITS_CHECKED_CALLS:
+            self._check_probabilities(y_pred)
+        return super()._unreduced(y_true, y_pred)
+
+    def _check_probabilities(self, y_pred: torch.Tensor) -> None:
+        if torch.compiler.is_compiling() or y_pred.numel() == 0:
+            return  # a graph break per step would cost more than the hint is worth
+        self._calls_checked += 1
+        pred = y_pred.detach()
+        clearly_logits = ((pred < 0) | (pred > 1)).any()
+        if self._rows_sum_to_one and pred.dim() > 0:
+            clearly_logits = clearly_logits | ((pred.sum(dim=-1) - 1).abs() > 1e-3).any()
+        if not bool(clearly_logits):
+            return
+        with _warn_lock:
+            if self._warned_logits:
+                return
+            self._warned_logits = True
+        rule = "outside [0, 1] or rows not summing to 1" if self._rows_sum_to_one else "outside [0, 1]"
+        warnings.warn(
+            f"{type(self).__name__} (from_logits=False, Keras' default) received y_pred values {rule}: "
+            "they look like logits, and the loss treats them as probabilities (clipped), so training "
+            f"goes wrong silently. HINT: pass from_logits=True, e.g. loss=phalanx.losses."
+            f"{type(self).__name__}(from_logits=True), or end the model with a "
+            f"{'softmax' if self._rows_sum_to_one else 'sigmoid'}.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
 class MeanSquaredError(_Builtin):
     """Mean of squared errors ("mse")."""
 
@@ -132,8 +188,11 @@ class Huber(_Builtin):
         super().__init__(functions.huber, reduction, name, dtype, delta=delta)
 
 
-class BinaryCrossentropy(_Builtin):
-    """Binary cross-entropy for 0/1 targets; ``from_logits=True`` for raw scores."""
+class BinaryCrossentropy(_ProbabilityCrossentropy):
+    """Binary cross-entropy for 0/1 targets; ``from_logits=True`` for raw scores.
+
+    Warns once if ``from_logits=False`` and y_pred is clearly not probabilities.
+    """
 
     def __init__(
         self,
@@ -154,8 +213,13 @@ class BinaryCrossentropy(_Builtin):
         )
 
 
-class CategoricalCrossentropy(_Builtin):
-    """Cross-entropy against one-hot targets; ``from_logits=True`` for raw scores."""
+class CategoricalCrossentropy(_ProbabilityCrossentropy):
+    """Cross-entropy against one-hot targets; ``from_logits=True`` for raw scores.
+
+    Warns once if ``from_logits=False`` and y_pred's rows are clearly not probabilities.
+    """
+
+    _rows_sum_to_one = True
 
     def __init__(
         self,
@@ -176,9 +240,10 @@ class CategoricalCrossentropy(_Builtin):
         )
 
 
-class SparseCategoricalCrossentropy(_Builtin):
-    """Cross-entropy against integer class ids.
+class SparseCategoricalCrossentropy(_ProbabilityCrossentropy):
+    """Cross-entropy against integer class ids; ``from_logits=True`` for raw scores.
 
+    Warns once if ``from_logits=False`` and y_pred's rows are clearly not probabilities.
     Targets equal to ``ignore_class`` count neither in the sum nor in the average (Keras'
     mask: under "sum_over_batch_size" the mean is over the other entries of the batch).
     """
@@ -200,6 +265,8 @@ class SparseCategoricalCrossentropy(_Builtin):
             ignore_class=ignore_class,
         )
         self.ignore_class = ignore_class
+
+    _rows_sum_to_one = True
 
     def _mask(self, y_true: Any, y_pred: torch.Tensor) -> torch.Tensor | None:
         if self.ignore_class is None:

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from torch import nn
 
 from phalanx import callbacks as C
 from phalanx.callbacks import _distributed_files as files
@@ -206,3 +207,124 @@ def test_tensorboard_errors():
         C.TensorBoard("logs", update_freq=0)
     with pytest.raises(ValueError, match="update_freq must be"):
         C.TensorBoard("logs", update_freq="step")
+
+
+def _histograms(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"histograms": 0})
+    events.Reload()
+    return {tag: [e.step for e in events.Histograms(tag)] for tag in events.Tags()["histograms"]}
+
+
+def _keras_model(strategy):
+    import phalanx
+
+    with strategy.scope():
+        model = phalanx.Model(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)))
+        model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def test_tensorboard_weight_histograms_every_histogram_freq_epochs(tmp_path, mirrored_2cpu):
+    pytest.importorskip("tensorboard")
+    model = _keras_model(mirrored_2cpu)
+    x, y = torch.randn(32, 4), torch.randn(32, 2)
+    model.fit(
+        x, y, batch_size=8, epochs=5, verbose=0, callbacks=[C.TensorBoard(str(tmp_path), histogram_freq=2)]
+    )
+    histograms = _histograms(tmp_path / "train")
+    # Keras' rule: epochs 0, N, 2N, ...; every floating weight and buffer, named as the module names them.
+    assert set(histograms) == {
+        "0.weight",
+        "0.bias",
+        "1.weight",
+        "1.bias",
+        "1.running_mean",
+        "1.running_var",
+        "2.weight",
+        "2.bias",
+    }
+    assert all(steps == [0, 2, 4] for steps in histograms.values())
+    assert "epoch_loss" in _scalars(tmp_path / "train")
+
+
+def test_tensorboard_profile_batch_writes_a_trace_the_profiler_plugin_reads(tmp_path, mirrored_2cpu):
+    pytest.importorskip("tensorboard")
+    import gzip
+    import json
+
+    model = _keras_model(mirrored_2cpu)
+    x, y = torch.randn(64, 4), torch.randn(64, 2)
+    model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        callbacks=[C.TensorBoard(str(tmp_path), profile_batch=(3, 5))],
+    )
+    runs = os.listdir(tmp_path / "train" / "plugins" / "profile")
+    assert len(runs) == 1
+    traces = os.listdir(tmp_path / "train" / "plugins" / "profile" / runs[0])
+    assert len(traces) == 1
+    assert traces[0].endswith(".pt.trace.json")  # torch-tb-profiler's suffix
+    path = tmp_path / "train" / "plugins" / "profile" / runs[0] / traces[0]
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert any("aten::" in str(e.get("name")) for e in events)  # the traced batches' operators
+
+
+def test_tensorboard_profile_stops_when_training_ends_first(tmp_path, one_device):
+    pytest.importorskip("tensorboard")
+    model = _keras_model(one_device)
+    model.fit(
+        torch.randn(16, 4),
+        torch.randn(16, 2),
+        batch_size=8,
+        epochs=1,
+        verbose=0,
+        callbacks=[C.TensorBoard(str(tmp_path), profile_batch="2, 100")],
+    )
+    (run,) = os.listdir(tmp_path / "train" / "plugins" / "profile")
+    assert len(os.listdir(tmp_path / "train" / "plugins" / "profile" / run)) == 1
+
+
+def test_tensorboard_no_profile_no_histograms_by_default(tmp_path, one_device):
+    pytest.importorskip("tensorboard")
+    model = _keras_model(one_device)
+    model.fit(
+        torch.randn(16, 4),
+        torch.randn(16, 2),
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        callbacks=[C.TensorBoard(str(tmp_path))],
+    )
+    assert os.listdir(tmp_path / "train") == _event_files(tmp_path / "train")
+    assert _histograms(tmp_path / "train") == {}
+
+
+@pytest.mark.parametrize(
+    ("profile_batch", "expected"),
+    [(0, None), (3, (3, 3)), ((2, 4), (2, 4)), ([1, 1], (1, 1)), ("10,20", (10, 20)), ("0,0", None)],
+)
+def test_profile_batch_spellings(profile_batch, expected):
+    from phalanx.callbacks.tensorboard import parse_profile_batch
+
+    assert parse_profile_batch(profile_batch) == expected
+
+
+@pytest.mark.parametrize("profile_batch", [-1, (5, 2), (0, 3), "a,b", (1, 2, 3), True, 1.5])
+def test_profile_batch_errors_name_the_form(profile_batch):
+    pytest.importorskip("tensorboard")
+    with pytest.raises(ValueError, match="profile_batch"):
+        C.TensorBoard("logs", profile_batch=profile_batch)
+
+
+@pytest.mark.parametrize("histogram_freq", [-1, 1.5, True, "1"])
+def test_histogram_freq_errors(histogram_freq):
+    pytest.importorskip("tensorboard")
+    with pytest.raises(ValueError, match="histogram_freq must be an integer >= 0"):
+        C.TensorBoard("logs", histogram_freq=histogram_freq)
