@@ -1,6 +1,6 @@
 """The parameter-server cluster: everything behind ParameterServerStrategy, in one package.
 
-Where things happen (docs/architecture_ps.md follows one scheduled function through them):
+Where things happen ("Flow 2" in docs/architecture.md follows one scheduled function through them):
 
 * ``coordinator/`` - the chief. `chief.Chief` is what ParameterServerStrategy delegates to and
   what `cluster_coordinator.ClusterCoordinator` talks to; `local_copies` (placement, refresh,

@@ -12,7 +12,7 @@ Workers and ps tasks run `phalanx.Server(...).join()`. Every task needs the same
 did not present it.
 
 This class is thin: the work is done by its `phalanx.ps.coordinator.chief.Chief`, which the
-`ClusterCoordinator` talks to as well (docs/architecture_ps.md has the package map).
+`ClusterCoordinator` talks to as well (docs/architecture.md has the package map).
 """
 
 from __future__ import annotations
