@@ -19,3 +19,9 @@ def test_benchmark_runner_prints_ratios():
     assert done.stdout.count("ratio") >= 6
     assert "ps read 4MB" in done.stdout
     assert "per-run overhead" in done.stdout
+
+
+def test_input_benchmark_compares_with_dataloader():
+    done = run_python(BENCHMARKS / "bench_input.py", "--quick", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("DataLoader") == 2
