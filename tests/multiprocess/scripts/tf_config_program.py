@@ -1,7 +1,7 @@
 """A multi-worker program configured by TF_CONFIG alone, as in the TF guide (no launcher, no Keras).
 
 Trains y = 3x + 0.5 with a custom loop, saves through write_dirpath (only the chief's file is
-kept) and prints one JSON line with what it saw.
+kept) and prints one JSON line with what it saw (also written to OUT_DIR/result-RANK.json).
 
 usage: tf_config_program.py OUT_DIR
 """
@@ -49,19 +49,20 @@ write_dir = strategy.write_dirpath(model_dir)  # every worker saves; only the ch
 os.makedirs(write_dir, exist_ok=True)
 torch.save(model.state_dict(), os.path.join(write_dir, "weights.pt"))
 strategy.remove_temp_dirpath(model_dir)
-print(
-    json.dumps(
-        {
-            "task": f"{resolver.task_type}:{resolver.task_id}",
-            "resolver": type(resolver).__name__,
-            "rank": resolver.worker_index,
-            "is_chief": strategy.is_chief,
-            "replicas": strategy.num_replicas_in_sync,
-            "loss": loss.item(),
-            "weight": model.weight.item(),
-            "bias": model.bias.item(),
-        }
-    ),
-    flush=True,
+result = json.dumps(
+    {
+        "task": f"{resolver.task_type}:{resolver.task_id}",
+        "resolver": type(resolver).__name__,
+        "rank": resolver.worker_index,
+        "is_chief": strategy.is_chief,
+        "replicas": strategy.num_replicas_in_sync,
+        "loss": loss.item(),
+        "weight": model.weight.item(),
+        "bias": model.bias.item(),
+    }
 )
+# A file per rank as well as stdout: processes sharing one pipe (torchrun) may interleave lines.
+with open(os.path.join(out_dir, f"result-{resolver.worker_index}.json"), "w") as f:
+    f.write(result)
+print(result, flush=True)
 strategy.close()
