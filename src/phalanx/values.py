@@ -8,7 +8,7 @@ pack and unpack them; they never communicate.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -125,6 +125,19 @@ def map_structure(fn: Callable[[Any], Any], structure: Any) -> Any:
     if isinstance(structure, dict):
         return type(structure)((k, map_structure(fn, v)) for k, v in structure.items())
     return structure
+
+
+def iter_leaves(structure: Any) -> Iterator[Any]:
+    """The leaves of a nested tuple/list/dict structure, depth first, lazily (a search that
+    finds what it wants in the first leaf does not walk the rest)."""
+    if isinstance(structure, (list, tuple)):
+        for v in structure:
+            yield from iter_leaves(v)
+    elif isinstance(structure, dict):
+        for v in structure.values():
+            yield from iter_leaves(v)
+    else:
+        yield structure
 
 
 def flatten(structure: Any) -> list[Any]:

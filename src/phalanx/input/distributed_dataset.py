@@ -11,7 +11,7 @@ import torch
 
 from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions
 from phalanx.input.splitting import as_tensors, batch_size_of, slice_batch, split_sizes
-from phalanx.values import map_structure, regroup
+from phalanx.values import iter_leaves, map_structure, regroup
 
 if TYPE_CHECKING:
     from phalanx.strategies.strategy import Strategy
@@ -136,6 +136,8 @@ class DistributedIterator:
 
 
 def _to_device(structure: Any, device: torch.device) -> Any:
+    if all(not isinstance(t, torch.Tensor) or t.device == device for t in iter_leaves(structure)):
+        return structure  # the usual case on the CPU: nothing to rebuild
     non_blocking = device.type == "cuda"
     return map_structure(
         lambda t: t if t.device == device else t.to(device, non_blocking=non_blocking), structure
@@ -157,6 +159,8 @@ class _Splitter:
         except StopIteration:
             return None
         size = batch_size_of(batch)
+        if self._num_replicas == 1:  # one replica in the job takes the whole batch, unsliced
+            return [batch], size, [0]
         sizes = split_sizes(size, self._num_replicas)
         starts = [sum(sizes[:g]) for g in range(self._num_replicas)]
         mine = range(self._first, self._first + self._local)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.values import flatten
+from phalanx.values import iter_leaves
 
 __all__ = ["BatchLedger"]
 
@@ -20,10 +20,10 @@ class BatchLedger:
 
     def remember(self, batch: Any, global_count: int | None, offsets: list[int] | None) -> None:
         """Notes a batch's global example count and per-replica example offsets."""
-        leaves = flatten(batch)
-        if leaves:
-            self._entries[id(leaves[0])] = (leaves[0], global_count, offsets)
-            while len(self._entries) > _KEEP:
+        first = next(iter_leaves(batch), None)
+        if first is not None:
+            self._entries[id(first)] = (first, global_count, offsets)
+            if len(self._entries) > _KEEP:
                 del self._entries[next(iter(self._entries))]
 
     def take(self, args: Any, kwargs: dict[str, Any]) -> tuple[int | None, list[int] | None]:
@@ -31,7 +31,7 @@ class BatchLedger:
         else of the latest batch handed out; (None, None) when none is remembered."""
         if not self._entries:
             return None, None
-        for leaf in flatten([args, kwargs]):
+        for leaf in iter_leaves((args, kwargs)):  # the batch is usually the first leaf
             entry = self._entries.get(id(leaf))
             if entry is not None and entry[0] is leaf:
                 del self._entries[id(leaf)]
