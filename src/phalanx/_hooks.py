@@ -8,6 +8,7 @@ asks the strategy current on *this thread*; outside a scope it changes nothing.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -44,6 +45,10 @@ def install() -> None:
         register_optimizer_step_pre_hook(_before_step)
         register_optimizer_step_post_hook(_after_step)
         _installed = True
+    if os.environ.get("PHALANX_TIMELINE"):  # opt-in tracing starts with the first scope
+        from phalanx import timeline
+
+        timeline.start()
 
 
 def _on_parameter(module: torch.nn.Module, name: str, param: Any) -> Any:
