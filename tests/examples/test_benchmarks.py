@@ -19,6 +19,10 @@ def test_benchmark_runner_prints_ratios():
     assert done.stdout.count("ratio") >= 6
     assert "ps read 4MB" in done.stdout
     assert "per-run overhead" in done.stdout
+    header, summary = done.stdout.split("== bench_")[0], done.stdout.split("== summary")[1]
+    assert "torch 2." in header
+    assert "CPUs" in header
+    assert summary.count("ratio") == done.stdout.split("== summary")[0].count("speed ratio") * 2
 
 
 def test_input_benchmark_compares_with_dataloader():
