@@ -31,3 +31,13 @@ def test_input_benchmark_compares_with_dataloader():
     done = run_python(BENCHMARKS / "bench_input.py", "--quick", timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("DataLoader") == 2
+
+
+def test_scaling_benchmark_compares_both_transports_with_ddp(tmp_path):
+    plot = tmp_path / "scaling.png"
+    args = ("--quick", "--workers", "2", "--plot", plot)
+    done = run_python(BENCHMARKS / "bench_scaling.py", *args, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 workers, shared memory" in done.stdout
+    assert "2 workers, gloo" in done.stdout
+    assert plot.stat().st_size > 0
