@@ -9,13 +9,14 @@ optimizers' state (`OptimizerStates`) and the rules that send a closure to a wor
 
 =========================  ===========================================================
 ``Chief.of(strategy)``     finds the strategy's chief (None: not a ParameterServerStrategy)
-``connect_workers()``      once: a connection per worker task
+``connect_workers(d)``     once: a connection per worker task, with deadlines ``d``
 ``attach(...)``            once: the coordinator and its count of pending closures
 ``before_schedule()``      ``schedule``: the chief's writes go to the ps tasks first
 ``after_schedule()``       ``schedule``: a closure is queued, the variables may change
 ``pickle_closure(c)``      a worker thread, before it sends closure ``c``
 ``after_closure()``        a worker thread, once a closure finished
-``refresh()``              ``join``: the copies take the ps tasks' values
+``refresh()``              ``join`` (once every closure finished): the copies take the ps
+                           tasks' values
 =========================  ===========================================================
 """
 
@@ -31,6 +32,7 @@ from phalanx.cluster._token import cluster_token
 from phalanx.cluster.resolvers import ClusterResolver
 from phalanx.ps import pickling
 from phalanx.ps.coordinator.closure import Closure
+from phalanx.ps.coordinator.deadlines import Deadlines
 from phalanx.ps.coordinator.local_copies import LocalCopies
 from phalanx.ps.coordinator.optimizer_state import OptimizerStates
 from phalanx.ps.coordinator.remote_worker import RemoteWorker
@@ -134,9 +136,16 @@ class Chief:
         self.ps.close()
 
     # ------------------------------------------------------------------ the coordinator's side
-    def connect_workers(self) -> list[RemoteWorker]:
-        """One connection per worker task, by index (connecting does not block)."""
-        return [RemoteWorker(i, self._client("worker", i)) for i in range(self.num_workers)]
+    def connect_workers(self, deadlines: Deadlines | None = None) -> list[RemoteWorker]:
+        """One connection per worker task, by index, with the coordinator's heartbeat and
+        closure deadlines (default: `Deadlines.resolve()`); connecting does not block."""
+        deadlines = deadlines or Deadlines.resolve()
+        return [
+            RemoteWorker.with_deadlines(
+                i, self._client("worker", i), deadlines.heartbeat_timeout, deadlines.closure_timeout
+            )
+            for i in range(self.num_workers)
+        ]
 
     def attach(self, coordinator: object, closures_pending: Callable[[], int]) -> None:
         """Makes ``coordinator`` this chief's coordinator; ``closures_pending()`` counts the

@@ -25,6 +25,7 @@ from phalanx.ps import pickling
 from phalanx.ps.messages import hyperparameters, optimizer_key
 from phalanx.ps.variables import PSClient, VariableHandle
 from phalanx.ps.worker import context, embedding
+from phalanx.ps.worker.running import RunningClosure
 from phalanx.ps.worker.strategy import WorkerStrategy
 
 __all__ = ["WorkerEnvironment"]
@@ -54,6 +55,7 @@ class WorkerEnvironment:
         self.strategy = WorkerStrategy(self)
         embedding.install()
         self._lock = threading.Lock()  # one function at a time
+        self.current = RunningClosure()  # what the coordinator's heartbeat asks about
 
     # ------------------------------------------------------------------ variables
     def variable(self, handle: VariableHandle) -> torch.Tensor:
@@ -135,6 +137,7 @@ class WorkerEnvironment:
 
     def push_buffer_changes(self) -> None:
         """Adds to the ps copies what the function changed in module buffers."""
+        self.current.check_wanted("adding its buffer changes to the ps tasks")
         handles, deltas = [], []
         for name, read in self.buffers_read.items():
             tensor = self.variables[name]
@@ -152,6 +155,7 @@ class WorkerEnvironment:
         """Sends the gradients of ``optimizer``'s variables to the ps tasks, which apply them
         with a copy of this optimizer; reads the new values back. Clears the gradients so the
         local ``step`` that follows changes nothing."""
+        self.current.check_wanted("pushing its gradients to the ps tasks")
         groups = [[self._handle_of(p) for p in group["params"]] for group in optimizer.param_groups]
         hyper = [hyperparameters(group) for group in optimizer.param_groups]
         key = optimizer_key(optimizer, groups)
@@ -210,9 +214,12 @@ class WorkerEnvironment:
         return iterator
 
     # ------------------------------------------------------------------ running
-    def run(self, payload: bytes) -> tuple[bool, bytes]:
-        """Runs one scheduled function; (True, pickled result) or (False, pickled error)."""
-        with self._lock, context.running(self):
+    def run(
+        self, payload: bytes, closure: int = 0, heartbeat_timeout: float | None = None
+    ) -> tuple[bool, bytes]:
+        """Runs one scheduled function; (True, pickled result) or (False, pickled error).
+        ``closure`` and ``heartbeat_timeout`` are the coordinator's (see `RunningClosure`)."""
+        with self._lock, context.running(self), self.current.running(closure, heartbeat_timeout):
             self.used, self.lazy, self.lookups = {}, {}, {}
             try:
                 fn, args, kwargs = pickling.loads(payload)
@@ -229,10 +236,12 @@ class WorkerEnvironment:
         """The worker's RPC table: ``ping`` and ``run`` (payload and reply as one uint8 tensor)."""
 
         def ping(header: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
-            return {"worker": self.worker_index}, []
+            self.current.heard(header.get("closure"))
+            return {"worker": self.worker_index, **self.current.status()}, []
 
         def run(header: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
-            ok, data = self.run(tensors[0].numpy().tobytes())
+            payload = tensors[0].numpy().tobytes()
+            ok, data = self.run(payload, header.get("closure", 0), header.get("heartbeat_timeout"))
             return {"ok": ok}, [torch.frombuffer(bytearray(data), dtype=torch.uint8)]
 
         return {"ping": ping, "run": run}
