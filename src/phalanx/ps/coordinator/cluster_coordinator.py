@@ -18,7 +18,9 @@ The coordinator talks to the strategy through its `Chief` only (see `phalanx.ps.
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -88,6 +90,7 @@ class ClusterCoordinator:
         self._stop = threading.Event()
         self._workers = chief.connect_workers(self.deadlines)
         self._running: dict[int, tuple[Closure, float]] = {}  # worker index -> closure, start
+        self._session, self._runs = secrets.token_hex(8), itertools.count(1)  # fence tags
         self._worker_states = WorkerStateMachine(
             [w.name for w in self._workers], FailurePolicy(self.deadlines.recovery_timeout)
         )
@@ -220,9 +223,11 @@ class ClusterCoordinator:
                 self._queue.mark_failed(closure, exc)
                 continue
             self._running[worker.index] = (closure, time.monotonic())
+            run = next(self._runs)
             try:
-                ok, data = worker.run(payload, closure.id, closure.describe())
+                ok, data = worker.run(payload, run, closure.describe(), self._session)
             except WorkerLostError as exc:
+                self._chief.fence(self._session, worker.index, run)
                 self._act(self._worker_states.worker_lost(worker.index), closure)
                 log.warning(
                     "Lost %s (%s); its function runs on another worker. Waiting for it to come back.",
@@ -232,6 +237,7 @@ class ClusterCoordinator:
                 self._wait_for(worker)
                 continue
             except ClosureTimeoutError as exc:
+                self._chief.fence(self._session, worker.index, run)
                 self._act(self._worker_states.closure_timed_out(worker.index), closure, exc)
                 log.error("%s Waiting for %s to finish it.", exc, worker.name)
                 self._wait_for(worker, idle=True)
@@ -242,13 +248,14 @@ class ClusterCoordinator:
                 continue
             finally:
                 self._running.pop(worker.index, None)
-            self._finish(closure, ok, data)
+            self._finish(closure, ok, data, (worker.index, run))
 
-    def _finish(self, closure: Closure, ok: bool, data: bytes) -> None:
+    def _finish(self, closure: Closure, ok: bool, data: bytes, run: tuple[int, int]) -> None:
         try:
             value = RemoteWorker.result(ok, data)
         except ClosureAbandonedError as exc:  # its worker missed our pings: run it again (TF's rule)
             log.warning("%s; it runs again.", exc)
+            self._chief.fence(self._session, *run)
             self._queue.put_back(closure)
         except BaseException as exc:
             self._queue.mark_failed(closure, exc)

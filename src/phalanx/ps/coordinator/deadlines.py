@@ -11,6 +11,10 @@ deadline               what it bounds                          environment varia
 ``wait_timeout``       ``join()``/``fetch()`` with no timeout  PHALANX_WAIT_TIMEOUT_       see
                        of their own: raise once no function    SECONDS                     below
                        finished for this long
+ps call timeout        one call to a ps task (read, write,     PHALANX_PS_CALL_TIMEOUT_    60 s
+                       gradients) by the chief or a worker:    SECONDS
+                       a partitioned ps fails the function
+                       with `TaskUnavailableError` naming it
 =====================  ======================================  ==========================  =======
 
 The default ``wait_timeout`` is longer than anything the coordinator itself may take to finish
@@ -31,15 +35,20 @@ __all__ = [
     "CLOSURE_TIMEOUT_ENV",
     "DEFAULT_CLOSURE_TIMEOUT",
     "DEFAULT_HEARTBEAT_TIMEOUT",
+    "DEFAULT_PS_CALL_TIMEOUT",
+    "PS_CALL_TIMEOUT_ENV",
     "WAIT_TIMEOUT_ENV",
     "Deadlines",
     "Waiter",
+    "ps_call_timeout",
 ]
 
 CLOSURE_TIMEOUT_ENV = "PHALANX_CLOSURE_TIMEOUT_SECONDS"
 WAIT_TIMEOUT_ENV = "PHALANX_WAIT_TIMEOUT_SECONDS"
 DEFAULT_CLOSURE_TIMEOUT = 3600.0
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0
+PS_CALL_TIMEOUT_ENV = "PHALANX_PS_CALL_TIMEOUT_SECONDS"
+DEFAULT_PS_CALL_TIMEOUT = 60.0
 _SLICE = 0.5  # how often a wait looks at the clock
 
 
@@ -50,6 +59,15 @@ def _positive(name: str, value: float) -> float:
             f"HINT: leave it unset for the default, or e.g. {name}=600."
         )
     return float(value)
+
+
+def ps_call_timeout() -> float:
+    """The deadline of one call to a ps task: ``PHALANX_PS_CALL_TIMEOUT_SECONDS``, else 60 s.
+
+    Raises:
+        ValueError: The variable is set but is not a positive number.
+    """
+    return seconds_from_env(PS_CALL_TIMEOUT_ENV, DEFAULT_PS_CALL_TIMEOUT)
 
 
 def _given(value: float | None, env: str, default: float) -> float:

@@ -77,20 +77,25 @@ class RemoteWorker:
         write the worker starts after that decision is refused (`phalanx.ps.worker.running`)."""
         return (self._misses - 1) * self._interval
 
-    def run(self, payload: bytes, closure: int = 0, what: str = "a function") -> tuple[bool, bytes]:
+    def run(
+        self, payload: bytes, run: int = 0, what: str = "a function", session: str | None = None
+    ) -> tuple[bool, bytes]:
         """Runs one pickled function; (True, pickled result) or (False, pickled error).
 
         Args:
             payload: The pickled function and arguments.
-            closure: Its id, named in the heartbeats (the worker tells which function it runs).
+            run: This run's number, named in the heartbeats (the worker tells what it runs).
             what: The function, for the errors.
+            session: The coordinator's session: the worker tags its calls to the ps tasks
+                with ``[session, index, run]`` (`phalanx.ps.coordinator.fencing`); None: untagged.
 
         Raises:
             WorkerLostError: The worker is unreachable, or stopped answering.
             ClosureTimeoutError: The worker answers, but the function ran past ``closure_timeout``.
         """
         request = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        header = {"closure": closure, "heartbeat_timeout": self.abandon_after}
+        fence = None if session is None else [session, self.index, run]
+        header = {"closure": run, "heartbeat_timeout": self.abandon_after, "fence": fence}
         # the RPC's own deadline is a backstop: the closure deadline below fires first
         limit = self.closure_timeout + self._interval * (self._misses + 2)
         call = self._client.start("run", header, [request], timeout=limit)
@@ -103,7 +108,7 @@ class RemoteWorker:
                 if elapsed > self.closure_timeout:
                     call.cancel()
                     raise self._closure_timeout(what, elapsed) from None
-                missed = 0 if self.status(self._interval, closure) is not None else missed + 1
+                missed = 0 if self.status(self._interval, run) is not None else missed + 1
                 if missed >= self._misses:
                     call.cancel()
                     raise WorkerLostError(

@@ -37,9 +37,12 @@ class WorkerEnvironment:
     Args:
         ps: The client of the cluster's ps tasks.
         worker_index, num_workers: This worker and the size of the ``worker`` job.
+        current: What it runs, for the heartbeat (the one whose tag ``ps``'s clients send).
     """
 
-    def __init__(self, ps: PSClient, worker_index: int, num_workers: int) -> None:
+    def __init__(
+        self, ps: PSClient, worker_index: int, num_workers: int, current: RunningClosure | None = None
+    ) -> None:
         self.ps, self.worker_index, self.num_workers = ps, worker_index, num_workers
         self.variables: dict[str, torch.Tensor] = {}
         self.handles: dict[str, VariableHandle] = {}
@@ -55,7 +58,7 @@ class WorkerEnvironment:
         self.strategy = WorkerStrategy(self)
         embedding.install()
         self._lock = threading.Lock()  # one function at a time
-        self.current = RunningClosure()  # what the coordinator's heartbeat asks about
+        self.current = current or RunningClosure()  # what the coordinator's heartbeat asks about
 
     # ------------------------------------------------------------------ variables
     def variable(self, handle: VariableHandle) -> torch.Tensor:
@@ -214,12 +217,15 @@ class WorkerEnvironment:
         return iterator
 
     # ------------------------------------------------------------------ running
-    def run(
-        self, payload: bytes, closure: int = 0, heartbeat_timeout: float | None = None
-    ) -> tuple[bool, bytes]:
+    def run(self, payload: bytes, header: dict[str, Any] | None = None) -> tuple[bool, bytes]:
         """Runs one scheduled function; (True, pickled result) or (False, pickled error).
-        ``closure`` and ``heartbeat_timeout`` are the coordinator's (see `RunningClosure`)."""
-        with self._lock, context.running(self), self.current.running(closure, heartbeat_timeout):
+        ``header``: the coordinator's ``closure``, ``heartbeat_timeout`` and ``fence`` (see
+        `RunningClosure`)."""
+        header = header or {}
+        running = self.current.running(
+            header.get("closure", 0), header.get("heartbeat_timeout"), header.get("fence")
+        )
+        with self._lock, context.running(self), running:
             self.used, self.lazy, self.lookups = {}, {}, {}
             try:
                 fn, args, kwargs = pickling.loads(payload)
@@ -240,8 +246,7 @@ class WorkerEnvironment:
             return {"worker": self.worker_index, **self.current.status()}, []
 
         def run(header: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
-            payload = tensors[0].numpy().tobytes()
-            ok, data = self.run(payload, header.get("closure", 0), header.get("heartbeat_timeout"))
+            ok, data = self.run(tensors[0].numpy().tobytes(), header)
             return {"ok": ok}, [torch.frombuffer(bytearray(data), dtype=torch.uint8)]
 
         return {"ping": ping, "run": run}

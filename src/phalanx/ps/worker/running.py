@@ -8,6 +8,8 @@ on a live worker is told from a lost worker. The worker applies the same bound f
 a function that has not been asked about for ``heartbeat_timeout`` seconds (a network partition
 cut it off from the coordinator, which reruns it elsewhere) writes nothing more to the ps tasks
 — `check_wanted` raises before each write — so a partition does not apply a step twice.
+Each call to a ps task for the function carries its ``fence`` tag (`tag`), which lets a ps
+task refuse what arrives late (`phalanx.ps.coordinator.fencing`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class _Current:
     started: float
     heard: float  # the last time the coordinator asked about it (or sent it)
     heartbeat_timeout: float | None
+    fence: list[Any] | None  # [session, worker, run] for the ps tasks' fences
 
 
 class RunningClosure:
@@ -48,11 +51,14 @@ class RunningClosure:
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def running(self, closure: int, heartbeat_timeout: float | None) -> Iterator[None]:
-        """Marks function ``closure`` as running for the duration of the ``with`` block."""
+    def running(
+        self, closure: int, heartbeat_timeout: float | None, fence: list[Any] | None = None
+    ) -> Iterator[None]:
+        """Marks function ``closure`` as running for the duration of the ``with`` block;
+        ``fence`` is the tag its calls to the ps tasks carry."""
         now = self._clock()
         with self._lock:
-            self._current = _Current(closure, now, now, heartbeat_timeout)
+            self._current = _Current(closure, now, now, heartbeat_timeout, fence)
         try:
             yield
         finally:
@@ -64,6 +70,11 @@ class RunningClosure:
         with self._lock:
             if self._current is not None and closure == self._current.closure:
                 self._current.heard = self._clock()
+
+    def tag(self) -> list[Any] | None:
+        """The fence tag of the running function (None when idle or untagged)."""
+        with self._lock:
+            return None if self._current is None else self._current.fence
 
     def status(self) -> dict[str, Any]:
         """The heartbeat's reply: the running function's id (None when idle) and its seconds."""

@@ -100,3 +100,15 @@ def test_join_raises_the_function_s_error_not_the_stopped_ps_task_s(ps_2workers_
     ps_2workers_1ps.servers[("ps", 0)].stop()  # a refresh now could only fail
     with pytest.raises(ZeroDivisionError):
         coordinator.join()  # the function's error, not the ps task's
+
+
+def test_the_ps_call_deadline_comes_from_the_environment(monkeypatch):
+    from phalanx.ps.coordinator.deadlines import DEFAULT_PS_CALL_TIMEOUT, PS_CALL_TIMEOUT_ENV, ps_call_timeout
+
+    monkeypatch.delenv(PS_CALL_TIMEOUT_ENV, raising=False)
+    assert ps_call_timeout() == DEFAULT_PS_CALL_TIMEOUT
+    monkeypatch.setenv(PS_CALL_TIMEOUT_ENV, "8")
+    assert ps_call_timeout() == 8.0
+    monkeypatch.setenv(PS_CALL_TIMEOUT_ENV, "-1")
+    with pytest.raises(ValueError, match="PHALANX_PS_CALL_TIMEOUT_SECONDS must be a positive number"):
+        ps_call_timeout()

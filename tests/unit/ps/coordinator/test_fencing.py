@@ -1,0 +1,61 @@
+"""Fences: a ps task refuses the calls of a function run the coordinator gave up on (a worker
+lost to a partition whose writes arrive late), and only those."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx.cluster._token import cluster_token
+from phalanx.ps.coordinator.chief import Chief
+from phalanx.ps.coordinator.fencing import FENCE_KEY, FencedRunError, Fences, TaggedRpcClient
+from phalanx.ps.transport import RemoteError
+
+
+def test_a_fenced_run_and_the_earlier_runs_of_that_worker_are_refused_and_nothing_else():
+    fences = Fences("ps:0 (10.0.0.5:2222)")
+    fences.fence("s1", worker=1, run=5)
+    for tag in (["s1", 1, 5], ["s1", 1, 4]):
+        with pytest.raises(FencedRunError) as raised:
+            fences.check(tag, "assign_add")
+    assert str(raised.value).startswith(
+        "ps:0 (10.0.0.5:2222) refused assign_add from worker:1 for run 4: the coordinator counted that "
+        "worker lost and runs the function on another worker. Received: a call of an abandoned run"
+    )
+    assert "HINT:" in str(raised.value)
+    fences.check(["s1", 1, 6], "assign_add")  # a later run on that worker
+    fences.check(["s1", 0, 5], "assign_add")  # another worker
+    fences.check(["s2", 1, 5], "assign_add")  # another coordinator
+    fences.fence("s1", worker=1, run=2)  # an older fence does not lower the bar
+    with pytest.raises(FencedRunError):
+        fences.check(["s1", 1, 5], "read")
+
+
+def test_guarded_handlers_drop_the_tag_refuse_fenced_calls_and_serve_untagged_ones():
+    seen = []
+    fences = Fences("ps:0")
+    handlers = fences.guard({"assign": lambda h, t: (seen.append(dict(h)) or {}, [])})
+    assert sorted(handlers) == ["assign", "fence"]
+    handlers["assign"]({"names": ["w"], FENCE_KEY: ["s", 0, 1]}, [])
+    handlers["assign"]({"names": ["w"]}, [])  # the chief's own calls carry no tag
+    assert seen == [{"names": ["w"]}, {"names": ["w"]}]
+    handlers["fence"]({"session": "s", "worker": 0, "run": 1}, [])
+    with pytest.raises(FencedRunError):
+        handlers["assign"]({"names": ["w"], FENCE_KEY: ["s", 0, 1]}, [])
+    assert len(seen) == 2
+
+
+def test_a_worker_s_tagged_calls_are_refused_by_a_real_ps_task_once_the_chief_fenced_the_run(ps_2workers_1ps):
+    chief = Chief.of(ps_2workers_1ps.strategy())
+    tag = ["session", 0, 3]
+    address = ps_2workers_1ps.spec["ps"][0]
+    client = TaggedRpcClient(address, cluster_token(), name=f"ps:0 ({address})", tag=lambda: tag)
+    try:
+        client.call("version", timeout=10)
+        chief.fence("session", 0, 3)
+        with pytest.raises(RemoteError, match=r"refused version from worker:0 for run 3") as raised:
+            client.call("version", timeout=10)
+        assert raised.value.remote_type == "FencedRunError"
+        tag[2] = 4  # the worker's next run
+        client.call("version", timeout=10)
+    finally:
+        client.close()
