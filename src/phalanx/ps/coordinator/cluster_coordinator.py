@@ -227,6 +227,8 @@ class ClusterCoordinator:
             try:
                 ok, data = worker.run(payload, run, closure.describe(), self._session)
             except WorkerLostError as exc:
+                if self._stop.is_set():  # shutdown closed the connection: nothing was lost
+                    continue
                 self._chief.fence(self._session, worker.index, run)
                 self._act(self._worker_states.worker_lost(worker.index), closure)
                 log.warning(
