@@ -3,10 +3,15 @@ lost to a partition whose writes arrive late), and only those."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
+import torch
 
 from phalanx.cluster._token import cluster_token
 from phalanx.ps.coordinator.chief import Chief
+from phalanx.ps.coordinator.cluster_coordinator import ClusterCoordinator
 from phalanx.ps.coordinator.fencing import FENCE_KEY, FencedRunError, Fences, TaggedRpcClient
 from phalanx.ps.transport import RemoteError
 
@@ -59,3 +64,47 @@ def test_a_worker_s_tagged_calls_are_refused_by_a_real_ps_task_once_the_chief_fe
         client.call("version", timeout=10)
     finally:
         client.close()
+
+
+# ---------------------------------------------------------------------- a late write of a lost worker
+_started, _go = threading.Event(), threading.Event()
+_runs: list[tuple[int, str]] = []  # (worker, what its optimizer step did)
+
+
+def _step_that_waits_on_its_first_run(strategy, model, optimizer):
+    first = not _started.is_set()
+    _started.set()
+    if first:
+        _runs.append((strategy.worker_index, "started"))
+        _go.wait(30)  # meanwhile the test stops this worker's server: the coordinator counts it lost
+    optimizer.zero_grad()
+    model.weight.sum().backward()
+    try:
+        optimizer.step()  # the gradient goes to the ps task
+    except Exception as exc:
+        _runs.append((strategy.worker_index, getattr(exc, "remote_type", type(exc).__name__)))
+        raise
+    _runs.append((strategy.worker_index, "applied"))
+
+
+def test_the_write_of_a_run_given_up_on_is_refused_so_the_step_applies_once(ps_2workers_1ps):
+    strategy = ps_2workers_1ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = torch.nn.Linear(1, 1, bias=False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = float(model.weight.detach())
+    _started.clear(), _go.clear(), _runs.clear()
+    coordinator.schedule(_step_that_waits_on_its_first_run, args=(strategy, model, optimizer))
+    assert _started.wait(30)
+    lost = _runs[0][0]
+    ps_2workers_1ps.servers[("worker", lost)].stop()  # its run call ends: lost, fenced, run again
+    coordinator.join()  # the function ran on the other worker
+    _go.set()  # the first run goes on and sends its gradient late
+    deadline = time.monotonic() + 30
+    while len(_runs) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _runs == [(lost, "started"), (1 - lost, "applied"), (lost, "FencedRunError")]
+    coordinator.fetch(coordinator.schedule(lambda: None))  # reads the ps value into the copies
+    coordinator.join()
+    assert float(model.weight.detach()) == before - 1.0  # one step, not two
