@@ -51,6 +51,8 @@ def test_a_worker_cut_off_mid_training_is_lost_rerun_recovered_and_every_example
     chief, processes = tasks["chief:0"], list(tasks.values())
     wait_for(lambda: "] STEPPING" in chief.output, 150, processes, "training on both workers")
     _assert_listens_at_its_own_address_only(hosts[1])
+    code, _ = hosts[1].run(["getent", "hosts", hosts[1].hostname], name="getent").wait(30)
+    assert code == 2  # its host name resolves nowhere: the cluster runs on addresses alone
     hosts[1].cut()
     wait_for(lambda: "] LOST [0]" in chief.output, 30, processes, "the coordinator to count worker:0 lost")
     time.sleep(2.0)  # its functions run on worker:1 meanwhile

@@ -227,22 +227,11 @@ class ClusterCoordinator:
             try:
                 ok, data = worker.run(payload, run, closure.describe(), self._session)
             except WorkerLostError as exc:
-                if self._stop.is_set():  # shutdown closed the connection: nothing was lost
-                    continue
-                self._chief.fence(self._session, worker.index, run)
-                self._act(self._worker_states.worker_lost(worker.index), closure)
-                log.warning(
-                    "Lost %s (%s); its function runs on another worker. Waiting for it to come back.",
-                    worker.name,
-                    exc,
-                )
-                self._wait_for(worker)
+                if not self._stop.is_set():  # else shutdown closed the connection: nothing was lost
+                    self._lost_running(worker, closure, run, exc)
                 continue
             except ClosureTimeoutError as exc:
-                self._chief.fence(self._session, worker.index, run)
-                self._act(self._worker_states.closure_timed_out(worker.index), closure, exc)
-                log.error("%s Waiting for %s to finish it.", exc, worker.name)
-                self._wait_for(worker, idle=True)
+                self._timed_out(worker, closure, run, exc)
                 continue
             except Exception as exc:  # the connection was closed (shutdown)
                 if not self._stop.is_set():
@@ -251,6 +240,26 @@ class ClusterCoordinator:
             finally:
                 self._running.pop(worker.index, None)
             self._finish(closure, ok, data, (worker.index, run))
+
+    def _lost_running(self, worker: RemoteWorker, closure: Closure, run: int, exc: WorkerLostError) -> None:
+        """``worker`` was lost running ``closure``: fence the run, run it again elsewhere, and
+        wait for the worker to come back."""
+        self._chief.fence(self._session, worker.index, run)
+        self._act(self._worker_states.worker_lost(worker.index), closure)
+        log.warning(
+            "Lost %s (%s); its function runs on another worker. Waiting for it to come back.",
+            worker.name,
+            exc,
+        )
+        self._wait_for(worker)
+
+    def _timed_out(self, worker: RemoteWorker, closure: Closure, run: int, exc: ClosureTimeoutError) -> None:
+        """``closure`` ran past its deadline on ``worker``: fence the run, fail the closure,
+        and wait until the worker runs nothing."""
+        self._chief.fence(self._session, worker.index, run)
+        self._act(self._worker_states.closure_timed_out(worker.index), closure, exc)
+        log.error("%s Waiting for %s to finish it.", exc, worker.name)
+        self._wait_for(worker, idle=True)
 
     def _finish(self, closure: Closure, ok: bool, data: bytes, run: tuple[int, int]) -> None:
         try:
