@@ -108,3 +108,23 @@ def test_the_write_of_a_run_given_up_on_is_refused_so_the_step_applies_once(ps_2
     coordinator.fetch(coordinator.schedule(lambda: None))  # reads the ps value into the copies
     coordinator.join()
     assert float(model.weight.detach()) == before - 1.0  # one step, not two
+
+
+_abandoned_once: list[int] = []
+
+
+def _abandoned_on_its_first_run():
+    from phalanx.ps.worker.running import ClosureAbandonedError
+
+    if not _abandoned_once:
+        _abandoned_once.append(1)
+        raise ClosureAbandonedError("Function 1 stopped before pushing its gradients to the ps tasks")
+    return 7
+
+
+def test_a_function_its_worker_abandoned_runs_again(ps_2workers_1ps):
+    coordinator = ClusterCoordinator(ps_2workers_1ps.strategy())
+    _abandoned_once.clear()
+    value = coordinator.schedule(_abandoned_on_its_first_run)
+    assert value.fetch(timeout=30) == 7  # not the error: the worker gave up on it, not the function
+    assert _abandoned_once == [1]
