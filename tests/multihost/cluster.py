@@ -72,3 +72,21 @@ def wait_for(condition, timeout: float, processes: Sequence[HostProcess], what: 
             output = "\n".join(p.output for p in processes)
             raise AssertionError(f"gave up waiting for {what} (ended: {ended}):\n{output}")
         time.sleep(0.1)
+
+
+def start_cluster(
+    hosts: SimulatedHosts, tasks: Sequence[tuple[str, int]], script: str, args: Sequence[object], **env: str
+) -> dict[str, HostProcess]:
+    """Starts ``scripts/<script> args...`` as task ``tasks[i]`` (``("ps", 0)``) on host ``i``,
+    each with the TF_CONFIG of the whole cluster; returns them by name (``"ps:0"``)."""
+    cluster: dict[str, list[str]] = {}
+    for (job, _), host in zip(tasks, hosts, strict=True):
+        cluster.setdefault(job, []).append(f"{host.url_host}:{PORT}")
+    return {
+        f"{job}:{index}": host.run(
+            [sys.executable, str(SCRIPTS / script), *map(str, args)],
+            base_env(TF_CONFIG=tf_config(cluster, job, index), **env),
+            name=f"{job}-{index}",
+        )
+        for (job, index), host in zip(tasks, hosts, strict=True)
+    }

@@ -20,10 +20,12 @@ from typing import Any
 
 from phalanx.cluster._token import cluster_token
 from phalanx.cluster.cluster_spec import ClusterSpec
+from phalanx.ps.coordinator.fencing import Fences, TaggedRpcClient
 from phalanx.ps.store import VariableStore
-from phalanx.ps.transport import RpcClient, RpcServer
+from phalanx.ps.transport import RpcServer
 from phalanx.ps.variables import PSClient
 from phalanx.ps.worker.environment import WorkerEnvironment
+from phalanx.ps.worker.running import RunningClosure
 
 __all__ = ["Server"]
 
@@ -82,18 +84,19 @@ class Server:
 
     def _handlers(self) -> dict[str, Any]:
         if self._job == "ps":
-            return VariableStore(self.name).handlers()
+            return Fences(self.name).guard(VariableStore(self.name).handlers())
         return self._worker_environment().handlers()
 
     def _worker_environment(self) -> WorkerEnvironment:
         if "ps" not in self._spec.jobs:
             raise ValueError(f"A worker needs the cluster's 'ps' job. Received: {self._spec.as_dict()!r}.")
         token = cluster_token()
+        current = RunningClosure()  # its calls carry the tag of the function run in progress
         clients = []
         for i in range(self._spec.num_tasks("ps")):
             address = self._spec.task_address("ps", i)
-            clients.append(RpcClient(address, token, name=f"ps:{i} ({address})"))
-        return WorkerEnvironment(PSClient(clients), self._index, self._spec.num_tasks("worker"))
+            clients.append(TaggedRpcClient(address, token, name=f"ps:{i} ({address})", tag=current.tag))
+        return WorkerEnvironment(PSClient(clients), self._index, self._spec.num_tasks("worker"), current)
 
     @property
     def target(self) -> str:

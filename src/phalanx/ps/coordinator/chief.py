@@ -9,18 +9,21 @@ optimizers' state (`OptimizerStates`) and the rules that send a closure to a wor
 
 =========================  ===========================================================
 ``Chief.of(strategy)``     finds the strategy's chief (None: not a ParameterServerStrategy)
-``connect_workers()``      once: a connection per worker task
+``connect_workers(d)``     once: a connection per worker task, with deadlines ``d``
 ``attach(...)``            once: the coordinator and its count of pending closures
 ``before_schedule()``      ``schedule``: the chief's writes go to the ps tasks first
 ``after_schedule()``       ``schedule``: a closure is queued, the variables may change
 ``pickle_closure(c)``      a worker thread, before it sends closure ``c``
 ``after_closure()``        a worker thread, once a closure finished
-``refresh()``              ``join``: the copies take the ps tasks' values
+``fence(s, w, r)``         a worker thread, before a run given up on runs again
+``refresh()``              ``join`` (once every closure finished): the copies take the ps
+                           tasks' values
 =========================  ===========================================================
 """
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +34,7 @@ from phalanx.cluster._token import cluster_token
 from phalanx.cluster.resolvers import ClusterResolver
 from phalanx.ps import pickling
 from phalanx.ps.coordinator.closure import Closure
+from phalanx.ps.coordinator.deadlines import Deadlines, ps_call_timeout
 from phalanx.ps.coordinator.local_copies import LocalCopies
 from phalanx.ps.coordinator.optimizer_state import OptimizerStates
 from phalanx.ps.coordinator.remote_worker import RemoteWorker
@@ -40,6 +44,7 @@ from phalanx.ps.variables import PSClient, VariableHandle
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "Chief"]
 
 DEFAULT_CONNECT_TIMEOUT = 120.0
+log = logging.getLogger("phalanx")
 _chiefs: weakref.WeakSet[Chief] = weakref.WeakSet()
 
 
@@ -86,9 +91,11 @@ class Chief:
         self.strategy = strategy
         self._token = cluster_token()
         self._spec = resolver.cluster_spec()
-        clients = [self._client("ps", i) for i in range(self._spec.num_tasks("ps"))]
+        timeout = ps_call_timeout()
+        clients = [self._client("ps", i, timeout) for i in range(self._spec.num_tasks("ps"))]
         for client in clients:
             client.wait_until_ready(connect_timeout)
+        self._ps_clients = clients
         self.ps = PSClient(clients)
         self._coordinator: object | None = None
         self._closures_pending: Callable[[], int] = lambda: 0
@@ -101,9 +108,9 @@ class Chief:
         """The chief of ``strategy``; None if it is not a ParameterServerStrategy."""
         return next((chief for chief in list(_chiefs) if chief.strategy is strategy), None)
 
-    def _client(self, job: str, index: int) -> RpcClient:
+    def _client(self, job: str, index: int, timeout: float = 60.0) -> RpcClient:
         address = self._spec.task_address(job, index)
-        return RpcClient(address, self._token, name=f"{job}:{index} ({address})")
+        return RpcClient(address, self._token, name=f"{job}:{index} ({address})", timeout=timeout)
 
     @property
     def num_workers(self) -> int:
@@ -134,9 +141,16 @@ class Chief:
         self.ps.close()
 
     # ------------------------------------------------------------------ the coordinator's side
-    def connect_workers(self) -> list[RemoteWorker]:
-        """One connection per worker task, by index (connecting does not block)."""
-        return [RemoteWorker(i, self._client("worker", i)) for i in range(self.num_workers)]
+    def connect_workers(self, deadlines: Deadlines | None = None) -> list[RemoteWorker]:
+        """One connection per worker task, by index, with the coordinator's heartbeat and
+        closure deadlines (default: `Deadlines.resolve()`); connecting does not block."""
+        deadlines = deadlines or Deadlines.resolve()
+        return [
+            RemoteWorker.with_deadlines(
+                i, self._client("worker", i), deadlines.heartbeat_timeout, deadlines.closure_timeout
+            )
+            for i in range(self.num_workers)
+        ]
 
     def attach(self, coordinator: object, closures_pending: Callable[[], int]) -> None:
         """Makes ``coordinator`` this chief's coordinator; ``closures_pending()`` counts the
@@ -169,6 +183,17 @@ class Chief:
             Exception: Whatever pickling the function raises.
         """
         return pickling.dumps_for_worker((closure.fn, closure.args, closure.kwargs), self)
+
+    def fence(self, session: str, worker: int, run: int, timeout: float = 10.0) -> None:
+        """Makes every ps task refuse what run ``run`` of ``worker`` still sends (see
+        `phalanx.ps.coordinator.fencing`); blocks up to ``timeout`` seconds per ps task. A ps
+        task that does not answer is logged: it cannot be reached by the worker either."""
+        header = {"session": session, "worker": worker, "run": run}
+        for client in self._ps_clients:
+            try:
+                client.call("fence", header, timeout=timeout)
+            except Exception as exc:  # the run goes again all the same; say what may go twice
+                log.warning("Could not fence run %d of worker:%d on %s: %s", run, worker, client.name, exc)
 
     def after_closure(self) -> None:
         """A closure finished (or failed): its worker may have changed the variables."""

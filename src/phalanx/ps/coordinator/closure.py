@@ -9,11 +9,15 @@ function whose worker was lost is put back at the front and runs on another work
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from phalanx.ps.coordinator.remote_value import RemoteValue
+
+_ids = itertools.count(1)
 
 __all__ = ["Closure", "ClosureAbortedError", "ClosureQueue"]
 
@@ -27,8 +31,13 @@ class Closure:
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.fn, self.args, self.kwargs = fn, args, kwargs
-        self.output = RemoteValue()
+        self.id = next(_ids)  # named in the worker's heartbeats
+        self.output = RemoteValue(self.describe())
         self.attempts = 0
+
+    def describe(self) -> str:
+        """The function, for messages (``"function 'step' (#3)"``)."""
+        return f"function {getattr(self.fn, '__qualname__', type(self.fn).__name__)!r} (#{self.id})"
 
     def __repr__(self) -> str:
         return f"Closure({getattr(self.fn, '__qualname__', self.fn)!r}, attempts={self.attempts})"
@@ -48,6 +57,7 @@ class ClosureQueue:
         self._error: BaseException | None = None
         self._stopped = False
         self._cond = threading.Condition()
+        self.last_progress = time.monotonic()  # a closure was queued or finished (monotonic)
 
     # ------------------------------------------------------------------ coordinator side
     def put(self, closure: Closure) -> None:
@@ -61,6 +71,7 @@ class ClosureQueue:
             self._cond.wait_for(lambda: len(self._queue) < self._max or self._error is not None)
             self._raise_if_error()
             self._queue.append(closure)
+            self.last_progress = time.monotonic()
             self._cond.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -115,6 +126,7 @@ class ClosureQueue:
         with self._cond:
             closure.output._set_value(value)
             self._in_flight -= 1
+            self.last_progress = time.monotonic()
             self._cond.notify_all()
 
     def mark_failed(self, closure: Closure, error: BaseException) -> None:
@@ -122,6 +134,7 @@ class ClosureQueue:
         with self._cond:
             closure.output._set_error(error)
             self._in_flight -= 1
+            self.last_progress = time.monotonic()
             if self._error is None:
                 self._error = error
             self._cancel_queued(error)

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from phalanx.ps.coordinator.deadlines import Waiter
+
 __all__ = ["RemoteValue", "RemoteValueStatus"]
 
 
@@ -22,14 +24,24 @@ class RemoteValueStatus(enum.Enum):
 class RemoteValue:
     """The result of `ClusterCoordinator.schedule`, available once a worker ran the function.
 
-    `fetch` and `get` block until then. A function that raised (or was cancelled because an
-    earlier one failed) makes them raise that error.
+    `fetch` and `get` block until then, bounded: by their ``timeout``, or else by the
+    coordinator's ``wait_timeout`` (`phalanx.ps.coordinator.deadlines`). A function that raised
+    (or was cancelled because an earlier one failed) makes them raise that error.
+
+    Args:
+        what: The function, for messages.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, what: str = "the scheduled function") -> None:
+        self._what = what
         self._done = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
+        self._waiter: Waiter | None = None  # the coordinator's, once scheduled
+
+    def _bind(self, waiter: Waiter) -> None:
+        """Bounds waits without a timeout by the coordinator's ``waiter``."""
+        self._waiter = waiter
 
     def _set_value(self, value: Any) -> None:
         self._value, self._error = value, None
@@ -51,12 +63,10 @@ class RemoteValue:
             return RemoteValueStatus.NOT_READY
         return RemoteValueStatus.ABORTED if self._error is not None else RemoteValueStatus.READY
 
-    def _wait(self, timeout: float | None) -> Any:
-        if not self._done.wait(timeout):
-            raise TimeoutError(
-                f"The scheduled function did not finish within {timeout:g}s. HINT: call "
-                "coordinator.join() to wait for every scheduled function, or fetch without a timeout."
-            )
+    def _wait(self, timeout: float | None, method: str) -> Any:
+        if self._waiter is None:
+            self._waiter = Waiter.alone()
+        self._waiter.wait(self._done.wait, timeout, f"{method}() of {self._what}")
         if self._error is not None:
             raise self._error
         return self._value
@@ -65,18 +75,22 @@ class RemoteValue:
         """The function's return value, with tensors as tensors (blocks until it is ready).
 
         Raises:
-            The function's error; TimeoutError after ``timeout`` seconds.
+            The function's error; TimeoutError after ``timeout`` seconds, or once no
+            scheduled function finished for the coordinator's ``wait_timeout`` (it names
+            what is pending).
         """
-        return self._wait(timeout)
+        return self._wait(timeout, "get")
 
     def fetch(self, timeout: float | None = None) -> Any:
         """The function's return value with tensors as NumPy arrays, as TF's ``fetch`` gives
         (blocks until it is ready).
 
         Raises:
-            The function's error; TimeoutError after ``timeout`` seconds.
+            The function's error; TimeoutError after ``timeout`` seconds, or once no
+            scheduled function finished for the coordinator's ``wait_timeout`` (it names
+            what is pending).
         """
-        return _to_numpy(self._wait(timeout))
+        return _to_numpy(self._wait(timeout, "fetch"))
 
     def __repr__(self) -> str:
         return f"RemoteValue(status={self.status.value})"

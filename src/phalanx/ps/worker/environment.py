@@ -25,6 +25,7 @@ from phalanx.ps import pickling
 from phalanx.ps.messages import hyperparameters, optimizer_key
 from phalanx.ps.variables import PSClient, VariableHandle
 from phalanx.ps.worker import context, embedding
+from phalanx.ps.worker.running import RunningClosure
 from phalanx.ps.worker.strategy import WorkerStrategy
 
 __all__ = ["WorkerEnvironment"]
@@ -36,9 +37,12 @@ class WorkerEnvironment:
     Args:
         ps: The client of the cluster's ps tasks.
         worker_index, num_workers: This worker and the size of the ``worker`` job.
+        current: What it runs, for the heartbeat (the one whose tag ``ps``'s clients send).
     """
 
-    def __init__(self, ps: PSClient, worker_index: int, num_workers: int) -> None:
+    def __init__(
+        self, ps: PSClient, worker_index: int, num_workers: int, current: RunningClosure | None = None
+    ) -> None:
         self.ps, self.worker_index, self.num_workers = ps, worker_index, num_workers
         self.variables: dict[str, torch.Tensor] = {}
         self.handles: dict[str, VariableHandle] = {}
@@ -54,6 +58,7 @@ class WorkerEnvironment:
         self.strategy = WorkerStrategy(self)
         embedding.install()
         self._lock = threading.Lock()  # one function at a time
+        self.current = current or RunningClosure()  # what the coordinator's heartbeat asks about
 
     # ------------------------------------------------------------------ variables
     def variable(self, handle: VariableHandle) -> torch.Tensor:
@@ -135,6 +140,7 @@ class WorkerEnvironment:
 
     def push_buffer_changes(self) -> None:
         """Adds to the ps copies what the function changed in module buffers."""
+        self.current.check_wanted("adding its buffer changes to the ps tasks")
         handles, deltas = [], []
         for name, read in self.buffers_read.items():
             tensor = self.variables[name]
@@ -152,6 +158,7 @@ class WorkerEnvironment:
         """Sends the gradients of ``optimizer``'s variables to the ps tasks, which apply them
         with a copy of this optimizer; reads the new values back. Clears the gradients so the
         local ``step`` that follows changes nothing."""
+        self.current.check_wanted("pushing its gradients to the ps tasks")
         groups = [[self._handle_of(p) for p in group["params"]] for group in optimizer.param_groups]
         hyper = [hyperparameters(group) for group in optimizer.param_groups]
         key = optimizer_key(optimizer, groups)
@@ -210,9 +217,15 @@ class WorkerEnvironment:
         return iterator
 
     # ------------------------------------------------------------------ running
-    def run(self, payload: bytes) -> tuple[bool, bytes]:
-        """Runs one scheduled function; (True, pickled result) or (False, pickled error)."""
-        with self._lock, context.running(self):
+    def run(self, payload: bytes, header: dict[str, Any] | None = None) -> tuple[bool, bytes]:
+        """Runs one scheduled function; (True, pickled result) or (False, pickled error).
+        ``header``: the coordinator's ``closure``, ``heartbeat_timeout`` and ``fence`` (see
+        `RunningClosure`)."""
+        header = header or {}
+        running = self.current.running(
+            header.get("closure", 0), header.get("heartbeat_timeout"), header.get("fence")
+        )
+        with self._lock, context.running(self), running:
             self.used, self.lazy, self.lookups = {}, {}, {}
             try:
                 fn, args, kwargs = pickling.loads(payload)
@@ -229,10 +242,11 @@ class WorkerEnvironment:
         """The worker's RPC table: ``ping`` and ``run`` (payload and reply as one uint8 tensor)."""
 
         def ping(header: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
-            return {"worker": self.worker_index}, []
+            self.current.heard(header.get("closure"))
+            return {"worker": self.worker_index, **self.current.status()}, []
 
         def run(header: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
-            ok, data = self.run(tensors[0].numpy().tobytes())
+            ok, data = self.run(tensors[0].numpy().tobytes(), header)
             return {"ok": ok}, [torch.frombuffer(bytearray(data), dtype=torch.uint8)]
 
         return {"ping": ping, "run": run}

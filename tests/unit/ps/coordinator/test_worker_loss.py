@@ -144,3 +144,34 @@ def test_a_worker_coming_back_ends_the_outage_and_the_next_one_starts_from_zero(
 )
 def test_the_policy_decides_from_the_event_and_the_status_alone(event, status, action):
     assert FailurePolicy(recovery_timeout=5.0).make_decision(event, status).action is action
+
+
+# ---------------------------------------------------------------------- a function past its deadline
+def test_a_function_past_its_deadline_on_a_live_worker_fails_and_its_worker_is_hung(machine):
+    decision = machine.closure_timed_out(0)
+    assert decision.action is Action.ABORT  # the function's own fault: not retried elsewhere
+    assert machine.state(0) is WorkerState.HUNG
+    assert machine.hung == frozenset({0})
+    assert machine.lost == frozenset()
+
+
+def test_a_hung_worker_whose_function_returned_runs_again(machine):
+    machine.closure_timed_out(0)
+    assert machine.worker_back(0).action is Action.RESUME
+    assert machine.state(0) is WorkerState.RUNNING
+    assert machine.hung == frozenset()
+
+
+def test_when_no_worker_runs_the_error_names_the_lost_and_the_hung_workers(machine, clock):
+    machine.worker_lost(0)
+    machine.closure_timed_out(1)
+    clock.now += 10.0
+    assert machine.waited(pending=1).action is Action.PROBE
+    decision = machine.probed(answered=False, pending=1)
+    assert decision.action is Action.FAIL
+    assert isinstance(decision.error, NoWorkerAvailableError)
+    assert str(decision.error) == (
+        "No worker was available for 10s: lost ['worker:0']; still running a function past its "
+        "deadline ['worker:1']. HINT: restart the worker tasks (they rejoin by themselves), or check "
+        "their logs."
+    )
