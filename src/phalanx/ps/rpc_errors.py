@@ -140,12 +140,12 @@ def client_error(
 def peer_not_authenticated(name: str, address: str, method: str, details: str) -> PeerAuthenticationError:
     """The error for a server at ``address`` that failed the TLS handshake."""
     return PeerAuthenticationError(
-        f"{name} did not prove that it holds this cluster's credentials ({method}): the TLS handshake "
-        f"with {address} failed ({details}). Nothing of the request was sent and nothing of a reply was "
-        "read. HINT: another process may listen at that task's address (stop it, and check that "
-        "nothing else takes the task's port), or the task runs with another PHALANX_CLUSTER_TOKEN "
-        "(or other certificate files) than this one; every task of the cluster needs the same, and "
-        f"the same {INSECURE_ENV} setting.",
+        f"{name} did not prove that it holds this cluster's credentials ({method}), so nothing of the "
+        f"request was sent and nothing of a reply was read. Received: a failed TLS handshake with "
+        f"{address} ({details}). HINT: every task of the cluster needs the same PHALANX_CLUSTER_TOKEN "
+        f"(or the same certificate files) and the same {INSECURE_ENV} setting; if they have them, "
+        "another process listens at that task's address: stop it, and check that nothing else takes "
+        "the task's port.",
         name,
     )
 
