@@ -15,6 +15,7 @@ import threading
 import pytest
 import torch.distributed as dist
 
+from phalanx.communication import rendezvous
 from phalanx.communication.health import HealthCheck
 from phalanx.communication.rendezvous import AuthenticatedStore, StoreAuthenticationError
 from security.helpers import SCRIPTS
@@ -105,3 +106,18 @@ def test_a_worker_without_the_token_cannot_join(tmp_path):
     assert "sum" not in run.output  # no collective ran with the outsider
     assert "[worker-0] error PeerUnavailableError: Gave up after 15s waiting for ['worker:1" in run.output
     assert "[worker-0] The rendezvous store's key 'heartbeat/1' holds a value that no task" in run.output
+
+
+def test_a_short_token_is_refused_before_the_store_is_used(tcp_store):
+    with pytest.raises(ValueError, match="PHALANX_CLUSTER_TOKEN must be at least 16 characters"):
+        AuthenticatedStore(_connect(tcp_store), "short-token")
+
+
+def test_without_a_token_the_store_is_used_as_it_is_and_that_is_logged(tcp_store, monkeypatch, caplog):
+    monkeypatch.delenv("PHALANX_CLUSTER_TOKEN", raising=False)
+    monkeypatch.setattr(rendezvous, "_warned_unauthenticated", False)
+    connection = _connect(tcp_store)
+    assert rendezvous._authenticated(connection, "phalanx/0/") is connection
+    assert "The rendezvous store is not authenticated: PHALANX_CLUSTER_TOKEN is unset" in caplog.text
+    monkeypatch.setenv("PHALANX_CLUSTER_TOKEN", TOKEN)
+    assert isinstance(rendezvous._authenticated(connection, "phalanx/0/"), AuthenticatedStore)
