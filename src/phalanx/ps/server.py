@@ -9,7 +9,8 @@
 A ps task serves its variables and the optimizers that update them (a
 `phalanx.ps.store.VariableStore`); a worker task runs the functions the coordinator schedules
 (a `phalanx.ps.worker.environment.WorkerEnvironment`). Both listen on their address in the
-cluster spec and accept only peers presenting ``PHALANX_CLUSTER_TOKEN``.
+cluster spec and accept only peers that prove, in a mutual TLS handshake, that they hold
+``PHALANX_CLUSTER_TOKEN`` (`phalanx.ps.channel_security`; docs/security.md).
 """
 
 from __future__ import annotations

@@ -1,22 +1,24 @@
 """gRPC between the tasks of a parameter-server cluster: generic unary methods, no codegen.
 
 A request and a reply are one message each: `phalanx.ps.wire` (a JSON header and raw tensor
-bytes), sent as ``/phalanx.Task/<method>``. The server checks the caller's token (metadata
-``phalanx-token``, compared in constant time) before it looks at the method or decodes
-anything. Errors come back named: a handler's exception as `RemoteError` (its type, message
-and traceback), an unreachable or silent task as `TaskUnavailableError`, a refused token as
-`AuthenticationError`.
+bytes), sent as ``/phalanx.Task/<method>``. Both ends authenticate each other before a byte
+of a request or reply is exchanged: mutual TLS against the cluster CA (derived from
+``PHALANX_CLUSTER_TOKEN``, or the user's certificate files), or, with the plaintext opt-out
+``PHALANX_INSECURE_TRANSPORT=1``, the token in metadata checked by a server interceptor
+before the body is read (`phalanx.ps.channel_security`). Every message is bounded by
+``PHALANX_MAX_MESSAGE_BYTES``. Errors come back named (`phalanx.ps.rpc_errors`): a handler's
+exception as `RemoteError`, an unreachable or silent task as `TaskUnavailableError`, refused
+credentials as `AuthenticationError`, a peer that did not prove it holds the credentials as
+`PeerAuthenticationError`, an oversized message as `MessageTooLargeError`.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import re
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from typing import Any, NoReturn
@@ -24,11 +26,26 @@ from typing import Any, NoReturn
 import grpc
 import torch
 
+from phalanx.cluster._token import check_token
+from phalanx.ps import channel_security as security
 from phalanx.ps import wire
+from phalanx.ps.rpc_errors import (
+    AuthenticationError,
+    MessageTooLargeError,
+    PeerAuthenticationError,
+    RemoteError,
+    TaskUnavailableError,
+    client_error,
+    error_details,
+    peer_not_authenticated,
+    too_large,
+)
 
 __all__ = [
     "AuthenticationError",
     "Handler",
+    "MessageTooLargeError",
+    "PeerAuthenticationError",
     "PendingCall",
     "RemoteError",
     "RpcClient",
@@ -40,43 +57,16 @@ log = logging.getLogger("phalanx")
 
 Handler = Callable[[dict[str, Any], list[torch.Tensor]], tuple[dict[str, Any], list[torch.Tensor]]]
 SERVICE = "phalanx.Task"
-TOKEN_KEY = "phalanx-token"  # noqa: S105 - a metadata key, not a secret
-_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 # a task that restarts is reachable again within a second, not after gRPC's default backoff (2 min)
-_CLIENT_OPTIONS = [
-    *_OPTIONS,
+_RECONNECT = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 # SO_REUSEPORT would let a second server share a busy port and take half of its calls
-_SERVER_OPTIONS = [*_OPTIONS, ("grpc.so_reuseport", 0)]
-_UNAVAILABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
-# an error's details travel percent-encoded in a trailer, and gRPC drops the whole status past 16 KiB
-# of metadata: (message, traceback) characters to keep, tried in turn until the details fit
-_DETAILS_BUDGET = ((2000, 6000), (1000, 2000), (300, 0))
-_DETAILS_MAX = 8000
+_NO_REUSEPORT = [("grpc.so_reuseport", 0)]
 _ADDRESS = re.compile(r"(\[[0-9A-Za-z:.%]+\]|[^\s:\[\]/]+):(\d{1,5})")
-
-
-class TaskUnavailableError(RuntimeError):
-    """A task could not be reached, lost its connection, or did not answer in time."""
-
-
-class RemoteError(RuntimeError):
-    """A task's handler raised; ``remote_type`` and ``remote_traceback`` tell what and where."""
-
-    def __init__(self, message: str, remote_type: str = "", remote_traceback: str = "") -> None:
-        super().__init__(message)
-        self.remote_type, self.remote_traceback = remote_type, remote_traceback
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # keeps the remote type and traceback when a worker sends this error on to the coordinator
-        return type(self), (str(self), self.remote_type, self.remote_traceback)
-
-
-class AuthenticationError(PermissionError):
-    """A task refused this process's token (or this process sent none)."""
+_PROBE = "__phalanx_probe__"  # a method no task serves: its answer proves the handshake passed
 
 
 def _identity(data: bytes) -> bytes:
@@ -84,40 +74,12 @@ def _identity(data: bytes) -> bytes:
 
 
 def _check_token(token: str) -> None:
-    hint = "HINT: set PHALANX_CLUSTER_TOKEN to the same secret on every task, e.g. secrets.token_hex(16)."
-    if not token:
-        raise ValueError(f"A cluster token must not be empty. Received: {token!r}. {hint}")
-    if not (token.isascii() and token.isprintable()):
-        raise ValueError(
-            "A cluster token must be printable ASCII: it travels as a gRPC header. Received: a token of "
-            f"{len(token)} characters, some of them not printable ASCII. {hint}"
-        )
+    check_token(token)  # the same rules as PHALANX_CLUSTER_TOKEN: 16+ printable ASCII characters
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
     context.abort(code, details)
     raise AssertionError("grpc's abort raises")  # not reached
-
-
-def _error_details(exc: BaseException) -> str:
-    """The JSON a client turns back into a `RemoteError`, small enough for a gRPC trailer."""
-    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    message = str(exc)
-    for message_chars, trace_chars in _DETAILS_BUDGET:
-        details = json.dumps(
-            {
-                "type": type(exc).__name__,
-                "message": _shorten(message, message_chars),
-                "traceback": trace[-trace_chars:] if trace_chars else "",  # the innermost frames
-            }
-        )
-        if len(details) + 2 * details.count("%") <= _DETAILS_MAX:  # JSON is ASCII: only % is encoded
-            break
-    return details
-
-
-def _shorten(text: str, chars: int) -> str:
-    return text if len(text) <= chars else f"{text[:chars]}... ({len(text) - chars} more characters)"
 
 
 class _Service(grpc.GenericRpcHandler):
@@ -139,10 +101,12 @@ class _Service(grpc.GenericRpcHandler):
 
 
 class RpcServer:
-    """Serves ``handlers`` at ``host:port`` to callers that present ``token``.
+    """Serves ``handlers`` at ``host:port`` to peers that hold the cluster's credentials.
 
     Handlers run on the server's threads (up to ``max_workers`` at once) and must be thread-safe.
-    Only ``host`` is served: all interfaces only when it is ``"0.0.0.0"`` or ``"::"``.
+    Only ``host`` is served: all interfaces only when it is ``"0.0.0.0"`` or ``"::"``. A peer
+    is authenticated before its request is read: by the TLS handshake (its certificate must
+    come from the cluster CA), or in plaintext mode by `channel_security.TokenInterceptor`.
 
     Args:
         host: The address to listen at (IPv6 with or without brackets).
@@ -151,9 +115,13 @@ class RpcServer:
         handlers: Method name -> handler(header, tensors) -> (header, tensors).
         name: This task, for messages (e.g. ``"ps:0 (host:2222)"``).
         max_workers: Threads serving calls at once.
+        names: The host names or addresses clients dial this task by, which its TLS
+            certificate carries (default: ``host``).
 
     Raises:
-        ValueError: An empty token, or an address that cannot be served (busy, or not this machine's).
+        ValueError: A token shorter than 16 characters or not printable ASCII, bad
+            ``PHALANX_INSECURE_TRANSPORT``/``PHALANX_MAX_MESSAGE_BYTES`` values, or an address
+            that cannot be served (busy, or not this machine's).
     """
 
     def __init__(
@@ -165,23 +133,36 @@ class RpcServer:
         *,
         name: str,
         max_workers: int = 8,
+        names: Sequence[str] | None = None,
     ) -> None:
         _check_token(token)
         self.name = name
-        self._token = token.encode()
         self._handlers = dict(handlers)
+        self._limit = security.max_message_bytes()
+        insecure = security.insecure_transport()
+        interceptors = (security.TokenInterceptor(token, name),) if insecure else ()
         self._executor = futures.ThreadPoolExecutor(max_workers, thread_name_prefix=f"phalanx-rpc {name}")
-        self._server = grpc.server(self._executor, options=_SERVER_OPTIONS)
+        self._server = grpc.server(
+            self._executor,
+            options=[*security.size_options(self._limit), *_NO_REUSEPORT],
+            interceptors=interceptors,
+        )
         self._server.add_generic_rpc_handlers((_Service(self._serve),))
-        self._port = self._bind(host, port)
+        credentials = None if insecure else security.server_credentials(token, names or [host])
+        self._port = self._bind(host, port, credentials)
+        if insecure:
+            security.warn_insecure(name, server=True)
         self._stopped = False
         self._terminated = threading.Event()
         self._lock = threading.Lock()
 
-    def _bind(self, host: str, port: int) -> int:
+    def _bind(self, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
         address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
         try:
-            bound = self._server.add_insecure_port(address)
+            if credentials is None:
+                bound = self._server.add_insecure_port(address)
+            else:
+                bound = self._server.add_secure_port(address, credentials)
         except RuntimeError as exc:
             bound, reason = 0, f" ({exc})"
         else:
@@ -200,29 +181,21 @@ class RpcServer:
         return self._port
 
     def _serve(self, method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
-        """One call (a server thread): token, method, then the handler on the decoded request."""
-        given = dict(context.invocation_metadata()).get(TOKEN_KEY, "")
-        given_bytes = given.encode() if isinstance(given, str) else bytes(given)
-        if not hmac.compare_digest(given_bytes, self._token):
-            log.warning(
-                "%s refused a call to %s from %s: wrong or missing cluster token",
-                self.name,
-                method,
-                context.peer(),
-            )
-            _abort(
-                context, grpc.StatusCode.UNAUTHENTICATED, f"{self.name} refused the caller's cluster token"
-            )
+        """One call from an authenticated peer (a server thread): method, then the handler on
+        the decoded request."""
         handler = self._handlers.get(method)
         if handler is None:
             _abort(context, grpc.StatusCode.UNIMPLEMENTED, json.dumps({"methods": sorted(self._handlers)}))
         try:
             header, tensors = wire.unpack(request)
             reply_header, reply_tensors = handler(header, tensors)
-            return wire.pack(reply_header, reply_tensors)
+            reply = wire.pack(reply_header, reply_tensors)
+            if len(reply) > self._limit:
+                raise too_large(f"The reply of {method} on {self.name}", len(reply), self._limit)
+            return reply
         except Exception as exc:
             log.debug("%s on %s failed", method, self.name, exc_info=True)
-            _abort(context, grpc.StatusCode.INTERNAL, _error_details(exc))
+            _abort(context, grpc.StatusCode.INTERNAL, error_details(exc))
 
     def start(self) -> None:
         """Starts serving (returns at once)."""
@@ -247,6 +220,10 @@ class RpcServer:
 class RpcClient:
     """Calls the methods of one task. Thread-safe: one client serves every thread.
 
+    The task must prove, in the TLS handshake, that it holds the cluster's credentials and
+    is the host of ``address``, before this client sends anything or reads a reply (in
+    plaintext mode, nothing is proved: see `phalanx.ps.channel_security`).
+
     Args:
         address: ``host:port`` of the task (``[::1]:port`` for IPv6).
         token: The cluster's shared secret.
@@ -254,7 +231,9 @@ class RpcClient:
         timeout: Default deadline of a call, in seconds.
 
     Raises:
-        ValueError: An empty token, or an address that is not ``host:port``.
+        ValueError: A token shorter than 16 characters or not printable ASCII, bad
+            ``PHALANX_INSECURE_TRANSPORT``/``PHALANX_MAX_MESSAGE_BYTES`` values, or an
+            address that is not ``host:port``.
     """
 
     def __init__(self, address: str, token: str, *, name: str, timeout: float = 60.0) -> None:
@@ -265,11 +244,24 @@ class RpcClient:
                 f"{name}. HINT: write the port, e.g. '127.0.0.1:2222', in the cluster spec."
             )
         self.name, self.address, self._timeout = name, address, timeout
-        self._metadata = ((TOKEN_KEY, token),)
-        self._channel = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
+        self._limit = security.max_message_bytes()
+        options = [*security.size_options(self._limit), *_RECONNECT]
+        if security.insecure_transport():
+            security.warn_insecure(f"This process's connection to {name}", server=False)
+            self._metadata: tuple[tuple[str, str], ...] = ((security.TOKEN_KEY, token),)
+            self._channel = grpc.insecure_channel(address, options=options)
+        else:  # the token stays here: the certificate proves we hold it
+            self._metadata = ()
+            self._channel = grpc.secure_channel(address, security.channel_credentials(token), options=options)
         self._stubs: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._closed = False
+
+    def _pack(self, method: str, header: Mapping[str, Any] | None, tensors: Sequence[torch.Tensor]) -> bytes:
+        request = wire.pack(dict(header or {}), tensors)
+        if len(request) > self._limit:
+            raise too_large(f"The request of {method} to {self.name}", len(request), self._limit)
+        return request
 
     def _closed_error(self, method: str) -> TaskUnavailableError:
         return TaskUnavailableError(
@@ -310,11 +302,14 @@ class RpcClient:
         Raises:
             TaskUnavailableError: The task is unreachable, the connection was lost or closed,
                 or no answer within the deadline.
-            AuthenticationError: The task refused our token.
+            AuthenticationError: The task refused our credentials.
+            PeerAuthenticationError: The process at the task's address failed the TLS handshake
+                (nothing was sent, nothing is read).
+            MessageTooLargeError: The request or the reply exceeds ``PHALANX_MAX_MESSAGE_BYTES``.
             RemoteError: The task's handler raised (or it has no such method).
         """
         limit = self._timeout if timeout is None else timeout
-        request = wire.pack(dict(header or {}), tensors)
+        request = self._pack(method, header, tensors)
         stub = self._stub(method)
         start = time.monotonic()
         try:
@@ -339,8 +334,9 @@ class RpcClient:
 
         Raises:
             TaskUnavailableError: This client was closed.
+            MessageTooLargeError: The request exceeds ``PHALANX_MAX_MESSAGE_BYTES``.
         """
-        request = wire.pack(dict(header or {}), tensors)
+        request = self._pack(method, header, tensors)
         stub = self._stub(method)
         try:
             future = stub.future(request, timeout=timeout, metadata=self._metadata)
@@ -351,64 +347,44 @@ class RpcClient:
         return PendingCall(self, method, future, timeout)
 
     def _error(self, method: str, exc: grpc.RpcError, limit: float, waited: float) -> Exception:
-        code = exc.code() if hasattr(exc, "code") else None
-        details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
-        if code == grpc.StatusCode.UNAUTHENTICATED:
-            return AuthenticationError(
-                f"{self.name} refused this process's cluster token ({method}): {details}. HINT: every task "
-                "of the cluster must use the same PHALANX_CLUSTER_TOKEN."
-            )
-        if code in _UNAVAILABLE:
-            return self._unavailable(method, code, details, limit, waited)
-        if code == grpc.StatusCode.UNIMPLEMENTED:
-            return self._unknown_method(method, details)
-        try:
-            info = json.loads(details)
-            remote_type, message, trace = info["type"], info["message"], info["traceback"]
-        except (ValueError, KeyError, TypeError):
-            remote_type, message, trace = code.name if code else "Error", details, ""
-        return RemoteError(f"{method} on {self.name} failed: {remote_type}: {message}", remote_type, trace)
-
-    def _unavailable(
-        self, method: str, code: grpc.StatusCode, details: str, limit: float, waited: float
-    ) -> TaskUnavailableError:
-        what = (
-            f"did not answer {method} within the {limit:g}s deadline"
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED
-            else f"is unreachable: {method} failed after {waited:.3g}s"
-        )
-        return TaskUnavailableError(
-            f"{self.name} {what} ({code.name}: {details}). HINT: check that the task is running and "
-            f"reachable at {self.address}, its address in the cluster spec; a slow call needs a longer "
-            "timeout."
-        )
-
-    def _unknown_method(self, method: str, details: str) -> RemoteError:
-        try:
-            methods = ", ".join(json.loads(details)["methods"]) or "none"
-        except (ValueError, KeyError, TypeError):
-            methods = f"unknown ({details})"
-        return RemoteError(
-            f"{method} on {self.name} failed: the task has no method {method!r} (it serves: {methods}). "
-            f"HINT: check that {self.address} is the task you meant and runs the same phalanx version.",
-            "UNIMPLEMENTED",
-        )
+        return client_error(self.name, self.address, method, exc, limit, waited)
 
     def wait_until_ready(self, timeout: float) -> None:
-        """Returns once the task accepts connections (the token is not checked).
+        """Returns once the task accepts connections and (with TLS) proved that it holds the
+        cluster's credentials; an impostor at its address is reported at once.
 
         Raises:
             TaskUnavailableError: Not within ``timeout`` seconds (the task is named), or closed.
+            PeerAuthenticationError: What listens at the address failed the TLS handshake.
         """
         if self._closed:
             raise self._closed_error("wait_until_ready")
+        deadline = time.monotonic() + timeout
+        ready = grpc.channel_ready_future(self._channel)
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            raise TaskUnavailableError(
-                f"{self.name} was not reachable within {timeout:g}s at {self.address}. HINT: start every "
-                "task of the cluster and check its address in the cluster spec (TF_CONFIG)."
-            ) from None
+            while True:
+                try:
+                    ready.result(timeout=max(min(deadline - time.monotonic(), 0.5), 0.001))
+                    return
+                except grpc.FutureTimeoutError:
+                    self._raise_if_impostor()
+                if time.monotonic() >= deadline:
+                    raise TaskUnavailableError(
+                        f"{self.name} was not reachable within {timeout:g}s at {self.address}. HINT: start "
+                        "every task of the cluster and check its address in the cluster spec (TF_CONFIG)."
+                    )
+        finally:
+            ready.cancel()  # no-op once it matured; else stops watching the channel
+
+    def _raise_if_impostor(self) -> None:
+        """Raises `PeerAuthenticationError` if the channel's last connection attempt failed in the
+        TLS handshake (a call on a failing channel fails at once with that attempt's error)."""
+        try:
+            self._stub(_PROBE)(b"", timeout=0.5, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            details = (exc.details() if hasattr(exc, "details") else None) or ""
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and security.is_handshake_failure(details):
+                raise peer_not_authenticated(self.name, self.address, "wait_until_ready", details) from None
 
     def close(self) -> None:
         """Closes the connection (idempotent); calls still running are cancelled."""
@@ -430,7 +406,7 @@ class PendingCall:
         Raises:
             TimeoutError: Not within ``timeout`` seconds (the call goes on).
             TaskUnavailableError: As `RpcClient.call`, or the call was cancelled.
-            AuthenticationError, RemoteError: As `RpcClient.call`.
+            AuthenticationError, MessageTooLargeError, RemoteError: As `RpcClient.call`.
         """
         try:
             reply = self._future.result(timeout=timeout)

@@ -8,20 +8,24 @@ import socket
 import threading
 import time
 
+import grpc
 import pytest
 import torch
 
 from phalanx.cluster._ports import free_ports
-from phalanx.ps import transport
+from phalanx.ps import transport, wire
+from phalanx.ps.channel_security import INSECURE_ENV
 from phalanx.ps.transport import (
     AuthenticationError,
+    MessageTooLargeError,
+    PeerAuthenticationError,
     RemoteError,
     RpcClient,
     RpcServer,
     TaskUnavailableError,
 )
 
-TOKEN = "test-secret"
+TOKEN = "test-secret-0123456789"
 NAME = "ps:0 (test)"
 
 
@@ -112,40 +116,131 @@ def test_concurrent_calls_from_threads_on_one_client(client, handlers):
     assert len(handlers.calls) == 200
 
 
-@pytest.mark.parametrize("token", ["guess", "test-secret-but-longer"])
-def test_a_wrong_token_is_refused_before_the_handler_runs(server, handlers, token, caplog):
-    intruder = RpcClient(f"127.0.0.1:{server.port}", token, name=NAME)
+def test_a_client_with_another_token_is_refused_in_the_handshake(server, handlers):
+    intruder = RpcClient(f"127.0.0.1:{server.port}", "another-secret-0123456789", name=NAME)
+    with pytest.raises(PeerAuthenticationError, match=r"ps:0 \(test\) did not prove .* TLS handshake"):
+        intruder.call("echo", {}, [torch.ones(1)])
+    with pytest.raises(PeerAuthenticationError):  # not "no such method": authentication comes first
+        intruder.call("no_such_method")
+    intruder.close()
+    assert handlers.calls == []
+
+
+def test_a_plaintext_client_is_refused_by_a_tls_server(server, handlers):
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    call = channel.unary_unary("/phalanx.Task/echo")
+    for metadata in ((), (("phalanx-token", TOKEN),)):  # even with the right token in clear
+        with pytest.raises(grpc.RpcError) as info:
+            call(wire.pack({}, [torch.ones(1)]), timeout=5, metadata=metadata)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    channel.close()
+    assert handlers.calls == []
+
+
+@pytest.mark.parametrize("token", ["guess-0123456789abc", "test-secret-0123456789-but-longer"])
+def test_plaintext_mode_refuses_a_wrong_token_before_the_handler_runs(handlers, token, caplog, monkeypatch):
+    monkeypatch.setenv(INSECURE_ENV, "1")
     with caplog.at_level(logging.WARNING, logger="phalanx"):
+        server = RpcServer("127.0.0.1", 0, TOKEN, handlers.methods(), name=NAME)
+        server.start()
+        intruder = RpcClient(f"127.0.0.1:{server.port}", token, name=NAME)
         with pytest.raises(AuthenticationError, match=r"ps:0 \(test\) refused .* same PHALANX_CLUSTER_TOKEN"):
             intruder.call("echo", {}, [torch.ones(1)])
         with pytest.raises(AuthenticationError):  # not "no such method": the token comes first
             intruder.call("no_such_method")
     intruder.close()
+    server.stop(grace=0)
     assert handlers.calls == []
     assert "wrong or missing cluster token" in caplog.text
+    assert f"ps:0 (test) uses PLAINTEXT gRPC ({INSECURE_ENV}=1)" in caplog.text
 
 
-def test_a_call_without_a_token_is_refused(server, handlers, monkeypatch):
+def test_plaintext_mode_refuses_a_call_without_a_token(handlers, monkeypatch):
+    monkeypatch.setenv(INSECURE_ENV, "1")
+    server = RpcServer("127.0.0.1", 0, TOKEN, handlers.methods(), name=NAME)
+    server.start()
     anonymous = RpcClient(f"127.0.0.1:{server.port}", TOKEN, name=NAME)
     monkeypatch.setattr(anonymous, "_metadata", ())
     with pytest.raises(AuthenticationError, match="PHALANX_CLUSTER_TOKEN"):
         anonymous.call("echo")
+    right = RpcClient(f"127.0.0.1:{server.port}", TOKEN, name=NAME)
+    assert right.call("echo", {"a": 1})[0] == {"got": {"a": 1}}
     anonymous.close()
+    right.close()
+    server.stop(grace=0)
+    assert handlers.calls == ["echo"]
+
+
+def test_a_tls_client_is_refused_by_a_plaintext_server(handlers, monkeypatch):
+    monkeypatch.setenv(INSECURE_ENV, "1")
+    server = RpcServer("127.0.0.1", 0, TOKEN, handlers.methods(), name=NAME)
+    server.start()
+    monkeypatch.delenv(INSECURE_ENV)
+    client = RpcClient(f"127.0.0.1:{server.port}", TOKEN, name=NAME)
+    with pytest.raises(PeerAuthenticationError, match="TLS handshake"):
+        client.call("echo")
+    client.close()
+    server.stop(grace=0)
+    assert handlers.calls == []
+
+
+@pytest.mark.parametrize("value", ["2", "yes please", "on"])
+def test_a_malformed_insecure_setting_is_refused(value, monkeypatch):
+    monkeypatch.setenv(INSECURE_ENV, value)
+    with pytest.raises(ValueError, match=rf"{INSECURE_ENV} must be 1 .* Received: {INSECURE_ENV}="):
+        RpcClient("127.0.0.1:1", TOKEN, name="x")
+
+
+def test_the_server_certificate_must_name_the_address_dialled(handlers):
+    server = RpcServer("127.0.0.1", 0, TOKEN, handlers.methods(), name=NAME, names=["localhost"])
+    server.start()
+    by_address = RpcClient(f"127.0.0.1:{server.port}", TOKEN, name=NAME)
+    with pytest.raises(PeerAuthenticationError, match="(?i)hostname"):
+        by_address.call("echo")
+    by_name = RpcClient(f"localhost:{server.port}", TOKEN, name=NAME)
+    assert by_name.call("echo", {"n": 1})[0] == {"got": {"n": 1}}
+    by_address.close()
+    by_name.close()
+    server.stop(grace=0)
+    assert handlers.calls == ["echo"]
+
+
+def test_wait_until_ready_names_an_impostor_at_once(handlers):
+    impostor = RpcServer("127.0.0.1", 0, "impostor-secret-0123456789", handlers.methods(), name="x")
+    impostor.start()
+    client = RpcClient(f"127.0.0.1:{impostor.port}", TOKEN, name="ps:1 (impostor)")
+    start = time.monotonic()
+    with pytest.raises(PeerAuthenticationError, match=r"ps:1 \(impostor\) did not prove") as info:
+        client.wait_until_ready(30)
+    assert time.monotonic() - start < 20  # at once, not after the 30 s wait
+    assert info.value.task == "ps:1 (impostor)"
+    client.close()
+    impostor.stop(grace=0)
     assert handlers.calls == []
 
 
 def test_authentication_errors_are_permission_errors():
     assert issubclass(AuthenticationError, PermissionError)
+    assert issubclass(PeerAuthenticationError, AuthenticationError)
+    assert not issubclass(PeerAuthenticationError, TaskUnavailableError)  # waiting cannot help
+    again = pickle.loads(pickle.dumps(PeerAuthenticationError("m", "ps:0")))
+    assert (str(again), again.task) == ("m", "ps:0")
+    assert issubclass(MessageTooLargeError, ValueError)
     assert issubclass(TaskUnavailableError, RuntimeError)
     assert issubclass(RemoteError, RuntimeError)
 
 
 @pytest.mark.parametrize(
     ("token", "message"),
-    [("", "must not be empty"), ("sécret", "printable ASCII"), ("a\nb", "printable ASCII")],
+    [
+        ("", "at least 16 characters"),
+        ("one-char", "at least 16 characters"),
+        ("sécret-0123456789ab", "printable ASCII"),
+        ("a\nb-0123456789abcdef", "printable ASCII"),
+    ],
 )
-def test_tokens_gRPC_cannot_send_are_refused_by_both_sides(token, message):
-    with pytest.raises(ValueError, match=f"{message}.*HINT: set PHALANX_CLUSTER_TOKEN"):
+def test_tokens_too_short_or_not_sendable_are_refused_by_both_sides(token, message):
+    with pytest.raises(ValueError, match=f"{message}.*HINT: "):
         RpcClient("127.0.0.1:1", token, name="x")
     with pytest.raises(ValueError, match=message):
         RpcServer("127.0.0.1", 0, token, {}, name="x")
@@ -394,6 +489,8 @@ def test_the_public_names():
     assert sorted(transport.__all__) == [
         "AuthenticationError",
         "Handler",
+        "MessageTooLargeError",
+        "PeerAuthenticationError",
         "PendingCall",
         "RemoteError",
         "RpcClient",
