@@ -141,7 +141,8 @@ def _pick(value: Any, default: Any) -> Any:
     return default if value is USE_DEFAULT else value
 
 
-def _tensorboard_available() -> bool:
+def tensorboard_available() -> bool:
+    """Whether the optional ``tensorboard`` package is installed (summaries need it)."""
     try:
         import tensorboard  # noqa: F401
     except ImportError:
@@ -258,7 +259,7 @@ class MonitoredTrainingSession:
             steps = 100
         steps, secs = _pick(steps, None), _pick(secs, None)
         writing = summary_dir is not None and (steps is not None or secs is not None)
-        if writing and defaulted and not _tensorboard_available():
+        if writing and defaulted and not tensorboard_available():
             log.warning("No TensorBoard summaries: pip install 'phalanx[tensorboard]' to write them.")
             writing = False
         hooks: list[SessionRunHook] = []
