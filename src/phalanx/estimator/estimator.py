@@ -10,7 +10,6 @@ chief-only initialisation and checkpoints, recovery of a restarted task).
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import logging
 import os
@@ -26,6 +25,7 @@ from phalanx.checkpoint import Checkpoint
 from phalanx.checkpoint.checkpoint import Counter
 from phalanx.checkpoint.manager import latest_checkpoint
 from phalanx.estimator._calls import batch_size, call_with, input_batches, split_batch
+from phalanx.estimator._serving import serving_module
 from phalanx.estimator._summaries import write_eval_summaries
 from phalanx.estimator.graph import Graph
 from phalanx.estimator.run_config import RunConfig
@@ -72,7 +72,13 @@ class Estimator:
         return f"{type(self).__name__}(model_dir={self.model_dir!r})"
 
     # ------------------------------------------------------------------ building
-    def _call(self, features: Any, labels: Any, mode: str) -> EstimatorSpec:
+    def call_model_fn(self, features: Any, labels: Any, mode: str) -> EstimatorSpec:
+        """One call of the model_fn with the arguments it names (its modules come from the
+        active `Graph`).
+
+        Raises:
+            TypeError: The model_fn did not return an `EstimatorSpec`.
+        """
         spec = call_with(
             self._model_fn,
             features=features,
@@ -94,7 +100,7 @@ class Estimator:
             torch.manual_seed(self.config.tf_random_seed)
         graph = Graph(strategy)
         with graph.active(building=True), torch.no_grad():
-            self._call(features, labels, mode)
+            self.call_model_fn(features, labels, mode)
         return graph
 
     def _input_context(self) -> InputContext:
@@ -220,7 +226,7 @@ class Estimator:
     def _train_step(self, graph: Graph) -> Callable[[Any, Any], dict[str, torch.Tensor]]:
         def step(features: Any, labels: Any) -> dict[str, torch.Tensor]:
             with graph.active():
-                spec = self._call(features, labels, ModeKeys.TRAIN)
+                spec = self.call_model_fn(features, labels, ModeKeys.TRAIN)
             assert spec.train_op is not None  # EstimatorSpec checked both
             assert spec.loss is not None
             spec.train_op.zero_grad()
@@ -288,7 +294,7 @@ class Estimator:
         _eval_mode(graph)
         for batch in itertools.chain([first], batches):
             with graph.active(), torch.no_grad():
-                predictions = self._call(split_batch(batch)[0], None, ModeKeys.PREDICT).predictions
+                predictions = self.call_model_fn(split_batch(batch)[0], None, ModeKeys.PREDICT).predictions
             predictions = _select(predictions, predict_keys)
             yield from (_rows(predictions) if yield_single_examples else [predictions])
 
@@ -319,48 +325,8 @@ class Estimator:
         keys = sorted(features) if isinstance(features, Mapping) else None
         inputs = tuple(features[k] for k in keys) if keys is not None else (features,)
         directory = os.path.join(export_dir_base, str(int(time.time() * 1000)))
-        saved_model.save(_serving_class(len(inputs))(self, graph, keys), directory, inputs)
+        saved_model.save(serving_module(self, graph, keys, len(inputs)), directory, inputs)
         return directory
-
-
-class _Shared:
-    """What a copy of `_Serving` shares with the original (saved_model.save copies the module)."""
-
-    def __init__(self, estimator: Estimator, names: list[str], keys: list[str] | None) -> None:
-        self.estimator, self.names, self.keys = estimator, names, keys
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Shared:
-        return self
-
-
-class _Serving(torch.nn.Module):
-    """The PREDICT computation as a module, for torch.export: features in, predictions out."""
-
-    def __init__(self, estimator: Estimator, graph: Graph, keys: list[str] | None) -> None:
-        super().__init__()
-        self.parts = torch.nn.ModuleList(graph.modules.values())
-        self._shared = _Shared(estimator, list(graph.modules), keys)
-
-    def forward(self, *inputs: torch.Tensor) -> Any:
-        shared = self._shared
-        features = dict(zip(shared.keys, inputs, strict=True)) if shared.keys is not None else inputs[0]
-        graph = Graph(context.get_strategy())
-        graph.modules = dict(zip(shared.names, self.parts, strict=True))  # this copy's modules
-        with graph.active():
-            return shared.estimator._call(features, None, ModeKeys.PREDICT).predictions
-
-
-def _serving_class(arity: int) -> type[_Serving]:
-    """`_Serving` with a forward of ``arity`` named inputs: torch.export binds arguments by the
-    signature, and ``*inputs`` would be one tuple argument to it."""
-
-    def forward(self: _Serving, *inputs: torch.Tensor) -> Any:
-        return _Serving.forward(self, *inputs)
-
-    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    names = ["self"] + [f"input_{i}" for i in range(arity)]
-    forward.__signature__ = inspect.Signature([inspect.Parameter(n, positional) for n in names])  # type: ignore[attr-defined]
-    return type("ServingModule", (_Serving,), {"forward": forward})
 
 
 def _eval_mode(graph: Graph) -> None:
@@ -375,7 +341,7 @@ def _evaluate(estimator: Estimator, graph: Graph, batches: Iterable[Any]) -> dic
     for batch in batches:
         features, labels = split_batch(batch)
         with graph.active(), torch.no_grad():
-            spec = estimator._call(features, labels, ModeKeys.EVAL)
+            spec = estimator.call_model_fn(features, labels, ModeKeys.EVAL)
         size = batch_size(labels if labels is not None else features)
         assert spec.loss is not None  # EstimatorSpec checked
         for name, value in {"loss": spec.loss, **spec.eval_metric_ops}.items():

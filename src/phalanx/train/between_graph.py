@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -174,9 +174,12 @@ class BetweenGraphStrategy(Strategy):
         return {handle.name: tensor for tensor, handle in self._copies.live()}
 
     # ------------------------------------------------------------------ initialisation
-    def initialize(self) -> None:
-        """(chief) Writes this task's values of every variable to the ps tasks, then marks the
-        model ready for the other workers (blocks on one write per ps task)."""
+    def initialize(self, optimizers: Iterable[torch.optim.Optimizer] = ()) -> None:
+        """(chief) Writes this task's values of every variable, and the state of
+        ``optimizers`` (restored from a checkpoint), to the ps tasks, then marks the model
+        ready for the other workers (blocks on one write per ps task)."""
+        for optimizer in optimizers:
+            self._optimizers.adopt(optimizer)  # a restored state moves to the ps tasks now
         self._copies.push_writes()  # what changed since placement; keeps the copies' bookkeeping
         pairs = self._copies.live()
         if pairs:  # all of them: a worker may have created a variable first, with its own values

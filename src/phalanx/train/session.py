@@ -36,6 +36,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+import torch
+
 from phalanx import context
 from phalanx.checkpoint import Checkpoint
 from phalanx.checkpoint.manager import latest_checkpoint
@@ -83,7 +85,7 @@ class _Backend(Protocol):
     """Where a session's variables and global step live (a `BetweenGraphStrategy` is one)."""
 
     def variables(self) -> dict[str, Any]: ...
-    def initialize(self) -> None: ...
+    def initialize(self, optimizers: Iterable[torch.optim.Optimizer] = ()) -> None: ...
     def wait_until_ready(self, timeout: float) -> None: ...
     def pull(self) -> None: ...
     def push_buffer_changes(self) -> None: ...
@@ -101,7 +103,7 @@ class _LocalTraining:
     def variables(self) -> dict[str, Any]:
         return {}
 
-    def initialize(self) -> None:
+    def initialize(self, optimizers: Iterable[torch.optim.Optimizer] = ()) -> None:
         return None
 
     def wait_until_ready(self, timeout: float) -> None:
@@ -221,6 +223,7 @@ class MonitoredTrainingSession:
 
     def _make_checkpoint(self, scaffold: Scaffold | None, checkpoint_dir: str | None) -> Checkpoint:
         objects = dict(scaffold.objects) if scaffold is not None else self._backend.variables()
+        self._checkpoint_objects = objects
         if checkpoint_dir is not None and not objects:
             raise ValueError(
                 "A MonitoredTrainingSession with a checkpoint_dir must know what to save: a local "
@@ -279,7 +282,8 @@ class MonitoredTrainingSession:
         if latest is not None:
             self._checkpoint.read(latest)
             log.info("Restored %s (global step %d).", latest, self._backend.global_step())
-        self._backend.initialize()
+        optimizers = [o for o in self._checkpoint_objects.values() if isinstance(o, torch.optim.Optimizer)]
+        self._backend.initialize(optimizers)
 
     # ------------------------------------------------------------------ the session
     @property
