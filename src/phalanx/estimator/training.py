@@ -115,15 +115,7 @@ def train_and_evaluate(estimator: Estimator, train_spec: TrainSpec, eval_spec: E
     Returns:
         ``(eval_result, export_results)`` as TF: the last evaluation's metrics on the
         evaluator and in local mode (None on the training tasks), and no exports.
-
-    Raises:
-        ValueError: A task type that has no role (e.g. TF1's ``master``).
     """
+    # RunConfig's resolver admits only these task types (TF1's 'master' is refused there).
     task = estimator.config.task_type
-    if task not in _ROLES:
-        raise ValueError(
-            "train_and_evaluate runs the roles 'chief', 'worker', 'ps' and 'evaluator' (or trains "
-            f"locally without TF_CONFIG). Received: task type {task!r}. HINT: TF1's 'master' is "
-            "'chief' here."
-        )
     return _ROLES[task](estimator, train_spec, eval_spec)
