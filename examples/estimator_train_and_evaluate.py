@@ -8,6 +8,8 @@ PHALANX_CLUSTER_TOKEN; the chief and workers train (variables on the ps tasks), 
 evaluator evaluates each new checkpoint.
 
 Run: python examples/estimator_train_and_evaluate.py --model-dir /tmp/digits_model
+or: phalanx launch --chief --workers 1 --ps 1 examples/estimator_train_and_evaluate.py
+(the launcher starts chief, worker and ps; start an evaluator yourself as above).
 """
 
 import argparse

@@ -3,8 +3,9 @@ own client; variables live on the ps tasks and are updated asynchronously; the c
 (worker 0) initialises them, writes checkpoints and TensorBoard summaries; a restarted
 worker rejoins where the cluster is.
 
-Start it once per task (the ps tasks and every worker), each with TF_CONFIG naming the task
-and one PHALANX_CLUSTER_TOKEN for the cluster:
+Run: phalanx launch --workers 2 --ps 1 examples/tf1_between_graph.py [--last-step N]
+or start it once per task yourself (the ps tasks and every worker), each with TF_CONFIG naming
+the task and one PHALANX_CLUSTER_TOKEN for the cluster:
 
     TF_CONFIG='{"cluster": {"worker": [...], "ps": [...]}, "task": {"type": "worker", "index": 1}}' \
         python examples/tf1_between_graph.py --checkpoint-dir /tmp/train_logs
