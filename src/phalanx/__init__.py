@@ -24,12 +24,14 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         config,
         coordinator,
         data,
+        estimator,
         experimental,
         losses,
         metrics,
         nn,
         partitioners,
         saved_model,
+        train,
     )
     from phalanx.cluster import resolvers as cluster_resolver
     from phalanx.communication import (
@@ -81,12 +83,14 @@ _SUBMODULES = (
     "config",
     "coordinator",
     "data",
+    "estimator",
     "experimental",
     "losses",
     "metrics",
     "nn",
     "partitioners",
     "saved_model",
+    "train",
 )
 _NAMES: dict[str, tuple[str, str | None]] = {
     **{name: (f"phalanx.{name}", None) for name in _SUBMODULES},
@@ -186,6 +190,7 @@ __all__ = [
     "config",
     "coordinator",
     "data",
+    "estimator",
     "experimental",
     "experimental_set_strategy",
     "get_replica_context",
@@ -199,6 +204,7 @@ __all__ = [
     "partitioners",
     "saved_model",
     "scale_regularization_loss",
+    "train",
 ]
 
 

@@ -49,3 +49,15 @@ def test_parameter_server_example_under_the_launcher():
     assert "[chief-0] Epoch 3:" in done.stdout
     accuracy = float(done.stdout.split("final accuracy on all digits: ")[1].split()[0])
     assert accuracy > 0.8
+
+
+def test_estimator_example_trains_and_evaluates_locally(tmp_path):
+    # Its cluster roles run in tests/multiprocess/test_estimator_cluster.py; the TF1 cluster
+    # examples (tf1_server.py, tf1_client.py, tf1_between_graph.py) in test_tf1_cluster.py.
+    script = EXAMPLES / "estimator_train_and_evaluate.py"
+    done = run_python(
+        script, "--max-steps", 100, "--model-dir", tmp_path / "model", timeout=240, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "local done; evaluation:" in done.stdout
+    assert "at global step 100" in done.stdout

@@ -45,6 +45,7 @@ EXPECTED = sorted(
         "compute_average_loss",
         "config",
         "data",
+        "estimator",
         "experimental",
         "experimental_set_strategy",
         "get_replica_context",
@@ -58,6 +59,7 @@ EXPECTED = sorted(
         "partitioners",
         "saved_model",
         "scale_regularization_loss",
+        "train",
     ]
 )
 

@@ -51,8 +51,19 @@ def _temp_dir(dirpath: str, strategy: Any) -> str:
     return dirpath if os.path.basename(os.path.normpath(dirpath)) == base else os.path.join(dirpath, base)
 
 
+def _is_file_path(path: str) -> bool:
+    """Whether ``path`` names a file (an existing one, or a name with a suffix: ``model.pt``)."""
+    return os.path.isfile(path) or bool(os.path.splitext(os.path.basename(os.path.normpath(path)))[1])
+
+
 def write_dirpath(dirpath: str, strategy: Any) -> str:
-    """The folder this worker writes into: ``dirpath`` on the chief, else its temp folder (created)."""
+    """The folder this worker writes into: ``dirpath`` on the chief, else its temp folder (created).
+
+    Given a file path (``model.pt``), it answers as `write_filepath`: a folder made inside it
+    on a worker would turn the chief's file into a directory (IsADirectoryError at its save).
+    """
+    if _is_file_path(dirpath):
+        return write_filepath(dirpath, strategy)
     if is_chief(strategy):
         return dirpath
     temp = _temp_dir(dirpath, strategy)
@@ -75,6 +86,8 @@ def remove_temp_dirpath(dirpath: str, strategy: Any) -> None:
 
     ``dirpath`` is the folder given to `write_dirpath` (or the temp folder itself).
     """
+    if _is_file_path(dirpath):
+        dirpath = os.path.dirname(dirpath)
     if not is_chief(strategy):
         shutil.rmtree(_temp_dir(dirpath, strategy), ignore_errors=True)
 

@@ -4,6 +4,8 @@ scope a replica thread enters."""
 from __future__ import annotations
 
 import contextlib
+import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +17,9 @@ from phalanx.values import DistributedValues
 if TYPE_CHECKING:
     from phalanx.strategies.strategy import Strategy
 
-__all__ = ["check_components", "check_gpus_exist", "check_run_call", "device_scope"]
+__all__ = ["check_components", "check_gpus_exist", "check_run_call", "device_scope", "warn_undistributed"]
+
+_warned: weakref.WeakSet[Any] = weakref.WeakSet()  # strategies already warned (once each)
 
 
 def check_gpus_exist(names: Sequence[str]) -> None:
@@ -47,6 +51,7 @@ def check_run_call(strategy: Strategy, fn: Callable[..., Any], args: Any, kwargs
         raise TypeError(f"strategy.run kwargs must be a dict. Received: {type(kwargs).__name__}.")
     for value in (*args, *(kwargs or {}).values()):
         check_components(strategy, value)
+    warn_undistributed(strategy, [*args, *(kwargs or {}).values()])
     replica = context._state.replica
     if replica is not None and not replica[0]._is_default:
         raise RuntimeError(
@@ -78,6 +83,32 @@ def check_components(strategy: Strategy, value: Any) -> None:
     elif isinstance(value, dict):
         for v in value.values():
             check_components(strategy, v)
+
+
+def warn_undistributed(strategy: Strategy, values: Sequence[Any]) -> None:
+    """Warns (once per strategy) when several local replicas get the same plain batch tensor.
+
+    Each replica then computes on the whole global batch, and a loss divided by the global
+    batch size is summed over the replicas: the reported loss is multiplied by the number of
+    replicas. A scalar or a tensor whose first axis is smaller than the replica count is
+    taken as a constant meant for every replica, and not warned about.
+    """
+    replicas = strategy.num_local_replicas
+    if replicas < 2 or strategy in _warned:
+        return
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] >= replicas:
+            _warned.add(strategy)
+            warnings.warn(
+                f"{strategy!r}.run got a plain tensor of shape {tuple(value.shape)}: each of its "
+                f"{replicas} replicas computes on all of it, so a loss averaged over the global batch "
+                f"is counted {replicas} times. HINT: split the batch across the replicas with "
+                "strategy.experimental_distribute_dataset(...) or "
+                "strategy.experimental_distribute_values_from_function(...).",
+                UserWarning,
+                stacklevel=4,
+            )
+            return
 
 
 def device_scope(device: torch.device) -> contextlib.AbstractContextManager[Any]:

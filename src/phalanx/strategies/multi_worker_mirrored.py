@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -99,6 +100,27 @@ class _BucketSync:
         self._checked[optimizer] = len(params)
 
 
+def _deprecated_communication(
+    communication: CommunicationImplementation | None, options: CommunicationOptions | None
+) -> CommunicationOptions | None:
+    """TF's ``communication=`` (deprecated) as ``CommunicationOptions(implementation=...)``."""
+    if communication is None:
+        return options
+    if options is not None:
+        raise ValueError(
+            "Give communication_options or the deprecated communication, not both. Received: "
+            f"communication={communication!r} and communication_options={options!r}. HINT: "
+            "communication_options=CommunicationOptions(implementation=...)."
+        )
+    warnings.warn(
+        "MultiWorkerMirroredStrategy(communication=...) is deprecated (as in TensorFlow): use "
+        "communication_options=phalanx.CommunicationOptions(implementation=...).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return CommunicationOptions(implementation=communication)
+
+
 class MultiWorkerMirroredStrategy(Strategy):
     """Synchronous data-parallel training, one process per worker (tf.distribute.MultiWorkerMirroredStrategy).
 
@@ -133,10 +155,14 @@ class MultiWorkerMirroredStrategy(Strategy):
             ``PHALANX_JOIN_TIMEOUT_SECONDS``, else 120).
         heartbeat_timeout: Seconds of silence after which a worker counts as dead (default
             ``PHALANX_HEARTBEAT_TIMEOUT_SECONDS``, else 10).
+        communication: TF's deprecated spelling (a `CommunicationImplementation`, e.g.
+            ``phalanx.experimental.CollectiveCommunication.RING``): accepted with a
+            DeprecationWarning as ``CommunicationOptions(implementation=communication)``.
 
     Raises:
-        ValueError: The cluster has a ``ps`` job, this task is not a chief or worker, NCCL is
-            asked for without GPUs, or a timeout is not positive.
+        ValueError: Both ``communication`` and ``communication_options``; the cluster has a
+            ``ps`` job, this task is not a chief or worker, NCCL is asked for without GPUs, or
+            a timeout is not positive.
         PeerUnavailableError: A worker did not join within ``join_timeout`` (it is named).
     """
 
@@ -147,7 +173,9 @@ class MultiWorkerMirroredStrategy(Strategy):
         devices: Sequence[str | torch.device] | None = None,
         join_timeout: float | None = None,
         heartbeat_timeout: float | None = None,
+        communication: CommunicationImplementation | None = None,
     ) -> None:
+        communication_options = _deprecated_communication(communication, communication_options)
         resolver = cluster_resolver if cluster_resolver is not None else resolve_cluster()
         validate_for_strategy(resolver, "MultiWorkerMirroredStrategy", allow_ps=False)
         if resolver.task_type not in (None, "chief", "worker"):

@@ -50,12 +50,18 @@ class _NoStepsHere:
 
 
 class ParameterServerStrategy(Strategy):
-    """Asynchronous data-parallel training with variables on ps tasks (the chief only;
+    """Asynchronous data-parallel training with variables on ps tasks (the coordinator only;
     tf.distribute.ParameterServerStrategy). Use it with a `ClusterCoordinator`.
+
+    The coordinator is the cluster's ``chief`` task, or a client: a process that is not a task
+    of the cluster (its resolver has no ``task_type``; TF1's session target), in a cluster
+    without a chief task. Workers that run their own training loops (TF1's between-graph
+    replication) use `phalanx.train.replica_device_setter` instead.
 
     Args:
         cluster_resolver: The cluster (default: from the environment, e.g. ``TF_CONFIG``);
-            it needs ``ps`` and ``worker`` jobs, and this process must be the ``chief``.
+            it needs ``ps`` and ``worker`` jobs, and this process must be the ``chief`` or a
+            client outside the cluster.
         variable_partitioner: Splits parameters along their first axis over the ps tasks
             (`phalanx.partitioners`); None keeps each whole on one ps task.
         connect_timeout: Seconds to wait for every ps task to answer.

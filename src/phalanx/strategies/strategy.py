@@ -315,6 +315,13 @@ class Strategy:
             self._variable_policy.materialize_all()
 
     # ------------------------------------------------------------------ input
+    def make_experimental_numpy_dataset(self, numpy_input: Any) -> Any:
+        """A dataset of the rows of ``numpy_input`` (tf.distribute.Strategy's method of that
+        name); see `phalanx.input.numpy_dataset.make_numpy_dataset`, which it calls."""
+        from phalanx.input.numpy_dataset import make_numpy_dataset
+
+        return make_numpy_dataset(numpy_input)
+
     def experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None = None) -> Any:
         """Splits each *global* batch of ``dataset`` across replicas (and workers).
 

@@ -57,21 +57,42 @@ def _check_cluster(resolver: ClusterResolver) -> None:
             f"missing. Received: {spec.as_dict()!r}. HINT: phalanx launch --chief --workers 2 --ps 1 "
             "script.py."
         )
-    if resolver.task_type != "chief":
+    if resolver.task_type is None:
+        _check_client(spec.as_dict())
+    elif resolver.task_type != "chief":
         raise ValueError(
-            "ParameterServerStrategy is created by the coordinator, the 'chief' task. Received: task "
-            f"{resolver.task_type}:{resolver.task_id}. HINT: workers and ps tasks run "
-            "phalanx.Server(cluster_resolver.cluster_spec(), job_name, task_index).join()."
+            "ParameterServerStrategy is created by the coordinator, the 'chief' task, or by a "
+            "client process that is not a task of the cluster. Received: task "
+            f"{resolver.task_type}:{resolver.task_id}. HINT: ps tasks (and workers driven by a "
+            "coordinator) run phalanx.Server(cluster_resolver.cluster_spec(), job_name, "
+            "task_index).join(); a worker that runs its own training loop (between-graph "
+            "replication) uses phalanx.train.replica_device_setter and "
+            "phalanx.train.MonitoredTrainingSession."
+        )
+
+
+def _check_client(cluster: dict[str, Any]) -> None:
+    """A process outside the cluster (TF1's client, with the session target of a worker)
+    coordinates like the chief, in a cluster that has no chief task of its own."""
+    if "chief" in cluster:
+        raise ValueError(
+            "A process outside the cluster (no task_type) coordinates only a cluster without a "
+            "'chief' task: with one, that task is the coordinator, and two coordinators would "
+            f"initialise the variables twice. Received: cluster {cluster!r} and no task. HINT: "
+            "run this program as the chief task (TF_CONFIG task {'type': 'chief', 'index': 0}), "
+            "or drop 'chief' from the cluster so that this client drives the workers."
         )
 
 
 class Chief:
-    """The chief task's side of a parameter-server cluster (see the module docstring).
+    """The coordinator's side of a parameter-server cluster (see the module docstring): the
+    chief task's, or a client's that is not a task of the cluster (TF1's session target).
 
     Args:
         strategy: The ParameterServerStrategy that owns this chief (it travels to workers as
             their strategy).
-        resolver: The cluster; it needs ``ps`` and ``worker`` jobs, and this task is the chief.
+        resolver: The cluster; it needs ``ps`` and ``worker`` jobs, and this process is its
+            chief task or a client outside it (``task_type`` None, no chief task in the cluster).
         partitioner: Splits parameters over the ps tasks (`phalanx.partitioners`), or None.
         connect_timeout: Seconds to wait for every ps task to answer (blocks).
 
