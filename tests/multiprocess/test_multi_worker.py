@@ -217,4 +217,8 @@ def test_the_same_program_configured_by_tf_config_or_torchrun(tmp_path, launcher
     assert first["bias"] == pytest.approx(0.5, abs=1e-2)
     saved = torch.load(tmp_path / "model" / "weights.pt")
     assert saved["weight"].item() == first["weight"]
-    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["weights.pt"]  # no workertemp left
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
+        "final.pt",
+        "weights.pt",
+    ]  # no workertemp left
+    assert (tmp_path / "model" / "final.pt").is_file()

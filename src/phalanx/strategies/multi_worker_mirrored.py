@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -291,17 +290,17 @@ class MultiWorkerMirroredStrategy(Strategy):
         Every worker runs the same save code (a save may read aggregated values, which is a
         collective); the chief writes to ``dirpath``, the others to
         ``dirpath/workertemp_<task_id>`` (created here), which `remove_temp_dirpath` removes.
+        A file path (``model.pt``) is answered as ``write_filepath`` would.
         """
-        if self.is_chief:
-            return dirpath
-        path = os.path.join(dirpath, f"workertemp_{self._resolver.task_id}")
-        os.makedirs(path, exist_ok=True)
-        return path
+        from phalanx.callbacks import _distributed_files
+
+        return _distributed_files.write_dirpath(dirpath, self)
 
     def remove_temp_dirpath(self, dirpath: str) -> None:
         """Removes this worker's ``workertemp_<task_id>`` folder under ``dirpath`` (non-chief)."""
-        if not self.is_chief:
-            shutil.rmtree(os.path.join(dirpath, f"workertemp_{self._resolver.task_id}"), ignore_errors=True)
+        from phalanx.callbacks import _distributed_files
+
+        _distributed_files.remove_temp_dirpath(dirpath, self)
 
     # ---------------------------------------------------------------- variables
     def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:

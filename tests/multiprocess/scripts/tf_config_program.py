@@ -48,6 +48,8 @@ model_dir = os.path.join(out_dir, "model")
 write_dir = strategy.write_dirpath(model_dir)  # every worker saves; only the chief's is kept
 os.makedirs(write_dir, exist_ok=True)
 torch.save(model.state_dict(), os.path.join(write_dir, "weights.pt"))
+# Given a file path, write_dirpath answers as write_filepath: no folder where the chief's file goes.
+torch.save(model.state_dict(), strategy.write_dirpath(os.path.join(model_dir, "final.pt")))
 strategy.remove_temp_dirpath(model_dir)
 result = json.dumps(
     {
