@@ -50,7 +50,9 @@ def _on_parameter(module: torch.nn.Module, name: str, param: Any) -> Any:
     frame = context._top()
     if param is None or frame is None or frame.replica_context is not None:
         return None
-    return frame.strategy._create_parameter(module, name, param)
+    made = frame.strategy._create_parameter(module, name, param)
+    _made_in_scope(module, frame.strategy, param if made is None else made)
+    return made
 
 
 def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
@@ -58,18 +60,35 @@ def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
     if buffer is None or frame is None:
         return None
     if frame.replica_context is None:
-        return frame.strategy._create_buffer(module, name, buffer)
+        made = frame.strategy._create_buffer(module, name, buffer)
+        _made_in_scope(module, frame.strategy, buffer if made is None else made)
+        return made
     # A module re-assigning its buffer inside `run` (self.buf = new): keep the distributed
     # variable and write the new value into this replica's component.
     return frame.strategy.variable_policy.reassign_buffer(module, name, buffer, frame.replica_context)
 
 
+def _made_in_scope(module: torch.nn.Module, strategy: Any, tensor: Any) -> None:
+    """Marks a module that registered ``tensor`` in a strategy's scope (copies of it are
+    recognised when they are registered, see `_on_submodule`)."""
+    if not strategy._is_default:
+        from phalanx.nn import _scope_copies
+
+        _scope_copies.mark_made_in_scope(module, strategy, tensor)
+
+
 def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> None:
     frame = context._top()
-    if frame is not None and submodule is not None and not frame.strategy._is_default:
-        from phalanx.nn.dropout import attach_keyed_dropout
+    if frame is None or submodule is None or frame.strategy._is_default:
+        return
+    from phalanx.nn.dropout import attach_keyed_dropout
 
-        attach_keyed_dropout(submodule)
+    attach_keyed_dropout(submodule)
+    if frame.replica_context is None:
+        from phalanx.nn import _scope_copies
+
+        # deep copies of modules made in the scope (nn.TransformerEncoder's clones)
+        _scope_copies.register_copies(submodule, frame.strategy)
 
 
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

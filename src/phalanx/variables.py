@@ -164,10 +164,40 @@ class DistributedVariable(torch.Tensor):
         return (_identity, (value,))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
-        value = self._cross_replica_value().detach().clone()
+        """A copy of the cross-replica value: a new variable of the same strategy inside its
+        scope (cross-replica context), so cloned layers (``nn.TransformerEncoder``'s
+        ``_get_clones``) train distributed; a plain tensor elsewhere (saving, an EMA copy),
+        marked so that an optimizer error can say it is a copy."""
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch._C.DisableTorchFunctionSubclass():
+            value = self._cross_replica_value().detach().clone()
+        plain: torch.Tensor = (
+            torch.nn.Parameter(value, requires_grad=self.requires_grad) if self._is_param else value
+        )
+        frame = context._top()
+        copy: torch.Tensor = plain
+        if frame is not None and frame.replica_context is None and frame.strategy is self._strategy:
+            copy = self._same_kind_in_scope(plain)
+        else:
+            plain.__dict__["_phalanx_copy_of"] = repr(self._strategy)
+        memo[id(self)] = copy
+        return copy
+
+    def _same_kind_in_scope(self, plain: torch.Tensor) -> torch.Tensor:
+        """A new variable made from ``plain`` by this variable's strategy, with this one's
+        aggregation and synchronization (the policy reads them from the tensor's annotations)."""
+        if self._aggregation is not VariableAggregation.NONE or not self._is_param:
+            set_aggregation(plain, self._aggregation)
+        if isinstance(self, MirroredVariable) and not self._is_param:
+            plain.__dict__["_phalanx_synchronization"] = VariableSynchronization.ON_WRITE
+        module: Any = None  # the policies do not read the module of a parameter or buffer
+        strategy = self._strategy
         if self._is_param:
-            return torch.nn.Parameter(value, requires_grad=self.requires_grad)
-        return value
+            made = strategy._create_parameter(module, "", plain)
+        else:
+            made = strategy._create_buffer(module, "", plain)
+        return plain if made is None else made
 
     @property
     def primary(self) -> torch.Tensor:

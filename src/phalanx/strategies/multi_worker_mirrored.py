@@ -90,11 +90,14 @@ class _BucketSync:
             return
         for p in params:
             if not isinstance(p, DistributedVariable) and not self._buckets.tracks(p):
+                from phalanx.nn._scope_copies import describe_foreign  # error path only
+
                 raise RuntimeError(
-                    f"optimizer.step() inside {self._owner!r}.run got a parameter (shape "
-                    f"{tuple(p.shape)}) that was not created in this strategy's scope, so its "
-                    "gradient would not be summed across workers and the workers would drift "
-                    "apart. HINT: create the model and the optimizer inside `with strategy.scope():`."
+                    f"optimizer.step() inside {self._owner!r}.run needs every parameter to be "
+                    "the strategy's, or its gradient would not be summed across workers and the "
+                    f"workers would drift apart. Received: {describe_foreign(p, self._owner)}. "
+                    "HINT: create the model and the optimizer inside `with strategy.scope():`; "
+                    "copy modules inside it too."
                 )
         self._checked[optimizer] = len(params)
 
