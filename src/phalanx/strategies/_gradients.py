@@ -85,8 +85,8 @@ class GradientSync:
                     from phalanx.nn._scope_copies import describe_foreign  # error path only
 
                     raise RuntimeError(
-                        f"optimizer.step() inside {owner!r}.run needs every parameter to be one of "
-                        "the strategy's variables, or every replica would update it once. Received: "
+                        f"optimizer.step() inside {owner!r}.run got a parameter that is not one of "
+                        "the strategy's variables, so every replica would update it once. Received: "
                         f"{describe_foreign(p, owner)}. HINT: create the model and the optimizer "
                         "inside `with strategy.scope():`; copy modules inside it too."
                     )

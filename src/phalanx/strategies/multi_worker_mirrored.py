@@ -93,8 +93,8 @@ class _BucketSync:
                 from phalanx.nn._scope_copies import describe_foreign  # error path only
 
                 raise RuntimeError(
-                    f"optimizer.step() inside {self._owner!r}.run needs every parameter to be "
-                    "the strategy's, or its gradient would not be summed across workers and the "
+                    f"optimizer.step() inside {self._owner!r}.run got a parameter that is not "
+                    "the strategy's, so its gradient would not be summed across workers and the "
                     f"workers would drift apart. Received: {describe_foreign(p, self._owner)}. "
                     "HINT: create the model and the optimizer inside `with strategy.scope():`; "
                     "copy modules inside it too."
