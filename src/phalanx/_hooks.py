@@ -77,18 +77,24 @@ def _made_in_scope(module: torch.nn.Module, strategy: Any, tensor: Any) -> None:
         _scope_copies.mark_made_in_scope(module, strategy, tensor)
 
 
-def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> None:
+def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> Any:
     frame = context._top()
     if frame is None or submodule is None or frame.strategy._is_default:
-        return
+        return None
     from phalanx.nn.dropout import attach_keyed_dropout
 
     attach_keyed_dropout(submodule)
-    if frame.replica_context is None:
-        from phalanx.nn import _scope_copies
+    if frame.replica_context is not None:
+        return None
+    from phalanx.nn import _scope_copies
 
-        # deep copies of modules made in the scope (nn.TransformerEncoder's clones)
-        _scope_copies.register_copies(submodule, frame.strategy)
+    # deep copies of modules made in the scope (nn.TransformerEncoder's clones)
+    _scope_copies.register_copies(submodule, frame.strategy)
+    if frame.strategy._sync_batch_norm:
+        from phalanx.nn.sync_batch_norm import converted_in_scope
+
+        return converted_in_scope(submodule)  # None: not a batch-norm layer, keep it
+    return None
 
 
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

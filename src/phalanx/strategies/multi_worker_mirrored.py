@@ -136,6 +136,9 @@ class MultiWorkerMirroredStrategy(Strategy):
             ``PHALANX_JOIN_TIMEOUT_SECONDS``, else 120).
         heartbeat_timeout: Seconds of silence after which a worker counts as dead (default
             ``PHALANX_HEARTBEAT_TIMEOUT_SECONDS``, else 10).
+        sync_batch_norm: Batch-norm layers registered in ``scope()`` become
+            `phalanx.nn.SyncBatchNorm`: statistics over the global batch of every worker,
+            as on one device (default: each replica's own slice, as TF does).
 
     Raises:
         ValueError: The cluster has a ``ps`` job, this task is not a chief or worker, NCCL is
@@ -150,6 +153,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         devices: Sequence[str | torch.device] | None = None,
         join_timeout: float | None = None,
         heartbeat_timeout: float | None = None,
+        sync_batch_norm: bool = False,
     ) -> None:
         resolver = cluster_resolver if cluster_resolver is not None else resolve_cluster()
         validate_for_strategy(resolver, "MultiWorkerMirroredStrategy", allow_ps=False)
@@ -169,6 +173,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         super().__init__(list(devices) if devices is not None else _local_devices(resolver), None, timeout)
         self._resolver = resolver
         self._options = options
+        self._sync_batch_norm = sync_batch_norm
         self._num_workers = resolver.num_workers
         self._worker_index = resolver.worker_index
         self._backend = self._pick_backend()
