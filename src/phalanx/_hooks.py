@@ -23,6 +23,7 @@ from torch.optim.optimizer import (
 )
 
 from phalanx import context
+from phalanx.variables import DistributedVariable
 
 __all__ = ["install"]
 
@@ -51,7 +52,7 @@ def _on_parameter(module: torch.nn.Module, name: str, param: Any) -> Any:
     if param is None or frame is None or frame.replica_context is not None:
         return None
     made = frame.strategy._create_parameter(module, name, param)
-    _made_in_scope(module, frame.strategy, param if made is None else made)
+    _made_in_scope(module, "_parameters", frame.strategy, param if made is None else made)
     return made
 
 
@@ -61,20 +62,24 @@ def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
         return None
     if frame.replica_context is None:
         made = frame.strategy._create_buffer(module, name, buffer)
-        _made_in_scope(module, frame.strategy, buffer if made is None else made)
+        _made_in_scope(module, "_buffers", frame.strategy, buffer if made is None else made)
         return made
     # A module re-assigning its buffer inside `run` (self.buf = new): keep the distributed
     # variable and write the new value into this replica's component.
     return frame.strategy.variable_policy.reassign_buffer(module, name, buffer, frame.replica_context)
 
 
-def _made_in_scope(module: torch.nn.Module, strategy: Any, tensor: Any) -> None:
+def _made_in_scope(module: torch.nn.Module, attribute: str, strategy: Any, tensor: Any) -> None:
     """Marks a module that registered ``tensor`` in a strategy's scope (copies of it are
-    recognised when they are registered, see `_on_submodule`)."""
-    if not strategy._is_default:
-        from phalanx.nn import _scope_copies
+    recognised when they are registered, see `_on_submodule`); a module holding a distributed
+    variable reads it as the replica's plain component inside ``run``."""
+    if strategy._is_default:
+        return
+    from phalanx.nn import _module_tensors, _scope_copies
 
-        _scope_copies.mark_made_in_scope(module, strategy, tensor)
+    _scope_copies.mark_made_in_scope(module, strategy, tensor)
+    if isinstance(tensor, DistributedVariable):
+        _module_tensors.serve_plain_components(module, attribute)
 
 
 def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> Any:
@@ -121,3 +126,6 @@ def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
     replica = context._state.replica
     if replica is not None:
         replica[0]._step_sync.after_step(optimizer, replica[1])
+        guard = context._state.write_guard
+        if guard is not None:
+            guard.snapshot()  # the step wrote the components: its writes are the allowed ones

@@ -12,6 +12,13 @@ one plain component tensor:
 
 Components other than the primary are made from the *initialised* primary before the first
 replica step, and again after the primary was written in cross-replica context.
+
+Modules do not pay for that dispatch inside a replica: a module whose tensors are distributed
+variables reads them through `phalanx.nn._module_tensors.ReplicaTensors`, which hands the
+replica its plain component (where ``_plain_in_replica``), so torch's fused kernels (the
+``nn.MultiheadAttention`` fast path) run as on one device. `ReplicaWriteGuard` keeps the
+rule that an in-place write of a mirrored parameter in a replica context needs an
+aggregation, for writes through those plain components.
 """
 
 from __future__ import annotations
@@ -133,6 +140,9 @@ class DistributedVariable(torch.Tensor):
     _components: list[torch.Tensor]
     _aggregation: VariableAggregation
     _dirty: bool  # the primary was written in cross-replica context: re-mirror before a step
+    # Modules hand a replica its plain component (phalanx.nn._module_tensors): only where
+    # every write a replica can make to it is a per-replica write anyway, or is guarded.
+    _plain_in_replica: bool
 
     @staticmethod
     def __new__(
@@ -148,7 +158,13 @@ class DistributedVariable(torch.Tensor):
         obj._aggregation = aggregation
         obj._is_param = is_parameter
         obj._dirty = True
+        obj._plain_in_replica = cls._serves_plain(aggregation, is_parameter)
         return obj
+
+    @classmethod
+    def _serves_plain(cls, aggregation: VariableAggregation, is_parameter: bool) -> bool:
+        """Whether modules may hand a replica its plain component (see `_plain_in_replica`)."""
+        return False
 
     def __hash__(self) -> int:
         # Identity hash everywhere: optimizer state built in one context must be found in
@@ -294,6 +310,13 @@ class MirroredVariable(DistributedVariable):
     and are merged across replicas, as TF's ``assign`` is; other writes raise.
     """
 
+    @classmethod
+    def _serves_plain(cls, aggregation: VariableAggregation, is_parameter: bool) -> bool:
+        # A parameter without aggregation: replicas only read it outside optimizer.step()
+        # (ReplicaWriteGuard raises for other writes). Aggregated variables merge their
+        # writes across replicas: they keep the dispatch.
+        return is_parameter and aggregation is VariableAggregation.NONE
+
     def _cross_replica_value(self) -> torch.Tensor:
         return self._components[0]
 
@@ -326,6 +349,10 @@ class SyncOnReadVariable(DistributedVariable):
     cross-replica context sets the aggregate: with SUM the primary takes the value and the
     other components zero, otherwise every component takes it.
     """
+
+    @classmethod
+    def _serves_plain(cls, aggregation: VariableAggregation, is_parameter: bool) -> bool:
+        return True  # each replica reads and writes its own component anyway
 
     def _cross_replica_value(self) -> torch.Tensor:
         return self._strategy.variable_policy.aggregate_sync_on_read(self)
