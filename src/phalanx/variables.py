@@ -378,6 +378,9 @@ class SyncOnReadVariable(DistributedVariable):
         first_worker = self._strategy.worker_rank == 0
         with torch.no_grad():
             for i, component in enumerate(self._components):
+                if component.dtype != value.dtype or component.shape != value.shape:
+                    # converted (model.double()) or resized: the components follow the value
+                    component.data = torch.empty_like(value, device=component.device)
                 if sum_like and (i > 0 or not first_worker):
                     component.zero_()
                 else:

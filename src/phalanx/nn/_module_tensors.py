@@ -17,17 +17,16 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from phalanx import context
 from phalanx.variables import DistributedVariable, MirroredVariable
 
 if TYPE_CHECKING:
-    import torch
-
     from phalanx.strategies.strategy import Strategy
 
-__all__ = ["ReplicaTensors", "ReplicaWriteGuard", "serve_plain_components"]
+__all__ = ["ReplicaBuffers", "ReplicaTensors", "ReplicaWriteGuard", "serve_plain_components"]
 
 
 class ReplicaTensors(dict):  # type: ignore[type-arg]
@@ -61,11 +60,41 @@ class ReplicaTensors(dict):  # type: ignore[type-arg]
         return copied  # copies outside the scope: plain tensors in a plain dict
 
 
+class ReplicaBuffers(ReplicaTensors):
+    """`ReplicaTensors` for ``_buffers``: a plain tensor stored over a distributed buffer in
+    cross-replica context is written into the variable (TF's ``assign``) rather than replacing
+    it. ``Module._apply`` (``model.double()``, ``.to()``) stores converted buffers with
+    ``_buffers[name] = fn(buffer)``, past the registration hooks: without this, every replica
+    would share (and race on) one plain tensor.
+    """
+
+    __slots__ = ()
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        old = dict.get(self, key)
+        if (
+            isinstance(old, DistributedVariable)
+            and isinstance(value, torch.Tensor)
+            and not isinstance(value, DistributedVariable)
+            and context._state.replica is None
+        ):
+            with torch.no_grad():
+                old.data = value  # Mirrored: the primary, re-mirrored; SyncOnRead: the aggregate
+            value = old
+        dict.__setitem__(self, key, value)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+        copied = ReplicaTensors.__deepcopy__(self, memo)
+        return ReplicaBuffers(copied) if type(copied) is ReplicaTensors else copied
+
+
 def serve_plain_components(module: nn.Module, attribute: str) -> None:
-    """Makes ``module._parameters`` or ``module._buffers`` a `ReplicaTensors` (idempotent)."""
+    """Makes ``module._parameters`` a `ReplicaTensors`, ``module._buffers`` a `ReplicaBuffers`
+    (idempotent)."""
     tensors = module.__dict__.get(attribute)
-    if tensors is not None and type(tensors) is not ReplicaTensors:
-        module.__dict__[attribute] = ReplicaTensors(tensors)
+    kind = ReplicaBuffers if attribute == "_buffers" else ReplicaTensors
+    if tensors is not None and type(tensors) is not kind:
+        module.__dict__[attribute] = kind(tensors)
 
 
 class ReplicaWriteGuard:

@@ -91,3 +91,32 @@ def test_the_optimizer_step_writes_are_allowed_and_replicas_stay_equal(mirrored_
         mirrored_2cpu.run(step, args=(batch,))
     first, second = layer.weight.components
     torch.testing.assert_close(first, second, rtol=0, atol=0)
+
+
+def _running_mean_after_double(strategy: phalanx.Strategy) -> torch.Tensor:
+    torch.manual_seed(0)
+    with strategy.scope():
+        model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)).double()
+    x = torch.randn(8, 3, dtype=torch.float64) * 2 + 1
+    for batch in strategy.experimental_distribute_dataset([x, x + 1]):
+        strategy.run(model, args=(batch,))
+    with strategy.scope():
+        return model[1].running_mean.detach().clone()
+
+
+def test_model_double_keeps_distributed_buffers(mirrored_2cpu):
+    """Module._apply stores converted buffers past the hooks; they stay per-replica variables
+    (a plain tensor there would be shared, and raced on, by every replica)."""
+    expected = _running_mean_after_double(phalanx.OneDeviceStrategy("cpu"))
+    got = _running_mean_after_double(mirrored_2cpu)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)  # the mean of means: the same
+
+
+def test_a_buffer_set_outside_the_scope_is_written_into_the_variable(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        norm = nn.BatchNorm1d(2)
+    variable = norm.running_mean
+    norm.running_mean = torch.full((2,), 3.0)
+    assert norm.running_mean is variable
+    for component in variable.components:
+        torch.testing.assert_close(component, torch.full((2,), 3.0))
