@@ -39,6 +39,7 @@ __all__ = [
     "DistributedVariable",
     "MirroredVariable",
     "SyncOnReadVariable",
+    "Variable",
     "VariableAggregation",
     "VariableSynchronization",
     "set_aggregation",
@@ -97,6 +98,59 @@ def set_aggregation(
         )
         tensor._phalanx_synchronization = sync  # type: ignore[attr-defined]
     return tensor
+
+
+def Variable(  # TF's spelling (tf.Variable), hence the capital
+    initial_value: Any,
+    trainable: bool = True,
+    dtype: torch.dtype | None = None,
+    aggregation: VariableAggregation | str | None = None,
+    synchronization: VariableSynchronization | str | None = None,
+) -> torch.Tensor:
+    """A variable outside any module (tf.Variable): distributed by the current strategy.
+
+    In ``strategy.scope()`` it is made as a module's tensor would be: a trainable variable
+    like a parameter (a `MirroredVariable` under MirroredStrategy), a non-trainable one like a
+    buffer, mirrored on write unless ``synchronization="on_read"`` (TF's default for
+    non-trainable variables). Outside any scope: a plain ``nn.Parameter`` (trainable) or tensor.
+
+    Args:
+        initial_value: A tensor, array or number (copied).
+        trainable: Whether the optimizer trains it (a parameter with ``requires_grad``).
+        dtype: Its dtype (default: ``initial_value``'s).
+        aggregation: How replicas' writes combine in a replica context (`set_aggregation`).
+        synchronization: ``"on_write"`` (mirrored) or ``"on_read"`` (per replica, aggregated
+            when read outside ``run``).
+
+    Returns:
+        The variable.
+
+    Raises:
+        RuntimeError: Called inside ``strategy.run`` (variables are created in the scope).
+    """
+    frame = context._top()
+    if frame is not None and frame.replica_context is not None and not frame.strategy._is_default:
+        raise RuntimeError(
+            "Variables are created in the strategy's scope, once, not in each replica. Received: "
+            f"phalanx.variables.Variable(...) inside {frame.strategy!r}.run. HINT: create it in "
+            "`with strategy.scope():` before the training loop."
+        )
+    value = torch.as_tensor(initial_value, dtype=dtype).detach().clone()
+    holder = torch.nn.Module()  # the strategies make tensors as modules register them
+    if trainable:
+        param = torch.nn.Parameter(value)
+        if aggregation is not None or synchronization is not None:
+            set_aggregation(param, aggregation, synchronization)
+        holder.register_parameter("value", param)
+    else:
+        sync = VariableSynchronization.ON_WRITE if synchronization in (None, "auto") else synchronization
+        if sync is VariableSynchronization.AUTO:
+            sync = VariableSynchronization.ON_WRITE
+        holder.register_buffer("value", set_aggregation(value, aggregation, sync))
+    # dict's own read: the variable itself, whatever context reads it
+    made = dict.get(holder._parameters if trainable else holder._buffers, "value")
+    assert made is not None  # registered just above
+    return made
 
 
 # The property accessors torch routes through __torch_function__ (typed as Any: stubs
