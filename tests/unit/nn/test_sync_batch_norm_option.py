@@ -38,16 +38,8 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
 def train(strategy: phalanx.Strategy) -> dict[str, np.ndarray]:
     """Two float64 steps of ConvNet (module level: the mwms_2workers runner imports it)."""
     torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    # float64 from construction: model.double() in a Mirrored scope would turn the
-    # distributed buffers into plain tensors (a known limitation, see the report)
-    torch.set_default_dtype(torch.float64)
-    try:
-        with strategy.scope():
-            model = ConvNet()
-    finally:
-        torch.set_default_dtype(default)
     with strategy.scope():
+        model = ConvNet().double()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = _data()
 
