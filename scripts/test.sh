@@ -7,7 +7,7 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[test]"
+python -m pip install -q -e ".[test,models]"  # models: transformers for tests/models
 ruff check src tests benchmarks examples
 mypy
 python -m pytest -q "$@"

@@ -24,6 +24,7 @@ from torch.optim.optimizer import (
 )
 
 from phalanx import context
+from phalanx.variables import DistributedVariable
 
 __all__ = ["install"]
 
@@ -55,7 +56,9 @@ def _on_parameter(module: torch.nn.Module, name: str, param: Any) -> Any:
     frame = context._top()
     if param is None or frame is None or frame.replica_context is not None:
         return None
-    return frame.strategy._create_parameter(module, name, param)
+    made = frame.strategy._create_parameter(module, name, param)
+    _made_in_scope(module, "_parameters", frame.strategy, param if made is None else made)
+    return made
 
 
 def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
@@ -63,18 +66,45 @@ def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
     if buffer is None or frame is None:
         return None
     if frame.replica_context is None:
-        return frame.strategy._create_buffer(module, name, buffer)
+        made = frame.strategy._create_buffer(module, name, buffer)
+        _made_in_scope(module, "_buffers", frame.strategy, buffer if made is None else made)
+        return made
     # A module re-assigning its buffer inside `run` (self.buf = new): keep the distributed
     # variable and write the new value into this replica's component.
     return frame.strategy.variable_policy.reassign_buffer(module, name, buffer, frame.replica_context)
 
 
-def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> None:
-    frame = context._top()
-    if frame is not None and submodule is not None and not frame.strategy._is_default:
-        from phalanx.nn.dropout import attach_keyed_dropout
+def _made_in_scope(module: torch.nn.Module, attribute: str, strategy: Any, tensor: Any) -> None:
+    """Marks a module that registered ``tensor`` in a strategy's scope (copies of it are
+    recognised when they are registered, see `_on_submodule`); a module holding a distributed
+    variable reads it as the replica's plain component inside ``run``."""
+    if strategy._is_default:
+        return
+    from phalanx.nn import _module_tensors, _scope_copies
 
-        attach_keyed_dropout(submodule)
+    _scope_copies.mark_made_in_scope(module, strategy, tensor)
+    if isinstance(tensor, DistributedVariable):
+        _module_tensors.serve_plain_components(module, attribute)
+
+
+def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> Any:
+    frame = context._top()
+    if frame is None or submodule is None or frame.strategy._is_default:
+        return None
+    from phalanx.nn.dropout import attach_keyed_dropout
+
+    attach_keyed_dropout(submodule)
+    if frame.replica_context is not None:
+        return None
+    from phalanx.nn import _scope_copies
+
+    # deep copies of modules made in the scope (nn.TransformerEncoder's clones)
+    _scope_copies.register_copies(submodule, frame.strategy)
+    if frame.strategy._sync_batch_norm:
+        from phalanx.nn.sync_batch_norm import converted_in_scope
+
+        return converted_in_scope(submodule)  # None: not a batch-norm layer, keep it
+    return None
 
 
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -101,3 +131,6 @@ def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
     replica = context._state.replica
     if replica is not None:
         replica[0]._step_sync.after_step(optimizer, replica[1])
+        guard = context._state.write_guard
+        if guard is not None:
+            guard.snapshot()  # the step wrote the components: its writes are the allowed ones

@@ -37,6 +37,8 @@ class _ThreadState(threading.local):
         # Fast path for distributed variables: (strategy, local replica index) or None.
         self.replica: tuple[Any, int] | None = None
         self.set_strategy_scope: Any = None
+        # phalanx.nn._module_tensors.ReplicaWriteGuard of the replica frame running here
+        self.write_guard: Any = None
 
 
 _state = _ThreadState()
@@ -59,13 +61,35 @@ def push_frame(strategy: Strategy, replica_context: ReplicaContext | None) -> It
     previous = _state.replica
     _state.stack.append(frame)
     _state.replica = None if replica_context is None else (strategy, replica_context.local_replica_index)
+    guard = _start_write_guard(strategy, replica_context)
     try:
         yield
+        if guard is not None:
+            guard.check()
     finally:
+        if guard is not None:
+            _state.write_guard = None
         popped = _state.stack.pop()
         _state.replica = previous
         if popped is not frame:  # pragma: no cover - would be a bug in phalanx
             raise RuntimeError("phalanx context stack corrupted: frames popped out of order.")
+
+
+def _start_write_guard(strategy: Strategy, replica_context: ReplicaContext | None) -> Any:
+    """A write guard for the outermost replica frame of a strategy with several local
+    replicas and distributed variables (whose modules hand replicas plain components)."""
+    if (
+        replica_context is None
+        or _state.write_guard is not None
+        or strategy.num_local_replicas < 2
+        or not strategy.variable_policy.has_variables
+    ):
+        return None
+    from phalanx.nn._module_tensors import ReplicaWriteGuard
+
+    guard = ReplicaWriteGuard(strategy, replica_context.local_replica_index)
+    _state.write_guard = guard
+    return guard
 
 
 def get_strategy() -> Strategy:

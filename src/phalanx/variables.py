@@ -12,6 +12,13 @@ one plain component tensor:
 
 Components other than the primary are made from the *initialised* primary before the first
 replica step, and again after the primary was written in cross-replica context.
+
+Modules do not pay for that dispatch inside a replica: a module whose tensors are distributed
+variables reads them through `phalanx.nn._module_tensors.ReplicaTensors`, which hands the
+replica its plain component (where ``_plain_in_replica``), so torch's fused kernels (the
+``nn.MultiheadAttention`` fast path) run as on one device. `ReplicaWriteGuard` keeps the
+rule that an in-place write of a mirrored parameter in a replica context needs an
+aggregation, for writes through those plain components.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ __all__ = [
     "DistributedVariable",
     "MirroredVariable",
     "SyncOnReadVariable",
+    "Variable",
     "VariableAggregation",
     "VariableSynchronization",
     "set_aggregation",
@@ -92,6 +100,59 @@ def set_aggregation(
     return tensor
 
 
+def Variable(  # TF's spelling (tf.Variable), hence the capital
+    initial_value: Any,
+    trainable: bool = True,
+    dtype: torch.dtype | None = None,
+    aggregation: VariableAggregation | str | None = None,
+    synchronization: VariableSynchronization | str | None = None,
+) -> torch.Tensor:
+    """A variable outside any module (tf.Variable): distributed by the current strategy.
+
+    In ``strategy.scope()`` it is made as a module's tensor would be: a trainable variable
+    like a parameter (a `MirroredVariable` under MirroredStrategy), a non-trainable one like a
+    buffer, mirrored on write unless ``synchronization="on_read"`` (TF's default for
+    non-trainable variables). Outside any scope: a plain ``nn.Parameter`` (trainable) or tensor.
+
+    Args:
+        initial_value: A tensor, array or number (copied).
+        trainable: Whether the optimizer trains it (a parameter with ``requires_grad``).
+        dtype: Its dtype (default: ``initial_value``'s).
+        aggregation: How replicas' writes combine in a replica context (`set_aggregation`).
+        synchronization: ``"on_write"`` (mirrored) or ``"on_read"`` (per replica, aggregated
+            when read outside ``run``).
+
+    Returns:
+        The variable.
+
+    Raises:
+        RuntimeError: Called inside ``strategy.run`` (variables are created in the scope).
+    """
+    frame = context._top()
+    if frame is not None and frame.replica_context is not None and not frame.strategy._is_default:
+        raise RuntimeError(
+            "Variables are created in the strategy's scope, once, not in each replica. Received: "
+            f"phalanx.variables.Variable(...) inside {frame.strategy!r}.run. HINT: create it in "
+            "`with strategy.scope():` before the training loop."
+        )
+    value = torch.as_tensor(initial_value, dtype=dtype).detach().clone()
+    holder = torch.nn.Module()  # the strategies make tensors as modules register them
+    if trainable:
+        param = torch.nn.Parameter(value)
+        if aggregation is not None or synchronization is not None:
+            set_aggregation(param, aggregation, synchronization)
+        holder.register_parameter("value", param)
+    else:
+        sync = VariableSynchronization.ON_WRITE if synchronization in (None, "auto") else synchronization
+        if sync is VariableSynchronization.AUTO:
+            sync = VariableSynchronization.ON_WRITE
+        holder.register_buffer("value", set_aggregation(value, aggregation, sync))
+    # dict's own read: the variable itself, whatever context reads it
+    made = dict.get(holder._parameters if trainable else holder._buffers, "value")
+    assert made is not None  # registered just above
+    return made
+
+
 # The property accessors torch routes through __torch_function__ (typed as Any: stubs
 # describe the properties' values, not their descriptors). They are method-wrappers, new
 # objects on every access: compare them with ==, never with `is`.
@@ -133,6 +194,9 @@ class DistributedVariable(torch.Tensor):
     _components: list[torch.Tensor]
     _aggregation: VariableAggregation
     _dirty: bool  # the primary was written in cross-replica context: re-mirror before a step
+    # Modules hand a replica its plain component (phalanx.nn._module_tensors): only where
+    # every write a replica can make to it is a per-replica write anyway, or is guarded.
+    _plain_in_replica: bool
 
     @staticmethod
     def __new__(
@@ -148,7 +212,13 @@ class DistributedVariable(torch.Tensor):
         obj._aggregation = aggregation
         obj._is_param = is_parameter
         obj._dirty = True
+        obj._plain_in_replica = cls._serves_plain(aggregation, is_parameter)
         return obj
+
+    @classmethod
+    def _serves_plain(cls, aggregation: VariableAggregation, is_parameter: bool) -> bool:
+        """Whether modules may hand a replica its plain component (see `_plain_in_replica`)."""
+        return False
 
     def __hash__(self) -> int:
         # Identity hash everywhere: optimizer state built in one context must be found in
@@ -164,10 +234,40 @@ class DistributedVariable(torch.Tensor):
         return (_identity, (value,))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
-        value = self._cross_replica_value().detach().clone()
+        """A copy of the cross-replica value: a new variable of the same strategy inside its
+        scope (cross-replica context), so cloned layers (``nn.TransformerEncoder``'s
+        ``_get_clones``) train distributed; a plain tensor elsewhere (saving, an EMA copy),
+        marked so that an optimizer error can say it is a copy."""
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch._C.DisableTorchFunctionSubclass():
+            value = self._cross_replica_value().detach().clone()
+        plain: torch.Tensor = (
+            torch.nn.Parameter(value, requires_grad=self.requires_grad) if self._is_param else value
+        )
+        frame = context._top()
+        copy: torch.Tensor = plain
+        if frame is not None and frame.replica_context is None and frame.strategy is self._strategy:
+            copy = self._same_kind_in_scope(plain)
+        else:
+            plain.__dict__["_phalanx_copy_of"] = repr(self._strategy)
+        memo[id(self)] = copy
+        return copy
+
+    def _same_kind_in_scope(self, plain: torch.Tensor) -> torch.Tensor:
+        """A new variable made from ``plain`` by this variable's strategy, with this one's
+        aggregation and synchronization (the policy reads them from the tensor's annotations)."""
+        if self._aggregation is not VariableAggregation.NONE or not self._is_param:
+            set_aggregation(plain, self._aggregation)
+        if isinstance(self, MirroredVariable) and not self._is_param:
+            plain.__dict__["_phalanx_synchronization"] = VariableSynchronization.ON_WRITE
+        module: Any = None  # the policies do not read the module of a parameter or buffer
+        strategy = self._strategy
         if self._is_param:
-            return torch.nn.Parameter(value, requires_grad=self.requires_grad)
-        return value
+            made = strategy._create_parameter(module, "", plain)
+        else:
+            made = strategy._create_buffer(module, "", plain)
+        return plain if made is None else made
 
     @property
     def primary(self) -> torch.Tensor:
@@ -264,6 +364,13 @@ class MirroredVariable(DistributedVariable):
     and are merged across replicas, as TF's ``assign`` is; other writes raise.
     """
 
+    @classmethod
+    def _serves_plain(cls, aggregation: VariableAggregation, is_parameter: bool) -> bool:
+        # A parameter without aggregation: replicas only read it outside optimizer.step()
+        # (ReplicaWriteGuard raises for other writes). Aggregated variables merge their
+        # writes across replicas: they keep the dispatch.
+        return is_parameter and aggregation is VariableAggregation.NONE
+
     def _cross_replica_value(self) -> torch.Tensor:
         return self._components[0]
 
@@ -297,6 +404,10 @@ class SyncOnReadVariable(DistributedVariable):
     other components zero, otherwise every component takes it.
     """
 
+    @classmethod
+    def _serves_plain(cls, aggregation: VariableAggregation, is_parameter: bool) -> bool:
+        return True  # each replica reads and writes its own component anyway
+
     def _cross_replica_value(self) -> torch.Tensor:
         return self._strategy.variable_policy.aggregate_sync_on_read(self)
 
@@ -321,6 +432,9 @@ class SyncOnReadVariable(DistributedVariable):
         first_worker = self._strategy.worker_rank == 0
         with torch.no_grad():
             for i, component in enumerate(self._components):
+                if component.dtype != value.dtype or component.shape != value.shape:
+                    # converted (model.double()) or resized: the components follow the value
+                    component.data = torch.empty_like(value, device=component.device)
                 if sum_like and (i > 0 or not first_worker):
                     component.zero_()
                 else:

@@ -106,7 +106,8 @@ class GradientBuckets:
         self._first_bytes = min(first_bucket_bytes, self._bucket_bytes)
         self._params: list[weakref.ref[torch.nn.Parameter]] = []  # trainable, registration order
         self._frozen: list[weakref.ref[torch.nn.Parameter]] = []  # requires_grad=False when added
-        self._ids: set[int] = set()
+        # by id, checked against a weak reference: a dead parameter's id is reused by new ones
+        self._ids: dict[int, weakref.ref[torch.nn.Parameter]] = {}
         self._handles: list[Any] = []
         self._buckets: list[_Bucket] | None = None
         self._where: dict[int, tuple[int, int]] = {}
@@ -122,10 +123,10 @@ class GradientBuckets:
         A parameter that does not require a gradient yet is tracked from the first `refresh`
         after it does (each ``run`` refreshes).
         """
-        if id(param) in self._ids:
+        if self.tracks(param):
             return  # shared by two modules (tied weights)
         with self._lock:
-            self._ids.add(id(param))
+            self._ids[id(param)] = weakref.ref(param)
             if param.requires_grad:
                 self._track(param)
             else:
@@ -152,7 +153,8 @@ class GradientBuckets:
 
     def tracks(self, param: torch.Tensor) -> bool:
         """Whether ``param`` was added (created in the strategy's scope)."""
-        return id(param) in self._ids
+        ref = self._ids.get(id(param))
+        return ref is not None and ref() is param
 
     @property
     def buckets(self) -> list[list[torch.nn.Parameter]]:

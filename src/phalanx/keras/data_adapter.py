@@ -1,9 +1,15 @@
 """What fit/evaluate/predict accept as data, turned into epochs of global batches.
 
-Arrays (NumPy or tensors, or tuples/dicts of them) are batched here with the *global*
-batch size and shuffled with a seed per epoch, so every worker sees the same order and an
-interrupted epoch can be replayed exactly. Anything else (a DataLoader, a
-`phalanx.data.Dataset`, an iterable of batches) already yields global batches.
+Arrays (NumPy of any numeric dtype, tensors, nested Python lists of numbers, or
+tuples/lists/dicts of them) are batched here with the *global* batch size and shuffled with a
+seed per epoch, so every worker sees the same order and an interrupted epoch can be replayed
+exactly. Anything else (a DataLoader, a `phalanx.data.Dataset`, an iterable of batches)
+already yields global batches.
+
+Keras' floatx rule: floating inputs, targets and sample weights are cast to the model's
+floating parameter dtype (``float_dtype_of``), so ``fit(np.ones((100, 1)), ...)`` (float64)
+trains a float32 model. Integer arrays (token ids, class labels) become int64, torch's index
+dtype (``nn.Embedding`` and ``cross_entropy`` targets take no other); bool arrays stay bool.
 """
 
 from __future__ import annotations
@@ -15,11 +21,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from phalanx.input.splitting import as_tensors, batch_size_of, slice_batch
+from phalanx.input.splitting import batch_size_of, slice_batch
 
-__all__ = ["DataHandler", "split_validation", "unpack_batch"]
+__all__ = ["DataHandler", "float_dtype_of", "split_validation", "unpack_batch"]
 
 DEFAULT_BATCH_SIZE = 32
+
+
+def float_dtype_of(module: torch.nn.Module) -> torch.dtype:
+    """The dtype floating inputs are cast to: the module's first floating parameter's (or
+    buffer's), else torch's default dtype (Keras' ``floatx``)."""
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return torch.get_default_dtype()
 
 
 def _is_array_like(x: Any) -> bool:
@@ -27,7 +42,47 @@ def _is_array_like(x: Any) -> bool:
         return True
     if isinstance(x, (tuple, list)) and x and all(_is_array_like(v) for v in x):
         return True
+    if isinstance(x, list) and x and _is_numbers(x):
+        return True  # [[1.0, 2.0], [3.0, 4.0]]: one array, as np.asarray reads it
     return isinstance(x, dict) and bool(x) and all(_is_array_like(v) for v in x.values())
+
+
+def _is_numbers(x: Any) -> bool:
+    if isinstance(x, (list, tuple)):
+        return bool(x) and all(_is_numbers(v) for v in x)
+    return isinstance(x, (bool, int, float, np.number, np.bool_))
+
+
+def _to_tensors(structure: Any, float_dtype: torch.dtype | None) -> Any:
+    """NumPy arrays and lists of numbers as tensors, floating ones cast to ``float_dtype``
+    (None: kept), integer ones int64 (torch's index dtype; uint64 beyond int64 wraps).
+
+    Raises:
+        TypeError: An array of strings or objects.
+    """
+    if isinstance(structure, list) and structure and _is_numbers(structure):
+        structure = np.asarray(structure)
+    if isinstance(structure, np.ndarray):
+        if structure.dtype.kind not in "biuf":
+            raise TypeError(
+                "fit/evaluate/predict take numeric arrays (bool, integer or floating). Received: "
+                f"an array of dtype {structure.dtype}. HINT: encode strings or objects as numbers "
+                "first, or pass a phalanx.data.Dataset that yields tensors."
+            )
+        if structure.dtype.kind in "iu" and structure.dtype != np.int64:
+            structure = structure.astype(np.int64)
+        structure = torch.from_numpy(structure)
+    if isinstance(structure, torch.Tensor):
+        if float_dtype is not None and structure.is_floating_point() and structure.dtype != float_dtype:
+            return structure.to(float_dtype)
+        return structure
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+        return type(structure)(*(_to_tensors(v, float_dtype) for v in structure))
+    if isinstance(structure, (list, tuple)):
+        return type(structure)(_to_tensors(v, float_dtype) for v in structure)
+    if isinstance(structure, dict):
+        return type(structure)((k, _to_tensors(v, float_dtype)) for k, v in structure.items())
+    return structure
 
 
 def unpack_batch(batch: Any) -> tuple[Any, Any, Any]:
@@ -60,7 +115,7 @@ def split_validation(x: Any, y: Any, sample_weight: Any, fraction: float) -> tup
             "validation_split needs NumPy arrays or tensors as x. Received: "
             f"{type(x).__name__}. HINT: pass validation_data instead."
         )
-    data = as_tensors((x, y, sample_weight))
+    data = _to_tensors((x, y, sample_weight), None)
     total = batch_size_of(data)
     cut = int(total * (1.0 - fraction))
     train = slice_batch(data, 0, cut)
@@ -69,8 +124,10 @@ def split_validation(x: Any, y: Any, sample_weight: Any, fraction: float) -> tup
 
 
 class _ArrayEpochs:
-    def __init__(self, data: Any, batch_size: int, shuffle: bool, seed: int) -> None:
-        self._data = as_tensors(data)
+    def __init__(
+        self, data: Any, batch_size: int, shuffle: bool, seed: int, float_dtype: torch.dtype | None
+    ) -> None:
+        self._data = _to_tensors(data, float_dtype)  # cast once, not at every batch
         self._size = batch_size_of(self._data)
         self._batch = batch_size
         self._shuffle = shuffle
@@ -114,9 +171,12 @@ class DataHandler:
         steps_per_epoch: Steps per epoch; required for infinite datasets. With it, a dataset's
             iterator carries over from one epoch to the next, as in Keras.
         seed: The base of the per-epoch shuffling seed.
+        float_dtype: What floating arrays and batches are cast to (`float_dtype_of` the
+            model); None keeps their dtype.
 
     Raises:
         ValueError: Inconsistent arguments (see messages).
+        TypeError: Arrays of strings or objects.
     """
 
     def __init__(
@@ -128,6 +188,7 @@ class DataHandler:
         shuffle: bool = False,
         steps_per_epoch: int | None = None,
         seed: int = 0,
+        float_dtype: torch.dtype | None = None,
     ) -> None:
         if x is None:
             raise ValueError("No data: x is None. HINT: pass arrays or a dataset as x.")
@@ -135,11 +196,12 @@ class DataHandler:
             raise ValueError(f"steps_per_epoch must be positive. Received: {steps_per_epoch}.")
         self._steps_per_epoch = steps_per_epoch
         self._iterator: Iterator[Any] | None = None
+        self._float_dtype = float_dtype
         if _is_array_like(x):
             if batch_size is not None and batch_size <= 0:
                 raise ValueError(f"batch_size must be positive. Received: {batch_size}.")
             self._arrays: _ArrayEpochs | None = _ArrayEpochs(
-                (x, y, sample_weight), batch_size or DEFAULT_BATCH_SIZE, shuffle, seed
+                (x, y, sample_weight), batch_size or DEFAULT_BATCH_SIZE, shuffle, seed, float_dtype
             )
             self._source: Iterable[Any] | None = None
             return
@@ -175,7 +237,7 @@ class DataHandler:
         if self._steps_per_epoch is not None:
             batches = itertools.islice(batches, self._steps_per_epoch)
         for batch in itertools.islice(batches, skip, None):
-            yield unpack_batch(as_tensors(batch))
+            yield unpack_batch(_to_tensors(batch, self._float_dtype))
 
     def _raw_epoch(self, epoch: int) -> Iterator[Any]:
         if self._arrays is not None:

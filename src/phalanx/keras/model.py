@@ -11,7 +11,7 @@ from phalanx import context
 from phalanx.keras import optimizers
 from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch
 from phalanx.keras.compile_utils import LossContainer, identifier_config, resolve_metrics
-from phalanx.keras.data_adapter import DataHandler, split_validation
+from phalanx.keras.data_adapter import DataHandler, float_dtype_of, split_validation
 from phalanx.losses.averaging import compute_average_loss
 
 __all__ = ["Model"]
@@ -172,7 +172,9 @@ class Model(nn.Module):
         self._require_compiled()
         if validation_split and validation_data is None:
             (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_split)
-        handler = DataHandler(x, y, sample_weight, batch_size, shuffle, steps_per_epoch)
+        handler = DataHandler(
+            x, y, sample_weight, batch_size, shuffle, steps_per_epoch, float_dtype=float_dtype_of(self)
+        )
         val_handler = self._validation_handler(
             validation_data, validation_batch_size or batch_size, validation_steps
         )
@@ -202,8 +204,10 @@ class Model(nn.Module):
             return None
         if isinstance(data, tuple) and len(data) in (2, 3) and not hasattr(data, "_fields"):
             vx, vy, *rest = data
-            return DataHandler(vx, vy, rest[0] if rest else None, batch_size, False, steps)
-        return DataHandler(data, steps_per_epoch=steps)
+            return DataHandler(
+                vx, vy, rest[0] if rest else None, batch_size, False, steps, float_dtype=float_dtype_of(self)
+            )
+        return DataHandler(data, steps_per_epoch=steps, float_dtype=float_dtype_of(self))
 
     def _callback_list(
         self,
@@ -238,7 +242,7 @@ class Model(nn.Module):
     ) -> Any:
         """Global loss and metric values over the data; a list (loss first) or a dict."""
         self._require_compiled()
-        handler = DataHandler(x, y, sample_weight, batch_size, False, steps)
+        handler = DataHandler(x, y, sample_weight, batch_size, False, steps, float_dtype=float_dtype_of(self))
         cbs = self._callback_list(callbacks, verbose, 1, handler.steps_per_epoch, history=False)
         logs = evaluate_loop(self, handler, cbs)
         if return_dict:
@@ -255,7 +259,7 @@ class Model(nn.Module):
         callbacks: list[Any] | None = None,
     ) -> Any:
         """Outputs for every example, in input order, gathered across replicas and workers."""
-        handler = DataHandler(x, None, None, batch_size, False, steps)
+        handler = DataHandler(x, None, None, batch_size, False, steps, float_dtype=float_dtype_of(self))
         cbs = self._callback_list(callbacks, verbose, 1, handler.steps_per_epoch, history=False)
         return predict_loop(self, handler, cbs)
 
@@ -266,7 +270,7 @@ class Model(nn.Module):
         self._require_compiled()
         self._reset_metrics()
         self.train()
-        handler = DataHandler(x, y, sample_weight, batch_size=_batch_len(x))
+        handler = DataHandler(x, y, sample_weight, batch_size=_batch_len(x), float_dtype=float_dtype_of(self))
         train_epoch(self, handler, 0, 0, _callbacks_module().CallbackList([]))
         logs = self._logs()
         return logs if return_dict else [logs[n] for n in self.metrics_names]

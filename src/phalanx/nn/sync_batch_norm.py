@@ -12,7 +12,7 @@ from torch.nn.parameter import is_lazy
 from phalanx import context
 from phalanx.variables import DistributedVariable
 
-__all__ = ["SyncBatchNorm"]
+__all__ = ["SyncBatchNorm", "converted_in_scope"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -130,6 +130,7 @@ class SyncBatchNorm(_BatchNorm):
 
     @classmethod
     def _from_batchnorm(cls, module: _BatchNorm) -> SyncBatchNorm:
+        """A SyncBatchNorm holding ``module``'s tensors (see `convert_sync_batchnorm`)."""
         if any(t is not None and is_lazy(t) for t in (module.weight, module.running_mean)):
             raise ValueError(
                 f"Cannot convert the uninitialised lazy layer {module!r}. HINT: run one forward "
@@ -155,6 +156,30 @@ class SyncBatchNorm(_BatchNorm):
         if hasattr(module, "qconfig"):
             output.qconfig = module.qconfig
         return output
+
+
+def converted_in_scope(module: nn.Module) -> SyncBatchNorm | None:
+    """The SyncBatchNorm that replaces a batch-norm layer registered in the scope of a strategy
+    made with ``sync_batch_norm=True``; None for other modules (they stay as they are).
+
+    Called by the submodule-registration hook (`phalanx._hooks`), inside the scope: the layer's
+    own tensors, already the strategy's variables, move to the new layer. Layers nested in
+    ``module`` were converted when they were registered in it.
+
+    Raises:
+        ValueError: An uninitialised lazy batch-norm layer (its size is not known yet).
+    """
+    if not isinstance(module, _BatchNorm) or isinstance(module, SyncBatchNorm):
+        return None
+    if any(t is not None and is_lazy(t) for t in (module.weight, module.running_mean)):
+        raise ValueError(
+            "A strategy made with sync_batch_norm=True converts batch-norm layers when they are "
+            f"registered, and cannot convert an uninitialised lazy one. Received: {module!r}. "
+            "HINT: give num_features (torch.nn.BatchNorm2d), or make the strategy without "
+            "sync_batch_norm and call phalanx.nn.SyncBatchNorm.convert_sync_batchnorm(model) in "
+            "the scope after one forward pass."
+        )
+    return SyncBatchNorm._from_batchnorm(module)
 
 
 def _local_moments(input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -82,10 +82,13 @@ class GradientSync:
                 if isinstance(p, DistributedVariable) and p._strategy is owner:
                     params.append(p)
                 elif len(self._devices) > 1:
+                    from phalanx.nn._scope_copies import describe_foreign  # error path only
+
                     raise RuntimeError(
-                        f"optimizer.step() inside {owner!r}.run got a parameter that "
-                        "was not created in this strategy's scope, so every replica would update it "
-                        "once. HINT: create the model and the optimizer inside `with strategy.scope():`."
+                        f"optimizer.step() inside {owner!r}.run got a parameter that is not one of "
+                        "the strategy's variables, so every replica would update it once. Received: "
+                        f"{describe_foreign(p, owner)}. HINT: create the model and the optimizer "
+                        "inside `with strategy.scope():`; copy modules inside it too."
                     )
         return params
 

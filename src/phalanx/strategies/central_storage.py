@@ -188,6 +188,8 @@ class CentralStorageStrategy(Strategy):
         parameter_device: Where variables live (default: the compute device if there is
             one, else the CPU).
         timeout_seconds: How long a replica waits for the others at a meeting point.
+        sync_batch_norm: Batch-norm layers registered in ``scope()`` become
+            `phalanx.nn.SyncBatchNorm` (global-batch statistics), as in `MirroredStrategy`.
     """
 
     def __init__(
@@ -195,6 +197,7 @@ class CentralStorageStrategy(Strategy):
         compute_devices: Sequence[str | torch.device] | None = None,
         parameter_device: str | torch.device | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        sync_batch_norm: bool = False,
     ) -> None:
         devices = list(compute_devices) if compute_devices is not None else default_devices()
         if parameter_device is None:
@@ -202,6 +205,7 @@ class CentralStorageStrategy(Strategy):
         # Read by _make_variable_policy, which Strategy.__init__ calls.
         self._parameter_device = torch_device(canonical_name(parameter_device))
         super().__init__(devices, None, timeout_seconds)
+        self._sync_batch_norm = sync_batch_norm
 
     def _make_variable_policy(self) -> VariablePolicy:
         return CentralStoragePolicy(self, self._rendezvous, self._cross_device_ops, self._parameter_device)

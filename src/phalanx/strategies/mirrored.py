@@ -33,6 +33,10 @@ class MirroredStrategy(Strategy):
         cross_device_ops: A `CrossDeviceOps`; default chosen from the devices as TF does
             (NCCL across GPUs, else reduction to one device).
         timeout_seconds: How long a replica waits for the others at a meeting point.
+        sync_batch_norm: Batch-norm layers (any ``torch.nn.BatchNorm*d``) registered as
+            submodules in ``scope()`` become `phalanx.nn.SyncBatchNorm`, whose statistics are
+            those of the global batch, as on one device. By default each replica normalises
+            with its own slice of the batch, as TF's BatchNormalization does.
     """
 
     def __init__(
@@ -40,7 +44,9 @@ class MirroredStrategy(Strategy):
         devices: Sequence[str | torch.device] | None = None,
         cross_device_ops: CrossDeviceOps | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        sync_batch_norm: bool = False,
     ) -> None:
         super().__init__(
             devices if devices is not None else default_devices(), cross_device_ops, timeout_seconds
         )
+        self._sync_batch_norm = sync_batch_norm

@@ -90,11 +90,14 @@ class _BucketSync:
             return
         for p in params:
             if not isinstance(p, DistributedVariable) and not self._buckets.tracks(p):
+                from phalanx.nn._scope_copies import describe_foreign  # error path only
+
                 raise RuntimeError(
-                    f"optimizer.step() inside {self._owner!r}.run got a parameter (shape "
-                    f"{tuple(p.shape)}) that was not created in this strategy's scope, so its "
-                    "gradient would not be summed across workers and the workers would drift "
-                    "apart. HINT: create the model and the optimizer inside `with strategy.scope():`."
+                    f"optimizer.step() inside {self._owner!r}.run got a parameter that is not "
+                    "the strategy's, so its gradient would not be summed across workers and the "
+                    f"workers would drift apart. Received: {describe_foreign(p, self._owner)}. "
+                    "HINT: create the model and the optimizer inside `with strategy.scope():`; "
+                    "copy modules inside it too."
                 )
         self._checked[optimizer] = len(params)
 
@@ -157,6 +160,9 @@ class MultiWorkerMirroredStrategy(Strategy):
         communication: TF's deprecated spelling (a `CommunicationImplementation`, e.g.
             ``phalanx.experimental.CollectiveCommunication.RING``): accepted with a
             DeprecationWarning as ``CommunicationOptions(implementation=communication)``.
+        sync_batch_norm: Batch-norm layers registered in ``scope()`` become
+            `phalanx.nn.SyncBatchNorm`: statistics over the global batch of every worker,
+            as on one device (default: each replica's own slice, as TF does).
 
     Raises:
         ValueError: Both ``communication`` and ``communication_options``; the cluster has a
@@ -173,6 +179,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         join_timeout: float | None = None,
         heartbeat_timeout: float | None = None,
         communication: CommunicationImplementation | None = None,
+        sync_batch_norm: bool = False,
     ) -> None:
         communication_options = _deprecated_communication(communication, communication_options)
         resolver = cluster_resolver if cluster_resolver is not None else resolve_cluster()
@@ -193,6 +200,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         super().__init__(list(devices) if devices is not None else _local_devices(resolver), None, timeout)
         self._resolver = resolver
         self._options = options
+        self._sync_batch_norm = sync_batch_norm
         self._num_workers = resolver.num_workers
         self._worker_index = resolver.worker_index
         self._backend = self._pick_backend()

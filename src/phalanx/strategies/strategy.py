@@ -71,6 +71,8 @@ class Strategy:
 
     _is_default = False
     _schedules_steps = False  # Model.fit schedules each step on a remote worker (ParameterServerStrategy)
+    # BatchNorm layers registered in the scope become phalanx.nn.SyncBatchNorm (`sync_batch_norm=True`)
+    _sync_batch_norm = False
 
     def __init__(
         self,
