@@ -7,30 +7,33 @@ and the same on every worker because every worker builds the same model): the fi
 holds about ``first_bucket_bytes`` (1 MiB, so the last layers' gradients start moving early),
 the others about ``bucket_bytes`` (25 MiB), one dtype and device per bucket, as DDP does.
 
-One backward pass is one *round*:
+One backward pass is one *round*; at its end every parameter's ``.grad`` holds the sum over
+workers (DDP's contract: reads and in-place edits between ``backward()`` and
+``optimizer.step()``, such as clipping or unscaling, act on the sum, and the step applies
+what ``.grad`` holds):
 
-* When a parameter's gradient has been accumulated (``register_post_accumulate_grad_hook``),
-  it is copied into its bucket; when every gradient of a bucket is in, the bucket's
+* Before autograd accumulates into a parameter (a tensor hook), its current ``.grad`` is
+  moved aside as the round's *base*, so autograd writes this pass's contribution (the
+  *delta*) into a fresh tensor.
+* When a parameter's delta has been accumulated (``register_post_accumulate_grad_hook``),
+  it is copied into its bucket; when every delta of a bucket is in, the bucket's
   all-reduce starts asynchronously. Buckets start strictly in index order on every worker,
   so the collectives match across workers.
-* At the end of the backward pass (an autograd-engine callback) each parameter this pass did
-  not reach contributes its current ``.grad`` (zeros if None) and every remaining bucket
-  starts, so each round issues exactly one all-reduce per bucket on every worker, whatever
-  the data did.
-* Each bucket also carries one "has a gradient" flag per parameter; after the sum, a
-  parameter that no worker has a gradient for keeps its ``.grad`` untouched (None after
-  ``zero_grad()``), as on one device.
-
-`synchronize` (the optimizer-step pre-hook, all workers) waits for the last round and gives
-every parameter the **sum** over workers as ``.grad``, a view of its bucket (no copy).
-Until then ``.grad`` holds this worker's own gradient, so several backward passes before one
-step (gradient accumulation, or a reentrant checkpoint's inner backward) accumulate locally
-and the last round, which carries every parameter's current ``.grad``, sums the
-accumulation. After a step with no new round (a second optimizer), `synchronize` does nothing.
+* At the end of the backward pass (an autograd-engine callback, as DDP's) each parameter
+  this pass did not reach contributes zeros, every remaining bucket starts, and the pass
+  waits for all of them: each parameter's ``.grad`` becomes its base plus the sum of the
+  deltas (a view of its bucket when there was no base). So each round issues exactly one
+  all-reduce per bucket on every worker, whatever the data did, and gradient accumulation
+  (several backward passes before one step) sums deltas: ``sum(d1) + sum(d2)``.
+* Each bucket also carries one "has a delta" flag per parameter; after the sum, a
+  parameter that no worker has a delta for keeps its ``.grad`` untouched (None after
+  ``zero_grad()``), as on one device. A pass that accumulated nothing
+  (``torch.autograd.grad``) puts the bases back and starts no all-reduce.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -112,7 +115,7 @@ class GradientBuckets:
         self._where: dict[int, tuple[int, int]] = {}
         self._next_launch = 0
         self._round_open = False  # hooks fired; the end-of-backward callback is queued
-        self._round_done = False  # a round finished since the last synchronize
+        self._bases: dict[int, torch.Tensor | None] = {}  # id(param) -> .grad moved aside this round
         self._lock = threading.RLock()
 
     # ---------------------------------------------------------------- registration
@@ -132,7 +135,9 @@ class GradientBuckets:
                 self._frozen.append(weakref.ref(param))
 
     def _track(self, param: torch.nn.Parameter) -> None:
-        self._params.append(weakref.ref(param))
+        ref = weakref.ref(param)
+        self._params.append(ref)
+        self._handles.append(param.register_hook(functools.partial(self._before_accumulate, ref)))
         self._handles.append(param.register_post_accumulate_grad_hook(self._on_grad))
         self._buckets = None  # rebuilt at the next round
 
@@ -188,13 +193,30 @@ class GradientBuckets:
         return buckets
 
     # ---------------------------------------------------------------- during backward
-    def _on_grad(self, param: torch.Tensor) -> None:
+    def _before_accumulate(self, ref: weakref.ref[torch.nn.Parameter], grad: torch.Tensor) -> None:
+        """Opens the round; moves the parameter's ``.grad`` aside as its base (first visit)."""
         if not self._is_active():
             return
+        param = ref()
         with self._lock:
             buckets = self._ensure_built()
             if not self._round_open:
                 self._start_round(buckets)
+            if param is None or id(param) in self._bases:
+                return
+            base = param.grad
+            if base is not None:
+                b, _ = self._where[id(param)]
+                if _aliases(base, buckets[b].buffer):  # the last sum: its bucket gets overwritten
+                    base = base.clone()
+            self._bases[id(param)] = base
+            param.grad = None
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        if not self._is_active() or not self._round_open:
+            return
+        with self._lock:
+            buckets = self._ensure_built()
             b, i = self._where[id(param)]
             bucket = buckets[b]
             if bucket.work is not None:
@@ -210,31 +232,70 @@ class GradientBuckets:
             self._launch_ready(buckets)
 
     def _start_round(self, buckets: list[_Bucket]) -> None:
-        """First gradient of a backward pass: wait for the previous round's buffers."""
+        """First hook of a backward pass: wait for anything still running, queue the end."""
         self._flush_running()
         for bucket in buckets:
             bucket.ready = [False] * len(bucket.params)
         self._next_launch = 0
         self._round_open = True
-        self._round_done = False
+        self._bases = {}
         torch.autograd.Variable._execution_engine.queue_callback(self._end_round)
 
     def _end_round(self) -> None:
-        """End of the backward pass: parameters it did not reach contribute their current
-        ``.grad`` (an earlier pass's, or None); start every bucket."""
+        """End of the backward pass: start every bucket, wait, install base + sum (all
+        workers; blocks until the all-reduces finish).
+
+        Raises:
+            PeerUnavailableError: (from ``wait``) a worker died or stopped answering.
+        """
         with self._lock:
+            self._round_open = False
             buckets = self._ensure_built()
+            if not any(any(bucket.ready) for bucket in buckets):  # autograd.grad: nothing accumulated
+                self._put_bases_back()
+                return
             for bucket in buckets:
                 for i, ready in enumerate(bucket.ready):
                     if not ready:
-                        bucket.put(i, bucket.params[i].grad)
+                        self._not_reached(bucket, i)
             self._launch_ready(buckets)
-            self._round_open = False
-            self._round_done = True
+            for bucket in buckets:
+                self._install(bucket)
+            self._bases = {}
+
+    def _not_reached(self, bucket: _Bucket, i: int) -> None:
+        """A parameter this pass did not accumulate into: no delta; its ``.grad`` stays."""
+        p = bucket.params[i]
+        if id(p) in self._bases:
+            p.grad = self._bases.pop(id(p))
+        g = p.grad
+        if g is not None and _aliases(g, bucket.buffer):
+            p.grad = g.clone()  # the buffer is about to carry this round's deltas
+        bucket.put(i, None)
+
+    def _install(self, bucket: _Bucket) -> None:
+        work, bucket.work = bucket.work, None
+        if work is not None:
+            self._wait(work, "the gradient all-reduce")
+        had = bucket.flags.tolist()
+        for i, p in enumerate(bucket.params):
+            if had[i] > 0:
+                base = self._bases.get(id(p)) if bucket.had[i] else p.grad
+                p.grad = bucket.view(i) if base is None else base.add_(bucket.view(i))
+
+    def _put_bases_back(self) -> None:
+        for ref in self._params:
+            p = ref()
+            if p is not None and id(p) in self._bases:
+                p.grad = self._bases[id(p)]
+        self._bases = {}
 
     def abort_round(self) -> None:
-        """Forgets a round whose backward pass raised (its end-of-backward callback never ran)."""
+        """Forgets a round whose backward pass raised (its end-of-backward callback never
+        ran): the moved-aside gradients go back."""
         with self._lock:
+            if self._round_open:
+                self._put_bases_back()
             self._round_open = False
 
     def _launch_ready(self, buckets: list[_Bucket]) -> None:
@@ -258,30 +319,6 @@ class GradientBuckets:
                 work, bucket.work = bucket.work, None
                 self._wait(work, "the gradient all-reduce")
 
-    # ---------------------------------------------------------------- at optimizer.step()
-    def synchronize(self) -> None:
-        """Waits for the last round and installs the summed gradients (all workers).
-
-        Called before ``optimizer.step()``. A parameter that some worker gave a gradient
-        gets the sum over workers as ``.grad`` (a view of its bucket); one that no worker
-        gave a gradient keeps its ``.grad``.
-
-        Raises:
-            PeerUnavailableError: (from ``wait``) a worker died or stopped answering.
-        """
-        with self._lock:
-            if not self._round_done or self._buckets is None:
-                return  # nothing new since the last step (e.g. a second optimizer)
-            self._round_done = False
-            for bucket in self._buckets:
-                work, bucket.work = bucket.work, None
-                if work is not None:
-                    self._wait(work, "the gradient all-reduce")
-                had = bucket.flags.tolist()
-                for i, p in enumerate(bucket.params):
-                    if had[i] > 0:
-                        p.grad = bucket.view(i)
-
     def close(self) -> None:
         """Removes the hooks and waits for running all-reduces (all workers)."""
         with self._lock:
@@ -289,3 +326,8 @@ class GradientBuckets:
                 handle.remove()
             self._handles.clear()
             self._flush_running()
+
+
+def _aliases(tensor: torch.Tensor, buffer: torch.Tensor) -> bool:
+    """Whether ``tensor`` shares ``buffer``'s memory (a view of it)."""
+    return tensor.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
