@@ -51,9 +51,14 @@ Wait = Callable[[Any, str], None]  # waits for that work (raises on failure)
 
 
 class _Bucket:
-    """A flat buffer: the gradients of ``params`` back to back, then one flag per parameter."""
+    """A flat buffer: the gradients of ``params`` back to back, then one flag per parameter.
 
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+    A parameter that died since it was tracked is a "meta" placeholder of its shape: it
+    keeps its slot (zeros), so the layout stays the same on every worker whatever the
+    garbage collector of each did.
+    """
+
+    def __init__(self, params: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> None:
         self.params = params
         self.offsets: list[int] = []
         numel = 0
@@ -61,7 +66,7 @@ class _Bucket:
             self.offsets.append(numel)
             numel += p.numel()
         self.numel = numel
-        self.buffer = torch.zeros(numel + len(params), dtype=params[0].dtype, device=params[0].device)
+        self.buffer = torch.zeros(numel + len(params), dtype=dtype, device=device)
         self.flags = self.buffer[numel:]  # (num_params,) after the sum: how many workers had a gradient
         self.had = [0.0] * len(params)  # this worker's flags for the current round
         self.ready = [False] * len(params)
@@ -69,7 +74,7 @@ class _Bucket:
 
     def view(self, i: int) -> torch.Tensor:
         p = self.params[i]
-        return self.buffer[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+        return self.buffer[self.offsets[i] : self.offsets[i] + p.numel()].view(p.shape)
 
     def put(self, i: int, grad: torch.Tensor | None) -> None:
         view = self.view(i)
@@ -108,8 +113,10 @@ class GradientBuckets:
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
         self._first_bytes = min(first_bucket_bytes, self._bucket_bytes)
         self._params: list[weakref.ref[torch.nn.Parameter]] = []  # trainable, registration order
+        self._layout: list[tuple[torch.Size, torch.dtype, torch.device]] = []  # of each, kept after it dies
         self._frozen: list[weakref.ref[torch.nn.Parameter]] = []  # requires_grad=False when added
-        self._ids: set[int] = set()
+        # id -> the parameter: a dead one's id may be reused by a new parameter
+        self._ids: dict[int, weakref.ref[torch.Tensor]] = {}
         self._handles: list[Any] = []
         self._buckets: list[_Bucket] | None = None
         self._where: dict[int, tuple[int, int]] = {}
@@ -125,10 +132,10 @@ class GradientBuckets:
         A parameter that does not require a gradient yet is tracked from the first `refresh`
         after it does (each ``run`` refreshes).
         """
-        if id(param) in self._ids:
+        if self.tracks(param):
             return  # shared by two modules (tied weights)
         with self._lock:
-            self._ids.add(id(param))
+            self._ids[id(param)] = weakref.ref(param)
             if param.requires_grad:
                 self._track(param)
             else:
@@ -137,6 +144,7 @@ class GradientBuckets:
     def _track(self, param: torch.nn.Parameter) -> None:
         ref = weakref.ref(param)
         self._params.append(ref)
+        self._layout.append((param.shape, param.dtype, param.device))
         self._handles.append(param.register_hook(functools.partial(self._before_accumulate, ref)))
         self._handles.append(param.register_post_accumulate_grad_hook(self._on_grad))
         self._buckets = None  # rebuilt at the next round
@@ -157,10 +165,11 @@ class GradientBuckets:
 
     def tracks(self, param: torch.Tensor) -> bool:
         """Whether ``param`` was added (created in the strategy's scope)."""
-        return id(param) in self._ids
+        known = self._ids.get(id(param))
+        return known is not None and known() is param
 
     @property
-    def buckets(self) -> list[list[torch.nn.Parameter]]:
+    def buckets(self) -> list[list[torch.Tensor]]:
         """The parameters of each bucket, in launch order (built on first use)."""
         with self._lock:
             return [b.params for b in self._ensure_built()]
@@ -173,22 +182,24 @@ class GradientBuckets:
         return self._buckets
 
     def _build(self) -> list[_Bucket]:
-        params = [p for p in (ref() for ref in reversed(self._params)) if p is not None]
-        closed: list[list[torch.nn.Parameter]] = []
-        open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.nn.Parameter], int]] = {}
+        closed: list[tuple[list[torch.Tensor], torch.device, torch.dtype]] = []
+        open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], int]] = {}
         started: set[tuple[torch.device, torch.dtype]] = set()
-        for p in params:
-            key = (p.device, p.dtype)
+        for ref, (shape, dtype, device) in zip(reversed(self._params), reversed(self._layout), strict=True):
+            p: torch.Tensor | None = ref()
+            if p is None:
+                p = torch.empty(shape, dtype=dtype, device="meta")
+            key = (device, dtype)
             members, size = open_.get(key, ([], 0))
             limit = self._bucket_bytes if key in started else self._first_bytes
             nbytes = p.numel() * p.element_size()
             if members and size + nbytes > limit:
-                closed.append(members)
+                closed.append((members, *key))
                 started.add(key)
                 members, size = [], 0
             open_[key] = ([*members, p], size + nbytes)
-        closed.extend(members for members, _ in open_.values() if members)
-        buckets = [_Bucket(members) for members in closed]
+        closed.extend((members, *key) for key, (members, _) in open_.items() if members)
+        buckets = [_Bucket(members, dtype, device) for members, device, dtype in closed]
         self._where = {id(p): (b, i) for b, bucket in enumerate(buckets) for i, p in enumerate(bucket.params)}
         return buckets
 
@@ -279,7 +290,7 @@ class GradientBuckets:
             self._wait(work, "the gradient all-reduce")
         had = bucket.flags.tolist()
         for i, p in enumerate(bucket.params):
-            if had[i] > 0:
+            if had[i] > 0 and p.device.type != "meta":  # not the placeholder of a dead parameter
                 base = self._bases.get(id(p)) if bucket.had[i] else p.grad
                 p.grad = bucket.view(i) if base is None else base.add_(bucket.view(i))
 

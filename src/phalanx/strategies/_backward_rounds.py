@@ -70,13 +70,19 @@ class BackwardRounds:
         merge: Called at the end of every round that accumulated, on the thread autograd ran
             the pass's end on (the replica's own thread on CPU); it blocks until every local
             replica's round has ended.
+        forget_dead: Whether slots of variables that died are dropped. Only in one process:
+            across workers the slots must stay the same whatever each garbage collector did,
+            so a dead variable keeps its slot, as zeros of its shape.
     """
 
-    def __init__(self, num_replicas: int, merge: Merge) -> None:
+    def __init__(self, num_replicas: int, merge: Merge, forget_dead: Callable[[], bool]) -> None:
         self._n = num_replicas
         self._merge = merge
+        self._forget_dead = forget_dead
         self._vars: list[weakref.ref[DistributedVariable]] = []  # slot -> variable, creation order
-        self._slot_of: dict[int, int] = {}  # id(variable) -> slot
+        # slot -> its shape, dtype and replica devices, kept after it dies
+        self._shapes: list[tuple[torch.Size, torch.dtype, list[torch.device]]] = []
+        self._slot_of: dict[int, int] = {}  # id(variable) -> slot (check: ids of dead ones are reused)
         self._rounds = [_Round() for _ in range(num_replicas)]
         self._completed = [0] * num_replicas
         self.active = False
@@ -91,24 +97,29 @@ class BackwardRounds:
         yet (called before each ``run``, with no backward pass running)."""
         for var in variables:
             slot = self._slot_of.get(id(var))
-            if slot is None:
+            if slot is None or self._vars[slot]() is not var:
                 if not var.requires_grad:
                     continue  # picked up at a later run if it is unfrozen
                 slot = self._add(var)
             self._hook_leaves(var, slot)
 
     def _add(self, var: DistributedVariable) -> int:
-        self._compact()
+        if self._forget_dead():
+            self._compact()
         slot = len(self._vars)
         self._vars.append(weakref.ref(var))
+        devices = [var._replica_leaf(i).device for i in range(self._n)]
+        self._shapes.append((var.shape, var.dtype, devices))
         self._slot_of[id(var)] = slot
         return slot
 
     def _compact(self) -> None:
         """Forgets dead variables (slots are renumbered; no round is open here)."""
-        alive = [ref for ref in self._vars if ref() is not None]
-        if len(alive) == len(self._vars):
+        keep = [k for k, ref in enumerate(self._vars) if ref() is not None]
+        if len(keep) == len(self._vars):
             return
+        alive = [self._vars[k] for k in keep]
+        self._shapes = [self._shapes[k] for k in keep]
         self._vars = alive
         self._slot_of = {}
         for slot, var in enumerate(ref() for ref in alive):
@@ -178,11 +189,13 @@ class BackwardRounds:
         self._completed[index] += 1
 
     def _leaves(self, index: int) -> list[torch.Tensor]:
-        # A dead variable keeps its slot until the next `track` (a zero-size placeholder).
-        return [
-            var._replica_leaf(index) if var is not None else _EMPTY
-            for var in (ref() for ref in self._vars)
-        ]
+        # A dead variable keeps its slot: zeros of its shape (no memory: an expanded scalar)
+        # that need no gradient, so the merge installs none.
+        leaves = []
+        for ref, (shape, dtype, devices) in zip(self._vars, self._shapes, strict=True):
+            var = ref()
+            leaves.append(_zeros(shape, dtype, devices[index]) if var is None else var._replica_leaf(index))
+        return leaves
 
     def abort(self) -> None:
         """Ends the rounds left open by a backward pass that raised (its end-of-backward
@@ -193,7 +206,8 @@ class BackwardRounds:
             self._rounds[index] = _Round()
 
 
-_EMPTY = torch.empty(0)
+def _zeros(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.zeros((), dtype=dtype, device=device).expand(shape)
 
 
 def _restore(leaves: list[torch.Tensor], state: _Round) -> None:

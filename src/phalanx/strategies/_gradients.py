@@ -85,7 +85,7 @@ class GradientSync:
         # (replicas in sync, whether they sum in place): fixed once the first step runs, as
         # the devices, the ops and the workers are; decided then, not at every step.
         self._layout: tuple[int, bool] | None = None
-        self._rounds = BackwardRounds(len(self._devices), self._merge)
+        self._rounds = BackwardRounds(len(self._devices), self._merge, lambda: self._num_workers() == 1)
         # optimizer -> per replica, the rounds completed at its last step
         self._last_step: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[int]] = (
             weakref.WeakKeyDictionary()
@@ -155,7 +155,7 @@ class GradientSync:
         else:
             totals = self._sum_packed(index, leaves, deltas, what, optimizer)
         for leaf, base, total in zip(leaves, bases, totals, strict=True):
-            if total is not None:
+            if total is not None and leaf.requires_grad:  # not a dead variable's placeholder
                 leaf.grad = _plus(base, total)
 
     def _sum_in_place(
@@ -216,20 +216,18 @@ class GradientSync:
             )
         packed = pack(deltas, leaves)
         mask = [d is None for d in deltas]
-        reduced, all_none = self._rendezvous.exchange(
+        copies, all_none = self._rendezvous.exchange(
             index, (packed, mask), lambda values: self._lead_packed(optimizer, values), what=what
         )
-        device = self._devices[index]
-        mine = {
-            dtype: (buf if index == 0 and buf.device == device else buf.to(device, copy=True))
-            for dtype, buf in reduced.items()
-        }
-        views = unpack(mine, spec_of(leaves))
+        views = unpack(copies[index], spec_of(leaves))
         return [None if none else view for view, none in zip(views, all_none, strict=True)]
 
     def _lead_packed(
         self, optimizer: torch.optim.Optimizer | None, values: list[Any]
-    ) -> tuple[dict[torch.dtype, torch.Tensor], list[bool]]:
+    ) -> tuple[list[dict[torch.dtype, torch.Tensor]], list[bool]]:
+        """Sums the packs (the last replica to arrive) and makes every replica's own copy
+        before any replica goes on: a replica may edit its gradients in place as soon as
+        its backward returns, so none may still be copying from another's buffer."""
         if optimizer is not None and not isinstance(optimizer.state, PerReplicaState):
             self._per_replica_state(optimizer)
         all_none = [all(mask[k] for _, mask in values) for k in range(len(values[0][1]))]
@@ -238,7 +236,11 @@ class GradientSync:
         for dtype in values[0][0]:
             total = self._ops.reduce_to(ReduceOp.SUM, [v[0][dtype] for v in values], home)
             reduced[dtype] = self._cross_worker_all_reduce(total, ReduceOp.SUM)
-        return reduced, all_none
+        copies = [
+            {k: b if i == 0 and b.device == d else b.to(d, copy=True) for k, b in reduced.items()}
+            for i, d in enumerate(self._devices)
+        ]
+        return copies, all_none
 
     def _per_replica_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Gives each replica its own optimizer state (at the first step; the last replica to

@@ -94,7 +94,8 @@ def test_sums_start_during_backward_and_are_in_grad_when_backward_returns():
     assert recorder.watched_grad_at_first_launch == [True]  # before the first layer's gradient existed
     for (name, p), want in zip(net.named_parameters(), local, strict=True):
         if name.startswith("unused"):
-            assert p.grad is None and want is None  # no worker had one
+            assert p.grad is None  # no worker had one
+            assert want is None
         else:
             torch.testing.assert_close(p.grad, WORKERS * want)
 
