@@ -29,6 +29,11 @@ what ``.grad`` holds):
   parameter that no worker has a delta for keeps its ``.grad`` untouched (None after
   ``zero_grad()``), as on one device. A pass that accumulated nothing
   (``torch.autograd.grad``) puts the bases back and starts no all-reduce.
+* Sparse gradients (``nn.Embedding(sparse=True)``) cannot go in a bucket, as in DDP: the
+  first time one arrives its bucket slot carries zeros and a "sparse" flag, so after that
+  round every worker knows, and the buckets are rebuilt without it. Sparse deltas are
+  summed at the end of the round, after the buckets, one parameter at a time in
+  registration order, by ``sum_sparse`` (which gathers every worker's indices and values).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from phalanx.communication._sparse import SPARSE, empty_sparse, plus
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "GradientBuckets"]
 
@@ -85,6 +92,12 @@ class _Bucket:
         self.had[i] = 0.0 if grad is None else 1.0
         self.ready[i] = True
 
+    def put_sparse(self, i: int) -> None:
+        """A sparse delta: zeros here, and a flag that tells every worker it is sparse."""
+        self.view(i).zero_()
+        self.had[i] = SPARSE
+        self.ready[i] = True
+
     def complete(self) -> bool:
         return all(self.ready)
 
@@ -95,6 +108,8 @@ class GradientBuckets:
     Args:
         launch: ``launch(buffer) -> work`` starts an async in-place SUM all-reduce.
         wait: ``wait(work, what)`` waits for it with the strategy's deadline and health check.
+        sum_sparse: ``sum_sparse(sparse) -> sparse`` sums a sparse COO tensor across workers
+            (all workers; blocks). Default: the identity (one worker).
         is_active: Whether a backward pass belongs to the strategy (runs inside its ``run``);
             hooks of other backward passes do nothing.
         bucket_bytes: Bucket size (0: 25 MiB).
@@ -108,12 +123,17 @@ class GradientBuckets:
         is_active: Callable[[], bool] = lambda: True,
         bucket_bytes: int = 0,
         first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+        sum_sparse: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
     ) -> None:
         self._launch, self._wait, self._is_active = launch, wait, is_active
+        self._sum_sparse = sum_sparse
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
         self._first_bytes = min(first_bucket_bytes, self._bucket_bytes)
         self._params: list[weakref.ref[torch.nn.Parameter]] = []  # trainable, registration order
         self._layout: list[tuple[torch.Size, torch.dtype, torch.device]] = []  # of each, kept after it dies
+        self._is_sparse: list[bool] = []  # of each: its gradients are sparse (not in a bucket)
+        self._sparse_deltas: dict[int, torch.Tensor] = {}  # id(param) -> its sparse delta this round
+        self._accumulated = False  # this round accumulated into some parameter
         self._frozen: list[weakref.ref[torch.nn.Parameter]] = []  # requires_grad=False when added
         # id -> the parameter: a dead one's id may be reused by a new parameter
         self._ids: dict[int, weakref.ref[torch.Tensor]] = {}
@@ -145,6 +165,7 @@ class GradientBuckets:
         ref = weakref.ref(param)
         self._params.append(ref)
         self._layout.append((param.shape, param.dtype, param.device))
+        self._is_sparse.append(False)
         self._handles.append(param.register_hook(functools.partial(self._before_accumulate, ref)))
         self._handles.append(param.register_post_accumulate_grad_hook(self._on_grad))
         self._buckets = None  # rebuilt at the next round
@@ -185,7 +206,10 @@ class GradientBuckets:
         closed: list[tuple[list[torch.Tensor], torch.device, torch.dtype]] = []
         open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], int]] = {}
         started: set[tuple[torch.device, torch.dtype]] = set()
-        for ref, (shape, dtype, device) in zip(reversed(self._params), reversed(self._layout), strict=True):
+        entries = zip(reversed(self._params), reversed(self._layout), reversed(self._is_sparse), strict=True)
+        for ref, (shape, dtype, device), sparse in entries:
+            if sparse:
+                continue
             p: torch.Tensor | None = ref()
             if p is None:
                 p = torch.empty(shape, dtype=dtype, device="meta")
@@ -227,8 +251,24 @@ class GradientBuckets:
         if not self._is_active() or not self._round_open:
             return
         with self._lock:
+            self._accumulated = True
             buckets = self._ensure_built()
-            b, i = self._where[id(param)]
+            grad = param.grad
+            where = self._where.get(id(param))
+            if grad is not None and grad.is_sparse:
+                self._sparse_deltas[id(param)] = grad
+                if where is not None:  # the first sparse delta: tell every worker
+                    buckets[where[0]].put_sparse(where[1])
+                    self._launch_ready(buckets)
+                return
+            if where is None:
+                raise RuntimeError(
+                    "A parameter whose gradients were sparse received a dense gradient; its "
+                    "sum across workers expects sparse ones. Received: a dense gradient for a "
+                    f"parameter of shape {tuple(param.shape)}. HINT: keep nn.Embedding(sparse=...) "
+                    "fixed for the whole training."
+                )
+            b, i = where
             bucket = buckets[b]
             if bucket.work is not None:
                 raise RuntimeError(
@@ -239,7 +279,7 @@ class GradientBuckets:
                     f"{tuple(param.shape)} (bucket {b}). HINT: use "
                     "torch.utils.checkpoint.checkpoint(..., use_reentrant=False)."
                 )
-            bucket.put(i, param.grad)
+            bucket.put(i, grad)
             self._launch_ready(buckets)
 
     def _start_round(self, buckets: list[_Bucket]) -> None:
@@ -249,7 +289,9 @@ class GradientBuckets:
             bucket.ready = [False] * len(bucket.params)
         self._next_launch = 0
         self._round_open = True
+        self._accumulated = False
         self._bases = {}
+        self._sparse_deltas = {}
         torch.autograd.Variable._execution_engine.queue_callback(self._end_round)
 
     def _end_round(self) -> None:
@@ -262,7 +304,7 @@ class GradientBuckets:
         with self._lock:
             self._round_open = False
             buckets = self._ensure_built()
-            if not any(any(bucket.ready) for bucket in buckets):  # autograd.grad: nothing accumulated
+            if not self._accumulated:  # autograd.grad only
                 self._put_bases_back()
                 return
             for bucket in buckets:
@@ -270,9 +312,16 @@ class GradientBuckets:
                     if not ready:
                         self._not_reached(bucket, i)
             self._launch_ready(buckets)
+            newly_sparse: set[int] = set()
             for bucket in buckets:
-                self._install(bucket)
+                newly_sparse |= self._install(bucket)
+            if newly_sparse:  # agreed by every worker (the flags were summed): rebuild without them
+                for k, ref in enumerate(self._params):
+                    self._is_sparse[k] = self._is_sparse[k] or id(ref()) in newly_sparse
+                self._buckets = None
+            self._sum_sparse_deltas()
             self._bases = {}
+            self._sparse_deltas = {}
 
     def _not_reached(self, bucket: _Bucket, i: int) -> None:
         """A parameter this pass did not accumulate into: no delta; its ``.grad`` stays."""
@@ -284,15 +333,36 @@ class GradientBuckets:
             p.grad = g.clone()  # the buffer is about to carry this round's deltas
         bucket.put(i, None)
 
-    def _install(self, bucket: _Bucket) -> None:
+    def _install(self, bucket: _Bucket) -> set[int]:
+        """Waits for a bucket and installs base + sum; returns the ids of its parameters
+        some worker found sparse."""
         work, bucket.work = bucket.work, None
         if work is not None:
             self._wait(work, "the gradient all-reduce")
         had = bucket.flags.tolist()
+        sparse = set()
         for i, p in enumerate(bucket.params):
-            if had[i] > 0 and p.device.type != "meta":  # not the placeholder of a dead parameter
+            if had[i] >= SPARSE:
+                sparse.add(id(p))
+            elif had[i] > 0 and p.device.type != "meta":  # not the placeholder of a dead parameter
                 base = self._bases.get(id(p)) if bucket.had[i] else p.grad
                 p.grad = bucket.view(i) if base is None else base.add_(bucket.view(i))
+        return sparse
+
+    def _sum_sparse_deltas(self) -> None:
+        """Sums every sparse parameter's delta across workers, in registration order (all
+        workers; blocks); installs base + sum where some worker had a delta."""
+        for k, ref in enumerate(self._params):
+            if not self._is_sparse[k]:
+                continue
+            p = ref()
+            shape, dtype, device = self._layout[k]
+            delta = self._sparse_deltas.get(id(p)) if p is not None else None
+            total = self._sum_sparse(delta if delta is not None else empty_sparse(shape, dtype, device))
+            if p is None or total._nnz() == 0:
+                continue
+            base = self._bases.get(id(p)) if delta is not None else p.grad
+            p.grad = plus(base, total)
 
     def _put_bases_back(self) -> None:
         for ref in self._params:
@@ -312,12 +382,11 @@ class GradientBuckets:
     def _launch_ready(self, buckets: list[_Bucket]) -> None:
         while self._next_launch < len(buckets) and buckets[self._next_launch].complete():
             bucket = buckets[self._next_launch]
-            storage = bucket.buffer.untyped_storage().data_ptr()
             for p in bucket.params:
                 # A .grad that is a view of this buffer (installed at the last step) must not be
                 # written by autograd while the buffer is being reduced: give it its own memory.
                 g = p.grad
-                if g is not None and g.untyped_storage().data_ptr() == storage:
+                if g is not None and _aliases(g, bucket.buffer):
                     p.grad = g.clone()
             bucket.flags.copy_(torch.tensor(bucket.had, dtype=bucket.flags.dtype))
             bucket.work = self._launch(bucket.buffer)
@@ -341,4 +410,6 @@ class GradientBuckets:
 
 def _aliases(tensor: torch.Tensor, buffer: torch.Tensor) -> bool:
     """Whether ``tensor`` shares ``buffer``'s memory (a view of it)."""
+    if tensor.layout != torch.strided:  # a sparse gradient has its own memory
+        return False
     return tensor.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from phalanx.communication._sparse import SPARSE, kind, plus, sum_sparse
 from phalanx.communication.packing import pack, spec_of, unpack
 from phalanx.strategies._backward_rounds import BackwardRounds
 from phalanx.strategies._optimizer_state import PerReplicaState
@@ -59,6 +60,8 @@ class GradientSync:
             whether it can sum in place on ``devices``.
         cross_worker_all_reduce: ``fn(tensor, ReduceOp.SUM) -> tensor`` summing across
             workers (the identity in one process); called by the last replica to arrive.
+        cross_worker_sparse_sum: ``fn(sparse) -> sparse`` summing a sparse COO tensor
+            across workers (default: the identity, one process).
         policy: The strategy's variable policy: says which parameters are distributed and
             installs the sums as the replicas' gradients.
         num_workers: The number of workers taking part in each step, read at the first
@@ -74,11 +77,13 @@ class GradientSync:
         cross_worker_all_reduce: CrossWorkerReduce,
         policy: VariablePolicy,
         num_workers: Callable[[], int],
+        cross_worker_sparse_sum: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
     ) -> None:
         self._devices = tuple(devices)
         self._rendezvous = rendezvous
         self._ops = cross_device_ops
         self._cross_worker_all_reduce = cross_worker_all_reduce
+        self._cross_worker_sparse_sum = cross_worker_sparse_sum
         self._policy = policy
         self._owner = policy.strategy  # whose variables the optimizer must hold
         self._num_workers = num_workers
@@ -147,8 +152,6 @@ class GradientSync:
         across workers for the cross-worker sum). A leaf no replica has a delta for keeps
         its gradient. ``optimizer``: its state becomes per replica at the first step.
 
-        Raises:
-            NotImplementedError: Sparse gradients where they cannot be summed in place.
         """
         if self._decide_layout()[1]:
             totals = self._sum_in_place(index, deltas, what, optimizer)
@@ -156,7 +159,7 @@ class GradientSync:
             totals = self._sum_packed(index, leaves, deltas, what, optimizer)
         for leaf, base, total in zip(leaves, bases, totals, strict=True):
             if total is not None and leaf.requires_grad:  # not a dead variable's placeholder
-                leaf.grad = _plus(base, total)
+                leaf.grad = plus(base, total)
 
     def _sum_in_place(
         self, index: int, deltas: list[Any], what: str, optimizer: torch.optim.Optimizer | None
@@ -206,41 +209,54 @@ class GradientSync:
         optimizer: torch.optim.Optimizer | None,
     ) -> list[torch.Tensor | None]:
         """Packs the deltas; the last replica to arrive sums the packs over the replicas and
-        across workers; each replica takes its own copy (views of one buffer per dtype)."""
-        if any(d is not None and d.is_sparse for d in deltas):
-            raise NotImplementedError(
-                f"Sparse gradients (nn.Embedding(sparse=True)) are summed by {self._owner!r} "
-                "only with CPU replicas of one worker and the default cross-device ops. "
-                f"Received: devices {[str(d) for d in self._devices]} on "
-                f"{self._num_workers()} worker(s). HINT: use sparse=False."
-            )
-        packed = pack(deltas, leaves)
-        mask = [d is None for d in deltas]
-        copies, all_none = self._rendezvous.exchange(
-            index, (packed, mask), lambda values: self._lead_packed(optimizer, values), what=what
+        across workers; each replica takes its own copy (views of one buffer per dtype).
+        Sparse deltas are summed apart (`phalanx.communication._sparse`)."""
+        dense = [None if d is None or d.is_sparse else d for d in deltas]
+        mine = (pack(dense, leaves), [kind(d) for d in deltas], deltas)
+        copies, kinds, sparse = self._rendezvous.exchange(
+            index, mine, lambda values: self._lead_packed(optimizer, leaves, values), what=what
         )
         views = unpack(copies[index], spec_of(leaves))
-        return [None if none else view for view, none in zip(views, all_none, strict=True)]
+        totals: list[torch.Tensor | None] = []
+        for k, view in enumerate(views):
+            if k in sparse[index]:
+                totals.append(sparse[index][k])
+            else:
+                totals.append(None if kinds[k] == 0 else view)
+        return totals
 
     def _lead_packed(
-        self, optimizer: torch.optim.Optimizer | None, values: list[Any]
-    ) -> tuple[list[dict[torch.dtype, torch.Tensor]], list[bool]]:
+        self, optimizer: torch.optim.Optimizer | None, leaves: list[torch.Tensor], values: list[Any]
+    ) -> tuple[list[dict[torch.dtype, torch.Tensor]], list[float], list[dict[int, torch.Tensor]]]:
         """Sums the packs (the last replica to arrive) and makes every replica's own copy
         before any replica goes on: a replica may edit its gradients in place as soon as
-        its backward returns, so none may still be copying from another's buffer."""
+        its backward returns, so none may still be copying from another's buffer.
+
+        Returns:
+            Per replica its copy of the sums; per gradient its kind summed over all replicas
+            of all workers (0: nobody has one); per replica its copies of the sparse sums.
+        """
         if optimizer is not None and not isinstance(optimizer.state, PerReplicaState):
             self._per_replica_state(optimizer)
-        all_none = [all(mask[k] for _, mask in values) for k in range(len(values[0][1]))]
         home = self._devices[0]
+        # one more small collective: every worker must agree on who has what
+        local_kinds = torch.tensor([v[1] for v in values], dtype=torch.float64).sum(0)  # (num_gradients,)
+        kinds = self._cross_worker_all_reduce(local_kinds, ReduceOp.SUM).tolist()
         reduced = {}
         for dtype in values[0][0]:
             total = self._ops.reduce_to(ReduceOp.SUM, [v[0][dtype] for v in values], home)
             reduced[dtype] = self._cross_worker_all_reduce(total, ReduceOp.SUM)
+        sparse = {
+            k: sum_sparse([v[2][k] for v in values], leaves[k], home, self._cross_worker_sparse_sum)
+            for k in range(len(leaves))
+            if kinds[k] >= SPARSE
+        }
         copies = [
             {k: b if i == 0 and b.device == d else b.to(d, copy=True) for k, b in reduced.items()}
             for i, d in enumerate(self._devices)
         ]
-        return copies, all_none
+        sparse_copies = [{k: t.to(d, copy=True) for k, t in sparse.items()} for d in self._devices]
+        return copies, kinds, sparse_copies
 
     def _per_replica_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Gives each replica its own optimizer state (at the first step; the last replica to
@@ -258,7 +274,6 @@ class GradientSync:
 
         Raises:
             RuntimeError: A parameter of the optimizer was not created in the strategy's scope.
-            NotImplementedError: Sparse gradients where they cannot be summed in place.
         """
         replicas_in_sync, _ = self._decide_layout()
         if replicas_in_sync == 1:
@@ -306,14 +321,6 @@ class GradientSync:
         """Clears per-thread step state after a replica's run ends (also after an error)."""
         set_in_optimizer_step(False)
 
-
-def _plus(base: torch.Tensor | None, total: torch.Tensor) -> torch.Tensor:
-    """``base + total`` as the new gradient (in place into a dense base)."""
-    if base is None:
-        return total
-    if base.layout == torch.strided:
-        return base.add_(total)
-    return base + total
 
 def _sum_slice(grads: list[torch.Tensor], n: int, index: int) -> None:
     """Writes the sum of slice ``index`` (of ``n``) of contiguous ``grads`` into all of them."""

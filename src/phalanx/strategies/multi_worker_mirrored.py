@@ -217,7 +217,11 @@ class MultiWorkerMirroredStrategy(Strategy):
             return strategy is not None and strategy._running
 
         return GradientBuckets(
-            group.all_reduce_async, group.wait, is_active, bucket_bytes=self._options.bytes_per_pack
+            group.all_reduce_async,
+            group.wait,
+            is_active,
+            bucket_bytes=self._options.bytes_per_pack,
+            sum_sparse=self._cross_worker_sparse_sum,
         )
 
     def _pick_backend(self) -> str:
@@ -427,6 +431,17 @@ class MultiWorkerMirroredStrategy(Strategy):
         parts = self._group.all_gather(padded, timeout=timeout)  # workers x (longest, ...)
         gathered = torch.cat([p[:n] for p, n in zip(parts, per_worker, strict=True)]).movedim(0, axis)
         return gathered.to(tensor.device), all_sizes
+
+    def _cross_worker_sparse_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sums a sparse COO tensor across workers by gathering every worker's indices and
+        values (all workers, same shape; they may hold different entries; blocks)."""
+        if self._group is None:
+            return tensor
+        t = tensor.coalesce()
+        indices, values = t.indices(), t.values()  # (sparse_dim, nnz), (nnz, *dense)
+        all_indices, _ = self._cross_worker_all_gather(indices, 1, [indices.shape[1]])
+        all_values, _ = self._cross_worker_all_gather(values, 0, [values.shape[0]])
+        return torch.sparse_coo_tensor(all_indices, all_values, t.shape).coalesce()
 
     def _any_worker_has_data(self, has_data: bool) -> bool:
         """Whether any worker still has input this step: an all-reduce MAX (all workers, every step)."""

@@ -119,6 +119,7 @@ class Strategy:
             cross_worker_all_reduce=self._cross_worker_all_reduce,
             policy=self._variable_policy,
             num_workers=lambda: self._num_workers,
+            cross_worker_sparse_sum=self._cross_worker_sparse_sum,
         )
 
     # ------------------------------------------------------------------ identity
@@ -388,6 +389,10 @@ class Strategy:
         self, tensor: torch.Tensor, op: Any, options: CommunicationOptions | None = None
     ) -> torch.Tensor:
         """Reduces a tensor across workers (identity in one process)."""
+        return tensor
+
+    def _cross_worker_sparse_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sums a sparse COO tensor across workers (identity in one process)."""
         return tensor
 
     def _cross_worker_all_gather(

@@ -210,3 +210,41 @@ def test_parameters_frozen_at_creation_are_tracked_once_they_require_gradients()
     (frozen * 2 + live).sum().backward()
     torch.testing.assert_close(frozen.grad, torch.full((3,), 2.0 * WORKERS))
     assert not buckets.tracks(nn.Parameter(torch.zeros(1)))
+
+
+class Embedder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 3, sparse=True)
+        self.head = nn.Linear(3, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids)).sum()
+
+
+def test_sparse_gradients_are_summed_apart_and_leave_the_buckets_after_the_first_round():
+    net = Embedder()
+    sparse_calls = []
+
+    def sum_sparse(t):
+        sparse_calls.append(t._nnz())
+        return t * WORKERS
+
+    buckets = GradientBuckets(
+        Recorder().launch, lambda work, what: work.wait(), sum_sparse=sum_sparse, bucket_bytes=256
+    )
+    for p in net.parameters():
+        buckets.add(p)
+    assert any(net.embed.weight is p for b in buckets.buckets for p in b)
+    for step in range(2):
+        ids = torch.tensor([[1, 2], [2, 7]]) + step
+        alone = copy.deepcopy(net)
+        net.zero_grad()
+        alone(ids).backward()
+        net(ids).backward()
+        assert net.embed.weight.grad.is_sparse
+        want = WORKERS * alone.embed.weight.grad.to_dense()
+        torch.testing.assert_close(net.embed.weight.grad.to_dense(), want)
+        torch.testing.assert_close(net.head.weight.grad, WORKERS * alone.head.weight.grad)
+    assert sparse_calls == [4, 4]  # one sparse sum per round, of the 4 looked-up rows
+    assert not any(net.embed.weight is p for b in buckets.buckets for p in b)  # rebuilt without it

@@ -221,3 +221,25 @@ def test_a_backward_that_raises_gives_the_gradients_back(mirrored_2cpu):
         mirrored_2cpu.run(step, args=(x,))
     for leaf in (layer.bias._replica_leaf(i) for i in range(2)):
         torch.testing.assert_close(leaf.grad, torch.full((1,), 2.0))  # the first pass's sum
+
+
+@pytest.mark.parametrize("ops", [None, phalanx.ReductionToOneDevice()], ids=["in_place", "packed"])
+def test_sparse_gradients_are_summed_on_both_paths(ops):
+    strategy = phalanx.MirroredStrategy(["cpu:0", "cpu:1"], cross_device_ops=ops)
+    try:
+        with strategy.scope():
+            torch.manual_seed(0)
+            embed = nn.Embedding(6, 2, sparse=True)
+        ids = PerReplica([torch.tensor([1, 2]), torch.tensor([2, 5])])
+
+        def step(ids):
+            embed(ids).sum().backward()
+            return embed.weight.grad.to_dense()
+
+        want = torch.zeros(6, 2)
+        want[[1, 5]] = 1.0
+        want[2] = 2.0
+        for got in strategy.run(step, args=(ids,)).values:
+            torch.testing.assert_close(got, want)
+    finally:
+        strategy._threads.close()
