@@ -38,7 +38,9 @@ def train(strategy, wrapper: str, poison_step: int | None, poison_replica: int =
         model = _model()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if wrapper == "scaler":
-        scaling: GradScaler | LossScaleOptimizer = GradScaler("cpu", init_scale=256.0)
+        scaling: torch.amp.GradScaler | LossScaleOptimizer = GradScaler("cpu", init_scale=256.0)
+    elif wrapper == "torch":  # torch's own: one replica per process only
+        scaling = torch.amp.GradScaler("cpu", init_scale=256.0)
     else:
         scaling = LossScaleOptimizer(opt, initial_scale=256.0)
     per = GLOBAL // strategy.num_replicas_in_sync
@@ -55,7 +57,7 @@ def train(strategy, wrapper: str, poison_step: int | None, poison_replica: int =
         loss = ((out.float() - y) ** 2).sum() / GLOBAL
         if poison and ctx.replica_id_in_sync_group == poison_replica:
             loss = loss * float("inf")
-        if isinstance(scaling, GradScaler):
+        if isinstance(scaling, torch.amp.GradScaler):
             scaling.scale(loss).backward()
             scaling.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # on the unscaled sum
