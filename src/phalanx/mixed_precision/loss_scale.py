@@ -93,6 +93,19 @@ class GradScaler(torch.amp.GradScaler):
         else:
             super().__setattr__(name, value)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles replica 0's state (a parameter-server worker gets its own scaler)."""
+        state = super().__getstate__()
+        state.pop("_replicas_lock", None)
+        state.pop("_replicas", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__["_replicas"] = {0: _fresh()}
+        self.__dict__["_replicas_lock"] = threading.Lock()
+        for name, value in state.items():
+            setattr(self, name, value)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads replica 0's state; every other replica starts again from it."""
         replicas: dict[int, dict[str, Any]] = self.__dict__["_replicas"]
