@@ -7,36 +7,46 @@ and the same on every worker because every worker builds the same model): the fi
 holds about ``first_bucket_bytes`` (1 MiB, so the last layers' gradients start moving early),
 the others about ``bucket_bytes`` (25 MiB), one dtype and device per bucket, as DDP does.
 
-One backward pass is one *round*:
+One backward pass is one *round*; at its end every parameter's ``.grad`` holds the sum over
+workers (DDP's contract: reads and in-place edits between ``backward()`` and
+``optimizer.step()``, such as clipping or unscaling, act on the sum, and the step applies
+what ``.grad`` holds):
 
-* When a parameter's gradient has been accumulated (``register_post_accumulate_grad_hook``),
-  it is copied into its bucket; when every gradient of a bucket is in, the bucket's
+* Before autograd accumulates into a parameter (a tensor hook), its current ``.grad`` is
+  moved aside as the round's *base*, so autograd writes this pass's contribution (the
+  *delta*) into a fresh tensor.
+* When a parameter's delta has been accumulated (``register_post_accumulate_grad_hook``),
+  it is copied into its bucket; when every delta of a bucket is in, the bucket's
   all-reduce starts asynchronously. Buckets start strictly in index order on every worker,
   so the collectives match across workers.
-* At the end of the backward pass (an autograd-engine callback) each parameter this pass did
-  not reach contributes its current ``.grad`` (zeros if None) and every remaining bucket
-  starts, so each round issues exactly one all-reduce per bucket on every worker, whatever
-  the data did.
-* Each bucket also carries one "has a gradient" flag per parameter; after the sum, a
-  parameter that no worker has a gradient for keeps its ``.grad`` untouched (None after
-  ``zero_grad()``), as on one device.
-
-`synchronize` (the optimizer-step pre-hook, all workers) waits for the last round and gives
-every parameter the **sum** over workers as ``.grad``, a view of its bucket (no copy).
-Until then ``.grad`` holds this worker's own gradient, so several backward passes before one
-step (gradient accumulation, or a reentrant checkpoint's inner backward) accumulate locally
-and the last round, which carries every parameter's current ``.grad``, sums the
-accumulation. After a step with no new round (a second optimizer), `synchronize` does nothing.
+* At the end of the backward pass (an autograd-engine callback, as DDP's) each parameter
+  this pass did not reach contributes zeros, every remaining bucket starts, and the pass
+  waits for all of them: each parameter's ``.grad`` becomes its base plus the sum of the
+  deltas (a view of its bucket when there was no base). So each round issues exactly one
+  all-reduce per bucket on every worker, whatever the data did, and gradient accumulation
+  (several backward passes before one step) sums deltas: ``sum(d1) + sum(d2)``.
+* Each bucket also carries one "has a delta" flag per parameter; after the sum, a
+  parameter that no worker has a delta for keeps its ``.grad`` untouched (None after
+  ``zero_grad()``), as on one device. A pass that accumulated nothing
+  (``torch.autograd.grad``) puts the bases back and starts no all-reduce.
+* Sparse gradients (``nn.Embedding(sparse=True)``) cannot go in a bucket, as in DDP: the
+  first time one arrives its bucket slot carries zeros and a "sparse" flag, so after that
+  round every worker knows, and the buckets are rebuilt without it. Sparse deltas are
+  summed at the end of the round, after the buckets, one parameter at a time in
+  registration order, by ``sum_sparse`` (which gathers every worker's indices and values).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from phalanx.communication._sparse import SPARSE, empty_sparse, plus
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "GradientBuckets"]
 
@@ -48,9 +58,14 @@ Wait = Callable[[Any, str], None]  # waits for that work (raises on failure)
 
 
 class _Bucket:
-    """A flat buffer: the gradients of ``params`` back to back, then one flag per parameter."""
+    """A flat buffer: the gradients of ``params`` back to back, then one flag per parameter.
 
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+    A parameter that died since it was tracked is a "meta" placeholder of its shape: it
+    keeps its slot (zeros), so the layout stays the same on every worker whatever the
+    garbage collector of each did.
+    """
+
+    def __init__(self, params: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> None:
         self.params = params
         self.offsets: list[int] = []
         numel = 0
@@ -58,7 +73,7 @@ class _Bucket:
             self.offsets.append(numel)
             numel += p.numel()
         self.numel = numel
-        self.buffer = torch.zeros(numel + len(params), dtype=params[0].dtype, device=params[0].device)
+        self.buffer = torch.zeros(numel + len(params), dtype=dtype, device=device)
         self.flags = self.buffer[numel:]  # (num_params,) after the sum: how many workers had a gradient
         self.had = [0.0] * len(params)  # this worker's flags for the current round
         self.ready = [False] * len(params)
@@ -66,7 +81,7 @@ class _Bucket:
 
     def view(self, i: int) -> torch.Tensor:
         p = self.params[i]
-        return self.buffer[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+        return self.buffer[self.offsets[i] : self.offsets[i] + p.numel()].view(p.shape)
 
     def put(self, i: int, grad: torch.Tensor | None) -> None:
         view = self.view(i)
@@ -75,6 +90,12 @@ class _Bucket:
         elif view.data_ptr() != grad.data_ptr():
             view.copy_(grad)
         self.had[i] = 0.0 if grad is None else 1.0
+        self.ready[i] = True
+
+    def put_sparse(self, i: int) -> None:
+        """A sparse delta: zeros here, and a flag that tells every worker it is sparse."""
+        self.view(i).zero_()
+        self.had[i] = SPARSE
         self.ready[i] = True
 
     def complete(self) -> bool:
@@ -87,6 +108,8 @@ class GradientBuckets:
     Args:
         launch: ``launch(buffer) -> work`` starts an async in-place SUM all-reduce.
         wait: ``wait(work, what)`` waits for it with the strategy's deadline and health check.
+        sum_sparse: ``sum_sparse(sparse) -> sparse`` sums a sparse COO tensor across workers
+            (all workers; blocks). Default: the identity (one worker).
         is_active: Whether a backward pass belongs to the strategy (runs inside its ``run``);
             hooks of other backward passes do nothing.
         bucket_bytes: Bucket size (0: 25 MiB).
@@ -100,20 +123,26 @@ class GradientBuckets:
         is_active: Callable[[], bool] = lambda: True,
         bucket_bytes: int = 0,
         first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+        sum_sparse: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
     ) -> None:
         self._launch, self._wait, self._is_active = launch, wait, is_active
+        self._sum_sparse = sum_sparse
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
         self._first_bytes = min(first_bucket_bytes, self._bucket_bytes)
         self._params: list[weakref.ref[torch.nn.Parameter]] = []  # trainable, registration order
+        self._layout: list[tuple[torch.Size, torch.dtype, torch.device]] = []  # of each, kept after it dies
+        self._is_sparse: list[bool] = []  # of each: its gradients are sparse (not in a bucket)
+        self._sparse_deltas: dict[int, torch.Tensor] = {}  # id(param) -> its sparse delta this round
+        self._accumulated = False  # this round accumulated into some parameter
         self._frozen: list[weakref.ref[torch.nn.Parameter]] = []  # requires_grad=False when added
-        # by id, checked against a weak reference: a dead parameter's id is reused by new ones
-        self._ids: dict[int, weakref.ref[torch.nn.Parameter]] = {}
+        # id -> the parameter: a dead one's id may be reused by a new parameter
+        self._ids: dict[int, weakref.ref[torch.Tensor]] = {}
         self._handles: list[Any] = []
         self._buckets: list[_Bucket] | None = None
         self._where: dict[int, tuple[int, int]] = {}
         self._next_launch = 0
         self._round_open = False  # hooks fired; the end-of-backward callback is queued
-        self._round_done = False  # a round finished since the last synchronize
+        self._bases: dict[int, torch.Tensor | None] = {}  # id(param) -> .grad moved aside this round
         self._lock = threading.RLock()
 
     # ---------------------------------------------------------------- registration
@@ -133,7 +162,11 @@ class GradientBuckets:
                 self._frozen.append(weakref.ref(param))
 
     def _track(self, param: torch.nn.Parameter) -> None:
-        self._params.append(weakref.ref(param))
+        ref = weakref.ref(param)
+        self._params.append(ref)
+        self._layout.append((param.shape, param.dtype, param.device))
+        self._is_sparse.append(False)
+        self._handles.append(param.register_hook(functools.partial(self._before_accumulate, ref)))
         self._handles.append(param.register_post_accumulate_grad_hook(self._on_grad))
         self._buckets = None  # rebuilt at the next round
 
@@ -153,11 +186,11 @@ class GradientBuckets:
 
     def tracks(self, param: torch.Tensor) -> bool:
         """Whether ``param`` was added (created in the strategy's scope)."""
-        ref = self._ids.get(id(param))
-        return ref is not None and ref() is param
+        known = self._ids.get(id(param))
+        return known is not None and known() is param
 
     @property
-    def buckets(self) -> list[list[torch.nn.Parameter]]:
+    def buckets(self) -> list[list[torch.Tensor]]:
         """The parameters of each bucket, in launch order (built on first use)."""
         with self._lock:
             return [b.params for b in self._ensure_built()]
@@ -170,34 +203,72 @@ class GradientBuckets:
         return self._buckets
 
     def _build(self) -> list[_Bucket]:
-        params = [p for p in (ref() for ref in reversed(self._params)) if p is not None]
-        closed: list[list[torch.nn.Parameter]] = []
-        open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.nn.Parameter], int]] = {}
+        closed: list[tuple[list[torch.Tensor], torch.device, torch.dtype]] = []
+        open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], int]] = {}
         started: set[tuple[torch.device, torch.dtype]] = set()
-        for p in params:
-            key = (p.device, p.dtype)
+        entries = zip(reversed(self._params), reversed(self._layout), reversed(self._is_sparse), strict=True)
+        for ref, (shape, dtype, device), sparse in entries:
+            if sparse:
+                continue
+            p: torch.Tensor | None = ref()
+            if p is None:
+                p = torch.empty(shape, dtype=dtype, device="meta")
+            key = (device, dtype)
             members, size = open_.get(key, ([], 0))
             limit = self._bucket_bytes if key in started else self._first_bytes
             nbytes = p.numel() * p.element_size()
             if members and size + nbytes > limit:
-                closed.append(members)
+                closed.append((members, *key))
                 started.add(key)
                 members, size = [], 0
             open_[key] = ([*members, p], size + nbytes)
-        closed.extend(members for members, _ in open_.values() if members)
-        buckets = [_Bucket(members) for members in closed]
+        closed.extend((members, *key) for key, (members, _) in open_.items() if members)
+        buckets = [_Bucket(members, dtype, device) for members, device, dtype in closed]
         self._where = {id(p): (b, i) for b, bucket in enumerate(buckets) for i, p in enumerate(bucket.params)}
         return buckets
 
     # ---------------------------------------------------------------- during backward
-    def _on_grad(self, param: torch.Tensor) -> None:
+    def _before_accumulate(self, ref: weakref.ref[torch.nn.Parameter], grad: torch.Tensor) -> None:
+        """Opens the round; moves the parameter's ``.grad`` aside as its base (first visit)."""
         if not self._is_active():
             return
+        param = ref()
         with self._lock:
             buckets = self._ensure_built()
             if not self._round_open:
                 self._start_round(buckets)
-            b, i = self._where[id(param)]
+            if param is None or id(param) in self._bases:
+                return
+            base = param.grad
+            if base is not None:
+                b, _ = self._where[id(param)]
+                if _aliases(base, buckets[b].buffer):  # the last sum: its bucket gets overwritten
+                    base = base.clone()
+            self._bases[id(param)] = base
+            param.grad = None
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        if not self._is_active() or not self._round_open:
+            return
+        with self._lock:
+            self._accumulated = True
+            buckets = self._ensure_built()
+            grad = param.grad
+            where = self._where.get(id(param))
+            if grad is not None and grad.is_sparse:
+                self._sparse_deltas[id(param)] = grad
+                if where is not None:  # the first sparse delta: tell every worker
+                    buckets[where[0]].put_sparse(where[1])
+                    self._launch_ready(buckets)
+                return
+            if where is None:
+                raise RuntimeError(
+                    "A parameter whose gradients were sparse received a dense gradient; its "
+                    "sum across workers expects sparse ones. Received: a dense gradient for a "
+                    f"parameter of shape {tuple(param.shape)}. HINT: keep nn.Embedding(sparse=...) "
+                    "fixed for the whole training."
+                )
+            b, i = where
             bucket = buckets[b]
             if bucket.work is not None:
                 raise RuntimeError(
@@ -208,46 +279,114 @@ class GradientBuckets:
                     f"{tuple(param.shape)} (bucket {b}). HINT: use "
                     "torch.utils.checkpoint.checkpoint(..., use_reentrant=False)."
                 )
-            bucket.put(i, param.grad)
+            bucket.put(i, grad)
             self._launch_ready(buckets)
 
     def _start_round(self, buckets: list[_Bucket]) -> None:
-        """First gradient of a backward pass: wait for the previous round's buffers."""
+        """First hook of a backward pass: wait for anything still running, queue the end."""
         self._flush_running()
         for bucket in buckets:
             bucket.ready = [False] * len(bucket.params)
         self._next_launch = 0
         self._round_open = True
-        self._round_done = False
+        self._accumulated = False
+        self._bases = {}
+        self._sparse_deltas = {}
         torch.autograd.Variable._execution_engine.queue_callback(self._end_round)
 
     def _end_round(self) -> None:
-        """End of the backward pass: parameters it did not reach contribute their current
-        ``.grad`` (an earlier pass's, or None); start every bucket."""
+        """End of the backward pass: start every bucket, wait, install base + sum (all
+        workers; blocks until the all-reduces finish).
+
+        Raises:
+            PeerUnavailableError: (from ``wait``) a worker died or stopped answering.
+        """
         with self._lock:
+            self._round_open = False
             buckets = self._ensure_built()
+            if not self._accumulated:  # autograd.grad only
+                self._put_bases_back()
+                return
             for bucket in buckets:
                 for i, ready in enumerate(bucket.ready):
                     if not ready:
-                        bucket.put(i, bucket.params[i].grad)
+                        self._not_reached(bucket, i)
             self._launch_ready(buckets)
-            self._round_open = False
-            self._round_done = True
+            newly_sparse: set[int] = set()
+            for bucket in buckets:
+                newly_sparse |= self._install(bucket)
+            if newly_sparse:  # agreed by every worker (the flags were summed): rebuild without them
+                for k, ref in enumerate(self._params):
+                    self._is_sparse[k] = self._is_sparse[k] or id(ref()) in newly_sparse
+                self._buckets = None
+            self._sum_sparse_deltas()
+            self._bases = {}
+            self._sparse_deltas = {}
+
+    def _not_reached(self, bucket: _Bucket, i: int) -> None:
+        """A parameter this pass did not accumulate into: no delta; its ``.grad`` stays."""
+        p = bucket.params[i]
+        if id(p) in self._bases:
+            p.grad = self._bases.pop(id(p))
+        g = p.grad
+        if g is not None and _aliases(g, bucket.buffer):
+            p.grad = g.clone()  # the buffer is about to carry this round's deltas
+        bucket.put(i, None)
+
+    def _install(self, bucket: _Bucket) -> set[int]:
+        """Waits for a bucket and installs base + sum; returns the ids of its parameters
+        some worker found sparse."""
+        work, bucket.work = bucket.work, None
+        if work is not None:
+            self._wait(work, "the gradient all-reduce")
+        had = bucket.flags.tolist()
+        sparse = set()
+        for i, p in enumerate(bucket.params):
+            if had[i] >= SPARSE:
+                sparse.add(id(p))
+            elif had[i] > 0 and p.device.type != "meta":  # not the placeholder of a dead parameter
+                base = self._bases.get(id(p)) if bucket.had[i] else p.grad
+                p.grad = bucket.view(i) if base is None else base.add_(bucket.view(i))
+        return sparse
+
+    def _sum_sparse_deltas(self) -> None:
+        """Sums every sparse parameter's delta across workers, in registration order (all
+        workers; blocks); installs base + sum where some worker had a delta."""
+        for k, ref in enumerate(self._params):
+            if not self._is_sparse[k]:
+                continue
+            p = ref()
+            shape, dtype, device = self._layout[k]
+            delta = self._sparse_deltas.get(id(p)) if p is not None else None
+            total = self._sum_sparse(delta if delta is not None else empty_sparse(shape, dtype, device))
+            if p is None or total._nnz() == 0:
+                continue
+            base = self._bases.get(id(p)) if delta is not None else p.grad
+            p.grad = plus(base, total)
+
+    def _put_bases_back(self) -> None:
+        for ref in self._params:
+            p = ref()
+            if p is not None and id(p) in self._bases:
+                p.grad = self._bases[id(p)]
+        self._bases = {}
 
     def abort_round(self) -> None:
-        """Forgets a round whose backward pass raised (its end-of-backward callback never ran)."""
+        """Forgets a round whose backward pass raised (its end-of-backward callback never
+        ran): the moved-aside gradients go back."""
         with self._lock:
+            if self._round_open:
+                self._put_bases_back()
             self._round_open = False
 
     def _launch_ready(self, buckets: list[_Bucket]) -> None:
         while self._next_launch < len(buckets) and buckets[self._next_launch].complete():
             bucket = buckets[self._next_launch]
-            storage = bucket.buffer.untyped_storage().data_ptr()
             for p in bucket.params:
                 # A .grad that is a view of this buffer (installed at the last step) must not be
                 # written by autograd while the buffer is being reduced: give it its own memory.
                 g = p.grad
-                if g is not None and g.untyped_storage().data_ptr() == storage:
+                if g is not None and _aliases(g, bucket.buffer):
                     p.grad = g.clone()
             bucket.flags.copy_(torch.tensor(bucket.had, dtype=bucket.flags.dtype))
             bucket.work = self._launch(bucket.buffer)
@@ -260,30 +399,6 @@ class GradientBuckets:
                 work, bucket.work = bucket.work, None
                 self._wait(work, "the gradient all-reduce")
 
-    # ---------------------------------------------------------------- at optimizer.step()
-    def synchronize(self) -> None:
-        """Waits for the last round and installs the summed gradients (all workers).
-
-        Called before ``optimizer.step()``. A parameter that some worker gave a gradient
-        gets the sum over workers as ``.grad`` (a view of its bucket); one that no worker
-        gave a gradient keeps its ``.grad``.
-
-        Raises:
-            PeerUnavailableError: (from ``wait``) a worker died or stopped answering.
-        """
-        with self._lock:
-            if not self._round_done or self._buckets is None:
-                return  # nothing new since the last step (e.g. a second optimizer)
-            self._round_done = False
-            for bucket in self._buckets:
-                work, bucket.work = bucket.work, None
-                if work is not None:
-                    self._wait(work, "the gradient all-reduce")
-                had = bucket.flags.tolist()
-                for i, p in enumerate(bucket.params):
-                    if had[i] > 0:
-                        p.grad = bucket.view(i)
-
     def close(self) -> None:
         """Removes the hooks and waits for running all-reduces (all workers)."""
         with self._lock:
@@ -291,3 +406,10 @@ class GradientBuckets:
                 handle.remove()
             self._handles.clear()
             self._flush_running()
+
+
+def _aliases(tensor: torch.Tensor, buffer: torch.Tensor) -> bool:
+    """Whether ``tensor`` shares ``buffer``'s memory (a view of it)."""
+    if tensor.layout != torch.strided:  # a sparse gradient has its own memory
+        return False
+    return tensor.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from phalanx import context
+from phalanx import context, mixed_precision
 from phalanx.keras import optimizers
 from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch
 from phalanx.keras.compile_utils import LossContainer, identifier_config, resolve_metrics
@@ -57,6 +57,8 @@ class Model(nn.Module):
         self._resume: tuple[int, int] | None = None
         self._steps_done = 0
         self._epoch = 0
+        self._policy = mixed_precision.Policy("float32")  # the global policy at compile()
+        self._loss_scale: mixed_precision.GradScaler | None = None
 
     @property
     def strategy(self) -> Any:
@@ -78,7 +80,10 @@ class Model(nn.Module):
         """Configures training: optimizer, loss(es) and metrics by Keras name or as objects.
 
         Optimizers, metrics and the loss tracker are created in the model's strategy scope,
-        so their state is distributed like the model's.
+        so their state is distributed like the model's. The global mixed-precision policy
+        (`phalanx.mixed_precision.set_global_policy`) is read here: ``fit``, ``evaluate``
+        and ``predict`` compute under its autocast, with float32 variables, outputs, losses
+        and metrics; ``"mixed_float16"`` adds dynamic loss scaling, as TF's compile does.
         """
         from phalanx import metrics as metrics_module
 
@@ -87,6 +92,9 @@ class Model(nn.Module):
             self._losses = LossContainer(loss, loss_weights)
             self._compiled_metrics = resolve_metrics(metrics, loss)
             object.__setattr__(self, "_loss_tracker", metrics_module.Mean(name="loss"))
+        self._policy = mixed_precision.global_policy()
+        device = self._strategy.local_devices[0].type
+        self._loss_scale = mixed_precision.GradScaler(device) if self._policy.needs_loss_scaling else None
         object.__setattr__(self, "_call", torch.compile(self.module) if jit_compile else self.module)
         self._compile_config = {
             "optimizer": optimizers.config_of(self.optimizer),
@@ -113,26 +121,42 @@ class Model(nn.Module):
             )
 
     # ------------------------------------------------------------------ steps (in replica context)
+    def _forward(self, x: Any) -> Any:
+        """``self(x)`` under the policy's autocast, outputs in float32 (replica context)."""
+        if self._policy.name == "float32":
+            return self(x)
+        ctx = context.get_replica_context()
+        device = ctx.strategy.local_devices[ctx.local_replica_index].type if ctx is not None else "cpu"
+        with self._policy.autocast(device):
+            y_pred = self(x)
+        return _to_float32(y_pred)
+
     def _train_step(self, x: Any, y: Any, sample_weight: Any = None) -> None:
         assert self._losses is not None
         assert self.optimizer is not None
-        y_pred = self(x)
+        y_pred = self._forward(x)
         per_example = self._losses.per_example(y, y_pred, sample_weight)
         loss = compute_average_loss(per_example)
-        loss.backward()
-        self.optimizer.step()
+        scaler = self._loss_scale
+        if scaler is None:
+            loss.backward()
+            self.optimizer.step()
+        else:  # an overflow anywhere skips the step on every replica (see mixed_precision)
+            scaler.scale(loss).backward()
+            scaler.step(self.optimizer)
+            scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
             self._update_metrics(y, _detach(y_pred), sample_weight, per_example.detach())
 
     def _test_step(self, x: Any, y: Any, sample_weight: Any = None) -> None:
         assert self._losses is not None
-        y_pred = self(x)
+        y_pred = self._forward(x)
         per_example = self._losses.per_example(y, y_pred, sample_weight)
         self._update_metrics(y, y_pred, sample_weight, per_example)
 
     def _predict_step(self, x: Any, y: Any = None, sample_weight: Any = None) -> Any:
-        return self(x)
+        return self._forward(x)
 
     def _update_metrics(self, y: Any, y_pred: Any, sample_weight: Any, per_example: torch.Tensor) -> None:
         self._loss_tracker.update_state(per_example)
@@ -339,3 +363,15 @@ def _batch_len(x: Any) -> int:
     from phalanx.input.splitting import as_tensors, batch_size_of
 
     return batch_size_of(as_tensors(x))
+
+
+def _to_float32(value: Any) -> Any:
+    """Floating tensors of ``value`` (a tensor or nest) cast to float32."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.is_floating_point() and value.dtype != torch.float64 else value
+    if isinstance(value, dict):
+        return type(value)((k, _to_float32(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        items = [_to_float32(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return value

@@ -52,11 +52,12 @@ def _task_name(resolver: ClusterResolver) -> Callable[[int], str]:
 
 
 class _BucketSync:
-    """The optimizer-step merge point of the DDP layout (one local replica, several workers).
+    """The optimizer-step hook of the DDP layout (one local replica, several workers).
 
-    Before the step: waits for the gradient buckets, which install the sums (all workers);
-    parameters kept as distributed variables (annotated ones) then go through the in-process
-    gradient path ``gradients``, whose cross-worker reduce sums them.
+    The gradient buckets summed the plain parameters' gradients by the end of each backward
+    pass; parameters kept as distributed variables (annotated ones) were summed by the
+    in-process gradient path ``gradients`` at the same point. Before the step this checks
+    that every parameter is one of them and lets ``gradients`` hand its sums over.
 
     Args:
         gradients: The strategy's in-process gradient path.
@@ -71,9 +72,8 @@ class _BucketSync:
         self._checked: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
 
     def before_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
-        """Sums gradients across workers before ``optimizer.step()`` (all workers; blocks)."""
+        """Checks the parameters; hands the summed gradients to the update (all workers)."""
         self._check_params(optimizer)
-        self._buckets.synchronize()
         self._gradients.before_step(optimizer, replica_index)
 
     def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
@@ -135,7 +135,7 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     * **One local replica** (the DDP layout): parameters stay plain ``nn.Parameter``s; their
       gradients are summed across workers in buckets while backward runs (see
-      `phalanx.communication.bucketing`) and ``optimizer.step()`` waits for them.
+      `phalanx.communication.bucketing`); ``backward()`` returns with the sums in ``.grad``.
     * **Several local replicas**: parameters are `MirroredVariable`s; at the step gradients
       are summed over the local replicas, then across workers.
     * Gradients are **summed** over all replicas (TF's convention; DDP averages). Divide the
@@ -215,7 +215,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             self._group = self._join(join_timeout, heartbeat_timeout)
             if self._num_local_replicas == 1:
                 self._buckets = self._make_buckets(self._group)
-                self._step_sync = _BucketSync(self._in_process_gradient_sync(), self._buckets, self)
+                self._step_sync = _BucketSync(self._gradient_sync, self._buckets, self)
 
     def _join(self, join_timeout: float | None, heartbeat_timeout: float | None) -> WorkerGroup:
         join = join_timeout
@@ -252,7 +252,11 @@ class MultiWorkerMirroredStrategy(Strategy):
             return strategy is not None and strategy._running
 
         return GradientBuckets(
-            group.all_reduce_async, group.wait, is_active, bucket_bytes=self._options.bytes_per_pack
+            group.all_reduce_async,
+            group.wait,
+            is_active,
+            bucket_bytes=self._options.bytes_per_pack,
+            sum_sparse=self._cross_worker_sparse_sum,
         )
 
     def _pick_backend(self) -> str:
@@ -378,8 +382,9 @@ class MultiWorkerMirroredStrategy(Strategy):
     ) -> Any:
         """`Strategy.run` on every local replica of every worker (all workers call it).
 
-        With one local replica, backward passes inside ``fn`` start the gradient buckets'
-        all-reduces; ``optimizer.step()`` inside ``fn`` waits for them.
+        Backward passes inside ``fn`` sum the gradients across all replicas and workers
+        before they return (with one local replica: bucketed all-reduces that start while
+        backward runs).
 
         Raises:
             RuntimeError: The strategy was closed.
@@ -461,6 +466,17 @@ class MultiWorkerMirroredStrategy(Strategy):
         parts = self._group.all_gather(padded, timeout=timeout)  # workers x (longest, ...)
         gathered = torch.cat([p[:n] for p, n in zip(parts, per_worker, strict=True)]).movedim(0, axis)
         return gathered.to(tensor.device), all_sizes
+
+    def _cross_worker_sparse_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sums a sparse COO tensor across workers by gathering every worker's indices and
+        values (all workers, same shape; they may hold different entries; blocks)."""
+        if self._group is None:
+            return tensor
+        t = tensor.coalesce()
+        indices, values = t.indices(), t.values()  # (sparse_dim, nnz), (nnz, *dense)
+        all_indices, _ = self._cross_worker_all_gather(indices, 1, [indices.shape[1]])
+        all_values, _ = self._cross_worker_all_gather(values, 0, [values.shape[0]])
+        return torch.sparse_coo_tensor(all_indices, all_values, t.shape).coalesce()
 
     def _any_worker_has_data(self, has_data: bool) -> bool:
         """Whether any worker still has input this step: an all-reduce MAX (all workers, every step)."""

@@ -101,7 +101,10 @@ class Strategy:
         self._run_count = 0
         self._variable_policy = self._make_variable_policy()
         self._reduction = CrossReplicaReduction(self, self._cross_device_ops)
-        self._step_sync: StepSync = self._in_process_gradient_sync()
+        # The in-process gradient path: sums at the end of backward passes inside `run`
+        # (prepared before each run); also the default step sync.
+        self._gradient_sync = self._in_process_gradient_sync()
+        self._step_sync: StepSync = self._gradient_sync
 
     # ------------------------------------------------------------------ composition (overridable)
     def _make_variable_policy(self) -> VariablePolicy:
@@ -118,6 +121,7 @@ class Strategy:
             cross_worker_all_reduce=self._cross_worker_all_reduce,
             policy=self._variable_policy,
             num_workers=lambda: self._num_workers,
+            cross_worker_sparse_sum=self._cross_worker_sparse_sum,
         )
 
     # ------------------------------------------------------------------ identity
@@ -268,6 +272,15 @@ class Strategy:
         """
         check_run_call(self, fn, args, kwargs)
         self._before_run()
+        self._gradient_sync.prepare_run()
+        try:
+            return self._run_replicas(fn, args, kwargs)
+        finally:
+            self._gradient_sync.end_run()
+
+    def _run_replicas(
+        self, fn: Callable[..., Any], args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any] | None
+    ) -> Any:
         kwargs = kwargs or {}
         gbs, offsets = self._batches.take(args, kwargs)
         self._run_count += 1
@@ -385,6 +398,10 @@ class Strategy:
         self, tensor: torch.Tensor, op: Any, options: CommunicationOptions | None = None
     ) -> torch.Tensor:
         """Reduces a tensor across workers (identity in one process)."""
+        return tensor
+
+    def _cross_worker_sparse_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sums a sparse COO tensor across workers (identity in one process)."""
         return tensor
 
     def _cross_worker_all_gather(

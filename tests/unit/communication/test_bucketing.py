@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -73,51 +75,84 @@ def test_dtypes_and_sizes_make_separate_buckets():
     assert FIRST_BUCKET_BYTES < DEFAULT_BUCKET_BYTES == 25 * 1024 * 1024
 
 
-def test_sums_start_during_backward_and_unused_parameters_keep_no_gradient():
+def _local_gradients(net, *batches):
+    """The gradients one worker accumulates alone over ``batches`` (a copy of ``net``)."""
+    alone = copy.deepcopy(net)
+    for x in batches:
+        alone(x).sum().backward()
+    return [p.grad for p in alone.parameters()]
+
+
+def test_sums_start_during_backward_and_are_in_grad_when_backward_returns():
     net = Net()
     recorder = Recorder(watch=net.first.weight)
     buckets = _buckets(net.parameters(), recorder, bucket_bytes=256, first_bucket_bytes=64)
-    loss = net(torch.randn(5, 8)).square().sum()
-    loss.backward()
-    local = {name: p.grad.clone() for name, p in net.named_parameters() if p.grad is not None}
+    x = torch.randn(5, 8)
+    local = _local_gradients(net, x)
+    net(x).sum().backward()
     assert len(recorder.launched) == len(buckets.buckets)  # all started by the end of backward
     assert recorder.watched_grad_at_first_launch == [True]  # before the first layer's gradient existed
-    buckets.synchronize()
-    for name, p in net.named_parameters():
+    for (name, p), want in zip(net.named_parameters(), local, strict=True):
         if name.startswith("unused"):
             assert p.grad is None  # no worker had one
+            assert want is None
         else:
-            torch.testing.assert_close(p.grad, WORKERS * local[name])
+            torch.testing.assert_close(p.grad, WORKERS * want)
 
 
-def test_accumulation_over_two_passes_is_summed_once_and_a_second_synchronize_does_nothing():
+def test_accumulation_over_two_passes_sums_each_pass_once():
+    net = Net()
+    buckets = _buckets(net.parameters(), Recorder(), bucket_bytes=256)
+    x1, x2 = torch.randn(3, 8), torch.randn(3, 8)
+    local = _local_gradients(net, x1, x2)
+    net(x1).sum().backward()
+    net(x2).sum().backward()
+    for p, want in zip(net.parameters(), local, strict=True):
+        assert (p.grad is None) is (want is None)
+        if want is not None:
+            torch.testing.assert_close(p.grad, WORKERS * want)
+    assert buckets.buckets
+
+
+def test_an_edit_between_backward_and_the_next_pass_is_kept():
     net = Net()
     buckets = _buckets(net.parameters(), Recorder(), bucket_bytes=256)
     x1, x2 = torch.randn(3, 8), torch.randn(3, 8)
     net(x1).sum().backward()
+    edited = {p: p.grad * 0.5 for p in net.parameters() if p.grad is not None}
+    for p, g in edited.items():
+        p.grad.copy_(g)  # e.g. clip_grad_norm_ acting on the sum
+    delta = _local_gradients(net, x2)
     net(x2).sum().backward()
-    local = [p.grad.clone() if p.grad is not None else None for p in net.parameters()]
-    buckets.synchronize()
-    summed = [p.grad.clone() if p.grad is not None else None for p in net.parameters()]
-    for got, want in zip(summed, local, strict=True):
-        assert (got is None) is (want is None)
+    for p, want in zip(net.parameters(), delta, strict=True):
         if want is not None:
-            torch.testing.assert_close(got, WORKERS * want)
-    buckets.synchronize()  # a second optimizer's step: nothing new
-    for p, want in zip(net.parameters(), summed, strict=True):
+            torch.testing.assert_close(p.grad, edited[p] + WORKERS * want)
+    assert buckets.buckets
+
+
+def test_autograd_grad_changes_no_gradient_and_starts_nothing():
+    net = Net()
+    recorder = Recorder()
+    buckets = _buckets(net.parameters(), recorder)
+    net(torch.randn(2, 8)).sum().backward()
+    before = [None if p.grad is None else p.grad.clone() for p in net.parameters()]
+    launched = len(recorder.launched)
+    torch.autograd.grad(net(torch.randn(2, 8)).sum(), list(net.first.parameters()))
+    assert len(recorder.launched) == launched
+    for p, want in zip(net.parameters(), before, strict=True):
         assert (p.grad is None) if want is None else torch.equal(p.grad, want)
+    assert buckets.buckets
 
 
 def test_gradients_are_views_of_the_buckets_and_zeroing_in_place_still_works():
     net = Net()
     buckets = _buckets(net.parameters(), Recorder())
-    for _ in range(2):  # the second round starts from grads that are views of the buckets
-        net.zero_grad(set_to_none=False)
+    for set_to_none in (False, False, True):  # the second round starts from views of the buckets
+        net.zero_grad(set_to_none=set_to_none)
         x = torch.randn(4, 8)
+        local = _local_gradients(net, x)
         net(x).sum().backward()
-        local = net.last.weight.grad.clone()
-        buckets.synchronize()
-        torch.testing.assert_close(net.last.weight.grad, WORKERS * local)
+        torch.testing.assert_close(net.last.weight.grad, WORKERS * local[-2])
     assert net.last.weight.grad.untyped_storage().data_ptr() in {
         b.buffer.untyped_storage().data_ptr() for b in buckets._buckets
     }
@@ -128,11 +163,17 @@ def test_reentrant_checkpoint_is_summed_correctly():
     params = [*a.parameters(), *c.parameters()]
     recorder = Recorder()
     buckets = _buckets(params, recorder, bucket_bytes=64)
-    checkpoint(c, a(torch.randn(2, 4)), use_reentrant=True).sum().backward()  # an inner backward
-    local = [p.grad.clone() for p in params]
-    buckets.synchronize()
+    x = torch.randn(2, 4)
+    checkpoint(c, a(x), use_reentrant=True).sum().backward()  # an inner backward
+    alone_a, alone_c = copy.deepcopy(a), copy.deepcopy(c)
+    for p in params:
+        p.grad = None
+    alone_c(alone_a(x)).sum().backward()
+    local = [p.grad for p in [*alone_a.parameters(), *alone_c.parameters()]]
+    checkpoint(c, a(x), use_reentrant=True).sum().backward()
     for p, want in zip(params, local, strict=True):
         torch.testing.assert_close(p.grad, WORKERS * want)
+    assert buckets.buckets
 
 
 def test_a_second_gradient_in_one_pass_after_its_bucket_started_is_an_error():
@@ -167,6 +208,43 @@ def test_parameters_frozen_at_creation_are_tracked_once_they_require_gradients()
     buckets.refresh()
     assert [len(b) for b in buckets.buckets] == [2]
     (frozen * 2 + live).sum().backward()
-    buckets.synchronize()
     torch.testing.assert_close(frozen.grad, torch.full((3,), 2.0 * WORKERS))
     assert not buckets.tracks(nn.Parameter(torch.zeros(1)))
+
+
+class Embedder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 3, sparse=True)
+        self.head = nn.Linear(3, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids)).sum()
+
+
+def test_sparse_gradients_are_summed_apart_and_leave_the_buckets_after_the_first_round():
+    net = Embedder()
+    sparse_calls = []
+
+    def sum_sparse(t):
+        sparse_calls.append(t._nnz())
+        return t * WORKERS
+
+    buckets = GradientBuckets(
+        Recorder().launch, lambda work, what: work.wait(), sum_sparse=sum_sparse, bucket_bytes=256
+    )
+    for p in net.parameters():
+        buckets.add(p)
+    assert any(net.embed.weight is p for b in buckets.buckets for p in b)
+    for step in range(2):
+        ids = torch.tensor([[1, 2], [2, 7]]) + step
+        alone = copy.deepcopy(net)
+        net.zero_grad()
+        alone(ids).backward()
+        net(ids).backward()
+        assert net.embed.weight.grad.is_sparse
+        want = WORKERS * alone.embed.weight.grad.to_dense()
+        torch.testing.assert_close(net.embed.weight.grad.to_dense(), want)
+        torch.testing.assert_close(net.head.weight.grad, WORKERS * alone.head.weight.grad)
+    assert sparse_calls == [4, 4]  # one sparse sum per round, of the 4 looked-up rows
+    assert not any(net.embed.weight is p for b in buckets.buckets for p in b)  # rebuilt without it

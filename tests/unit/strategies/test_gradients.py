@@ -122,7 +122,8 @@ def test_packed_path_sums_locally_then_across_workers_and_gives_each_replica_its
 
     _on_both_replicas(step)
     assert ops.reduce_calls == [2]  # one packed float32 buffer, both replicas' packs
-    assert reduced == [ReduceOp.SUM]  # once, by the last replica to arrive
+    # by the last replica to arrive: who has a gradient (agreed across workers), the sums
+    assert reduced == [ReduceOp.SUM, ReduceOp.SUM]
     assert path._rendezvous.meetings == ["optimizer.step()"]
     for p in model.parameters():
         grads = [p._replica_leaf(i).grad for i in range(2)]
@@ -154,7 +155,7 @@ def test_several_workers_never_sum_in_place(mirrored_2cpu, model):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     _on_both_replicas(lambda i: path.before_step(optimizer, i))
     assert ops.reduce_calls == [2]
-    assert reduced == [ReduceOp.SUM]
+    assert reduced == [ReduceOp.SUM, ReduceOp.SUM]
     for p in model.parameters():
         torch.testing.assert_close(p._replica_leaf(1).grad, torch.full_like(p, 6.0))
 

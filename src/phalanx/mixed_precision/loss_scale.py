@@ -1,0 +1,191 @@
+"""Dynamic loss scaling inside ``strategy.run``: a per-replica ``torch.amp.GradScaler``.
+
+``torch.amp.GradScaler`` keeps its scale and its per-optimizer bookkeeping (stage, found
+inf) in plain attributes. Replicas of one process share the scaler object, each on its own
+thread, so one replica's ``unscale_`` would count for all and ``update`` would move the
+scale once per replica. `GradScaler` gives each local replica its own copy of that state
+(replica 0's outside ``run``, so ``state_dict()`` and ``get_scale()`` read as usual).
+
+No replica needs to ask the others whether they overflowed: under every synchronous
+strategy ``.grad`` holds the gradient summed over all replicas of all workers once
+``backward()`` returns (the scaled sum: each replica scaled its loss by the same scale), so
+an inf or NaN in any replica's gradient is in every replica's sum, every replica's
+``unscale_`` finds it, every replica skips ``optimizer.step()`` and halves its scale.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+from phalanx import context
+
+__all__ = ["GradScaler", "LossScaleOptimizer"]
+
+_PER_REPLICA = ("_scale", "_growth_tracker", "_per_optimizer_states")
+
+
+def _fresh() -> dict[str, Any]:
+    states: defaultdict[int, dict[str, Any]] = defaultdict(_refresh_per_optimizer_state)
+    return {"_scale": None, "_growth_tracker": None, "_per_optimizer_states": states}
+
+
+class GradScaler(torch.amp.GradScaler):
+    """``torch.amp.GradScaler`` with one state per local replica (see module docstring).
+
+    Use it as ``torch.amp.GradScaler``, inside or outside ``strategy.run``::
+
+        scaler = phalanx.mixed_precision.GradScaler("cpu")
+        def step(x, y):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = loss_fn(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)          # acts on the summed gradient
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)              # skipped on every replica after an overflow
+            scaler.update()
+
+    Args: as ``torch.amp.GradScaler`` (``device`` default ``"cpu"``).
+    """
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+    ) -> None:
+        self.__dict__["_replicas"] = {0: _fresh()}
+        self.__dict__["_replicas_lock"] = threading.Lock()
+        super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+
+    def _replica_state(self) -> dict[str, Any]:
+        """The calling replica's state; made from replica 0's at a replica's first use."""
+        replica = context._state.replica
+        index = replica[1] if replica is not None else 0
+        replicas: dict[int, dict[str, Any]] = self.__dict__["_replicas"]
+        state = replicas.get(index)
+        if state is None:
+            with self.__dict__["_replicas_lock"]:
+                state = replicas.get(index)
+                if state is None:
+                    state = _fresh()
+                    for name in ("_scale", "_growth_tracker"):
+                        value = replicas[0][name]
+                        state[name] = None if value is None else value.clone()
+                    replicas[index] = state
+        return state
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _PER_REPLICA:
+            return self._replica_state()[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _PER_REPLICA:
+            self._replica_state()[name] = value
+        else:
+            super().__setattr__(name, value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles replica 0's state (a parameter-server worker gets its own scaler)."""
+        state = super().__getstate__()
+        state.pop("_replicas_lock", None)
+        state.pop("_replicas", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__["_replicas"] = {0: _fresh()}
+        self.__dict__["_replicas_lock"] = threading.Lock()
+        for name, value in state.items():
+            setattr(self, name, value)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads replica 0's state; every other replica starts again from it."""
+        replicas: dict[int, dict[str, Any]] = self.__dict__["_replicas"]
+        for index in [i for i in replicas if i != 0]:
+            del replicas[index]
+        super().load_state_dict(state_dict)
+
+
+class LossScaleOptimizer:
+    """TF's ``LossScaleOptimizer``: an optimizer that scales the loss and skips overflowing steps.
+
+    Wraps ``optimizer`` with a dynamic loss scale (`GradScaler`): scale the loss before
+    backward (`get_scaled_loss`), then `step` unscales the (summed) gradients, skips the
+    update if any is inf or NaN, and adjusts the scale. Works inside ``strategy.run`` under
+    every strategy; under ParameterServerStrategy each worker scales on its own, as in TF.
+
+    Args:
+        inner_optimizer: The optimizer that applies the updates.
+        dynamic: Whether the scale adapts (TF's default); False keeps ``initial_scale``.
+        initial_scale: The first loss scale (TF's default 2**15).
+        dynamic_growth_steps: Steps without overflow before the scale doubles (TF: 2000).
+    """
+
+    def __init__(
+        self,
+        inner_optimizer: torch.optim.Optimizer,
+        dynamic: bool = True,
+        initial_scale: float = 2.0**15,
+        dynamic_growth_steps: int = 2000,
+    ) -> None:
+        if not isinstance(inner_optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                "LossScaleOptimizer wraps a torch.optim.Optimizer. Received: "
+                f"{type(inner_optimizer).__name__}. HINT: LossScaleOptimizer(torch.optim.SGD(...))."
+            )
+        self.inner_optimizer = inner_optimizer
+        self.dynamic = dynamic
+        growth = dynamic_growth_steps if dynamic else 2**62
+        backoff = 0.5 if dynamic else 1.0
+        self._scaler = GradScaler("cpu", initial_scale, 2.0 if dynamic else 1.0, backoff, growth)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The inner optimizer's parameter groups."""
+        return self.inner_optimizer.param_groups
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (this replica's; the same on every replica)."""
+        return float(self._scaler.get_scale())
+
+    def get_scaled_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times the loss scale: call ``backward()`` on this."""
+        return self._scaler.scale(loss)
+
+    def unscale_gradients(self) -> None:
+        """Divides the gradients by the loss scale now (before clipping); `step` then does not."""
+        self._scaler.unscale_(self.inner_optimizer)
+
+    def step(self) -> bool:
+        """Unscales, applies the update unless a gradient overflowed, adjusts the scale.
+
+        Returns:
+            Whether the update was applied (False: skipped on every replica after an overflow).
+        """
+        self._scaler.step(self.inner_optimizer)
+        found = self._scaler._found_inf_per_device(self.inner_optimizer)
+        overflowed = any(v.item() for v in found.values())
+        self._scaler.update()
+        return not overflowed
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clears the inner optimizer's gradients."""
+        self.inner_optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The inner optimizer's state and the loss scale's."""
+        return {"optimizer": self.inner_optimizer.state_dict(), "loss_scale": self._scaler.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads what `state_dict` gave."""
+        self.inner_optimizer.load_state_dict(state_dict["optimizer"])
+        self._scaler.load_state_dict(state_dict["loss_scale"])

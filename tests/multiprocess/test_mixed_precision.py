@@ -1,0 +1,64 @@
+"""Loss scaling under MultiWorkerMirroredStrategy on two worker processes.
+
+An inf on one replica of one worker skips the step on every replica of every worker and
+halves the scale everywhere; without one, training equals one device's. One local replica
+per worker with torch's own ``torch.amp.GradScaler`` (as under DDP) and with phalanx's;
+two local replicas with phalanx's `GradScaler` and `LossScaleOptimizer`. The steps are those
+of tests/unit/mixed_precision/test_loss_scale.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import phalanx
+
+pytestmark = pytest.mark.multiprocess
+
+_UNIT = Path(__file__).parents[1] / "unit" / "mixed_precision" / "test_loss_scale.py"
+
+
+def _steps():
+    spec = importlib.util.spec_from_file_location("loss_scale_steps", _UNIT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def clean_and_poisoned(strategy, wrapper):
+    """On every worker: a clean run, and one where the last replica of the job overflows at step 1."""
+    steps = _steps()
+    last = strategy.num_replicas_in_sync - 1
+    return steps.train(strategy, wrapper, None), steps.train(strategy, wrapper, 1, last)
+
+
+@pytest.mark.parametrize(
+    ("devices", "wrapper"),
+    [
+        (["cpu:0"], "torch"),
+        (["cpu:0"], "scaler"),
+        (["cpu:0", "cpu:1"], "scaler"),
+        (["cpu:0", "cpu:1"], "optimizer"),
+    ],
+    ids=["1replica-torch", "1replica-phalanx", "2replicas-phalanx", "2replicas-optimizer"],
+)
+def test_an_overflow_on_one_replica_of_one_worker_skips_the_step_everywhere(mwms_2workers, devices, wrapper):
+    env = {"PHALANX_SHARED_MEMORY": "0"} if wrapper == "optimizer" else None  # both transports
+    results = mwms_2workers.run(clean_and_poisoned, wrapper, strategy_kwargs={"devices": devices}, env=env)
+    steps = _steps()
+    want = steps.train(phalanx.OneDeviceStrategy("cpu"), "scaler" if wrapper == "torch" else wrapper, None)
+    for clean, poisoned in results:
+        for (weights, scales), (want_weights, _) in zip(clean, want, strict=True):
+            torch.testing.assert_close(weights, want_weights, rtol=1e-3, atol=1e-4)
+            assert set(scales) == {256.0}
+        (w0, s0), (w1, s1), (w2, s2) = poisoned
+        torch.testing.assert_close(w1, w0, rtol=0, atol=0)  # skipped on this worker too
+        assert (set(s0), set(s1), set(s2)) == ({256.0}, {128.0}, {128.0})
+        assert not torch.equal(w2, w1)
+    torch.testing.assert_close(results[0][1][2][0], results[1][1][2][0], rtol=0, atol=0)
