@@ -206,13 +206,16 @@ class GradientBuckets:
         closed: list[tuple[list[torch.Tensor], torch.device, torch.dtype]] = []
         open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], int]] = {}
         started: set[tuple[torch.device, torch.dtype]] = set()
-        entries = zip(reversed(self._params), reversed(self._layout), reversed(self._is_sparse), strict=True)
-        for ref, (shape, dtype, device), sparse in entries:
-            if sparse:
+        for k in reversed(range(len(self._params))):
+            if self._is_sparse[k]:
                 continue
-            p: torch.Tensor | None = ref()
+            p: torch.Tensor | None = self._params[k]()
             if p is None:
+                shape, dtype, device = self._layout[k]
                 p = torch.empty(shape, dtype=dtype, device="meta")
+            else:  # live: its layout now (model.double() or .to() may have run since it was added)
+                self._layout[k] = (p.shape, p.dtype, p.device)
+                dtype, device = p.dtype, p.device
             key = (device, dtype)
             members, size = open_.get(key, ([], 0))
             limit = self._bucket_bytes if key in started else self._first_bytes
