@@ -90,7 +90,16 @@ class ReplicaBuffers(ReplicaTensors):
 
 def serve_plain_components(module: nn.Module, attribute: str) -> None:
     """Makes ``module._parameters`` a `ReplicaTensors`, ``module._buffers`` a `ReplicaBuffers`
-    (idempotent)."""
+    (idempotent).
+
+    Not for recurrent layers: `nn.RNNBase` caches its weights in ``_flat_weights``, a list
+    shared by every replica thread, and rebuilds it whenever ``getattr`` returns another tensor
+    — a replica's plain component would overwrite the list under the other replicas (they
+    would compute with its weights and their gradients would land on its leaves). Their
+    weights keep the variables' per-op dispatch, which resolves each replica's component.
+    """
+    if isinstance(module, nn.RNNBase):
+        return
     tensors = module.__dict__.get(attribute)
     kind = ReplicaBuffers if attribute == "_buffers" else ReplicaTensors
     if tensors is not None and type(tensors) is not kind:
