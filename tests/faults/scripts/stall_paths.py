@@ -1,0 +1,59 @@
+"""Two workers that take different paths at one step; the stall inspector must name both sides.
+
+Each worker prints ``STALL <seconds since the paths diverged> <error message>`` when it raises
+`CollectiveMismatchError` (the worker that ran on into ``close`` raises it there, or at exit).
+
+usage: stall_paths.py MODE
+  skip_step    worker:1 skips backward and optimizer.step() at step 2 (a one-sided GradScaler
+               skip), then logs with strategy.reduce as every step does
+  extra_reduce worker:0 alone calls strategy.reduce after the loop (rank-conditional evaluation)
+  early_stop   worker:1 stops iterating one batch before worker:0
+"""
+
+import sys
+import time
+
+import torch
+from torch import nn
+
+import phalanx
+from phalanx.communication.stall_inspector import CollectiveMismatchError
+
+MODE = sys.argv[1]
+STEPS = 4
+DIVERGE = 2
+strategy = phalanx.MultiWorkerMirroredStrategy()
+rank = strategy.cluster_resolver.worker_index
+with strategy.scope():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def train_step(x, skip):
+    loss = model(x).square().mean()
+    if skip:  # as GradScaler does after an overflow seen on this worker only
+        return loss.detach()
+    loss.backward()  # the gradient buckets' all-reduces start here
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.detach()
+
+
+def custom_loop():
+    steps = STEPS - 1 if MODE == "early_stop" and rank == 1 else STEPS
+    for i in range(steps):
+        skip = MODE == "skip_step" and rank == 1 and i == DIVERGE
+        loss = strategy.run(train_step, args=(torch.randn(4, 8), skip))
+        strategy.reduce("SUM", loss, axis=None)  # logging: every worker, every step
+    if MODE == "extra_reduce" and rank == 0:
+        strategy.reduce("SUM", torch.ones(3), axis=None)  # "evaluation" on the chief only
+
+
+start = time.monotonic()
+try:
+    custom_loop()
+    strategy.close()
+except CollectiveMismatchError as exc:
+    print(f"STALL {time.monotonic() - start:.1f} {exc}", flush=True)
+    raise
+print("finished without an error", flush=True)
