@@ -1,6 +1,6 @@
 """Two workers that take different paths at one step; the stall inspector must name both sides.
 
-Each worker prints ``STALL <seconds since the paths diverged> <error message>`` when it raises
+Each worker prints ``STALL <seconds since its loop began> <error message>`` when it raises
 `CollectiveMismatchError` (the worker that ran on into ``close`` raises it there, or at exit).
 
 usage: stall_paths.py MODE
