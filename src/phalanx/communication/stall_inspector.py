@@ -135,11 +135,11 @@ class StallSettings:
 
 def _joins(state: WorkerState, reference: Signature) -> bool:
     """Whether a worker takes part in the collective ``reference``: it waits in a matching
-    one, or it issued a matching one (or later ones, asynchronously) and runs on; a worker
-    that closes takes part in nothing."""
+    one, or it issued a matching one (or later ones, asynchronously) and runs on or closes
+    (a closing worker took part in every collective it issued, and will issue no more)."""
     if state.waiting is not None:
         return state.waiting.signature.matches(reference)
-    if state.closing is not None or state.issued < reference.seq:
+    if state.issued < reference.seq:
         return False
     last = state.last
     return last is None or last.seq != reference.seq or last.matches(reference)
@@ -229,8 +229,13 @@ class StallInspector:
         return self.verdict
 
     def suspicion(self) -> str | None:
-        """The mismatch the last states show, however short (None if none): a peer that
-        raised its verdict and exited first is still explained on the others."""
+        """A mismatch the last states prove, however short (None if none): a peer that
+        raised its verdict and exited first is still explained on the others.
+
+        Proof needs every laggard to be waiting in another collective or closing: a laggard
+        that computes may still issue the collective, or may have died (the health check's
+        business), so it is a mismatch only after the bound (`review`).
+        """
         if self.verdict is not None or len(self._peers) < self._world - 1:
             return self.verdict
         states, waited = self._snapshot()
@@ -238,7 +243,9 @@ class StallInspector:
             return None
         longest, waiter = max((seconds, rank) for rank, seconds in waited.items())
         laggards = self._laggards(states, waiter)
-        return self._message(states, waiter, laggards, longest) if laggards else None
+        if not laggards or any(states[r].waiting is None and states[r].closing is None for r in laggards):
+            return None
+        return self._message(states, waiter, laggards, longest)
 
     def someone_waits(self) -> bool:
         """Whether a peer waited in a collective in the last states read."""
