@@ -47,7 +47,7 @@ def _stall_report(output: str) -> tuple[float, str]:
         ),
         # the chief alone "evaluates" with a strategy.reduce after the loop
         ("extra_reduce", "worker:0 waits in all_reduce #10 (strategy.reduce at stall_paths.py:", "closing"),
-        # worker:1 skipped one step (as GradScaler after a one-sided overflow): it runs out first
+        # worker:1 skipped one step (a non-finite loss seen by it only): it runs out first
         ("skip_step", "worker:0 waits in all_reduce #9 (strategy.reduce at stall_paths.py:", "closing"),
     ],
 )

@@ -57,8 +57,8 @@ DEFAULT_STALL_TIMEOUT = 30.0
 DEFAULT_STALL_WARNING = 10.0
 MISMATCH_HINT = (
     "HINT: every worker must call the same collectives in the same order. The usual causes: a "
-    "step skipped on some workers (GradScaler after an overflow, a rank-conditional "
-    "optimizer.step()), a collective called on some workers only (rank-conditional evaluation, "
+    "step skipped on some workers (backward and optimizer.step() skipped after a non-finite "
+    "loss seen by one worker), a collective called on some workers only (rank-conditional evaluation, "
     "logging or strategy.reduce), uneven data outside the distributed iterator, an early `break`. "
     f"Set {DEBUG_ENV}=DETAIL to check every collective; if a worker legitimately computes alone "
     f"longer than the bound, raise {STALL_TIMEOUT_ENV} (docs/multi_worker.md, 'Mismatched collectives')."

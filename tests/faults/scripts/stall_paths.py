@@ -4,8 +4,8 @@ Each worker prints ``STALL <seconds since its loop began> <error message>`` when
 `CollectiveMismatchError` (the worker that ran on into ``close`` raises it there, or at exit).
 
 usage: stall_paths.py MODE
-  skip_step    worker:1 skips backward and optimizer.step() at step 2 (a one-sided GradScaler
-               skip), then logs with strategy.reduce as every step does
+  skip_step    worker:1 skips backward and optimizer.step() at step 2 (a one-sided skip after
+               a non-finite loss), then logs with strategy.reduce as every step does
   extra_reduce worker:0 alone calls strategy.reduce after the loop (rank-conditional evaluation)
   early_stop   worker:1 stops iterating one batch before worker:0
 """
@@ -31,7 +31,7 @@ with strategy.scope():
 
 def train_step(x, skip):
     loss = model(x).square().mean()
-    if skip:  # as GradScaler does after an overflow seen on this worker only
+    if skip:  # as a loop that skips a non-finite loss seen on this worker only
         return loss.detach()
     loss.backward()  # the gradient buckets' all-reduces start here
     optimizer.step()
