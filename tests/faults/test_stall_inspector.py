@@ -36,22 +36,32 @@ def _stall_report(output: str) -> tuple[float, str]:
     return float(match.group(1)), match.group(2)
 
 
+CLOSING = "{1} is closing its strategy (strategy.close at stall_paths.py:"
+
+
 @pytest.mark.parametrize(
-    ("mode", "waiting", "other"),
+    ("mode", "sides"),
     [
         # worker:1 stopped one batch early: worker:0 waits for the gradient buckets of its last step
         (
             "early_stop",
-            "worker:0 waits in the gradient all-reduce #8 (loss.backward at stall_paths.py:",
-            "closing",
+            ["{0} waits in the gradient all-reduce #8 (loss.backward at stall_paths.py:", CLOSING],
         ),
         # the chief alone "evaluates" with a strategy.reduce after the loop
-        ("extra_reduce", "worker:0 waits in all_reduce #10 (strategy.reduce at stall_paths.py:", "closing"),
+        ("extra_reduce", ["{0} waits in all_reduce #10 (strategy.reduce at stall_paths.py:", CLOSING]),
         # worker:1 skipped one step (a non-finite loss seen by it only): it runs out first
-        ("skip_step", "worker:0 waits in all_reduce #9 (strategy.reduce at stall_paths.py:", "closing"),
+        ("skip_step", ["{0} waits in all_reduce #9 (strategy.reduce at stall_paths.py:", CLOSING]),
+        # the chief alone reduces before Model.fit, whose broadcast worker:1 entered (issue 15)
+        (
+            "fit",
+            [
+                "{0} waits in all_reduce #1 (strategy.reduce at stall_paths.py:",
+                "{1} waits in the broadcast of initial values from the chief #1 (Model.fit at stall_paths",
+            ],
+        ),
     ],
 )
-def test_different_paths_are_named_on_every_worker_within_the_bound(mode, waiting, other):
+def test_different_paths_are_named_on_every_worker_within_the_bound(mode, sides):
     run, names = _run(mode)
     for rank in range(2):
         task = run[f"worker-{rank}"]
@@ -60,10 +70,8 @@ def test_different_paths_are_named_on_every_worker_within_the_bound(mode, waitin
         elapsed, message = _stall_report(task.output)
         assert elapsed < REPORTED_WITHIN + 2, run.output  # measured from the start of the script
         assert message.startswith("Every worker must call the same collectives in the same order")
-        assert waiting.replace("worker:0", names[0]) in message, message
-        assert f"{names[1]} is {other} its strategy (strategy.close at stall_paths.py:" in message, message
-        for part in ("Received: ", "HINT: "):
-            assert part in message
+        for part in (*(side.format(*names) for side in sides), "Received: ", "HINT: "):
+            assert part in message, message
     assert "finished without an error" not in run.output
 
 

@@ -8,6 +8,8 @@ usage: stall_paths.py MODE
                a non-finite loss), then logs with strategy.reduce as every step does
   extra_reduce worker:0 alone calls strategy.reduce after the loop (rank-conditional evaluation)
   early_stop   worker:1 stops iterating one batch before worker:0
+  fit          worker:0 alone calls strategy.reduce before Model.fit, whose broadcast of the
+               new model's initial values worker:1 enters
 """
 
 import sys
@@ -49,9 +51,18 @@ def custom_loop():
         strategy.reduce("SUM", torch.ones(3), axis=None)  # "evaluation" on the chief only
 
 
+def fit():
+    if rank == 0:
+        strategy.reduce("SUM", torch.ones(3), axis=None)  # "evaluation" on the chief only
+    with strategy.scope():
+        keras_model = phalanx.Model(nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 1)))
+        keras_model.compile(optimizer="sgd", loss="mse")
+    keras_model.fit(torch.randn(16, 8), torch.randn(16, 1), batch_size=8, epochs=1, verbose=0)
+
+
 start = time.monotonic()
 try:
-    custom_loop()
+    fit() if MODE == "fit" else custom_loop()
     strategy.close()
 except CollectiveMismatchError as exc:
     print(f"STALL {time.monotonic() - start:.1f} {exc}", flush=True)
