@@ -124,3 +124,10 @@ def test_the_inspector_can_be_turned_off(monkeypatch):
 
     with pytest.raises(TimeoutError, match="waited 1s at all_reduce for replicas \\[1\\]"):
         strategy.run(step)
+
+
+def test_a_bad_stall_bound_is_refused_when_replicas_are_made(monkeypatch):
+    monkeypatch.setenv("PHALANX_STALL_TIMEOUT_SECONDS", "soon")
+    assert phalanx.get_strategy().run(lambda: 1) == 1  # one replica meets nobody: unaffected
+    with pytest.raises(ValueError, match="PHALANX_STALL_TIMEOUT_SECONDS must be a positive number"):
+        phalanx.MirroredStrategy(["cpu:0", "cpu:1"])

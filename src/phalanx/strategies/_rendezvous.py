@@ -54,7 +54,10 @@ class Rendezvous:
     def __init__(self, num_replicas: int, timeout: float, stall: StallSettings | None = None) -> None:
         self._n = num_replicas
         self._timeout = timeout
-        self._stall = stall or StallSettings.from_env()
+        # one replica meets nobody: nothing to inspect, and nothing read from the environment
+        self._stall = stall or (
+            StallSettings.from_env() if num_replicas > 1 else StallSettings(enabled=False)
+        )
         self._whats: dict[int, str] = {}  # replica -> the meeting point it waits at
         self._threads: dict[int, int] = {}  # replica -> its thread's ident (this run)
         self._returned: set[int] = set()  # replicas whose function returned (this run)
