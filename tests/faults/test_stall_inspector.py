@@ -68,7 +68,7 @@ def test_different_paths_are_named_on_every_worker_within_the_bound(mode, sides)
         assert task.returncode != 0, run.output
         assert "CollectiveMismatchError" in task.output, run.output
         elapsed, message = _stall_report(task.output)
-        assert elapsed < REPORTED_WITHIN + 2, run.output  # measured from the start of the script
+        assert elapsed < REPORTED_WITHIN, run.output  # from the start of the step it happens in
         assert message.startswith("Every worker must call the same collectives in the same order")
         for part in (*(side.format(*names) for side in sides), "Received: ", "HINT: "):
             assert part in message, message

@@ -55,9 +55,10 @@ class HealthCheck:
         clock: Monotonic clock (a fake one in tests).
         gossip: Also carried by each round: its `outgoing` value is written under its key
             when there is one (only when it changed), the peers' values are read in the same
-            ``multi_get`` as their counters and handed to `incoming`, then `review` runs; a
-            verdict it returns is logged once. Every worker must have written its key
-            before the first round (the rendezvous' check-in sees to it).
+            ``multi_get`` as their counters and handed to `incoming`, then `review` runs while
+            every peer's heartbeat moved within 3 rounds; a verdict it returns is logged once.
+            Every worker must have written its key before the first round (the rendezvous'
+            check-in sees to it).
     """
 
     def __init__(
@@ -98,8 +99,6 @@ class HealthCheck:
             log.debug("heartbeat round failed", exc_info=True)
             self.failure = self.failure or f"the chief {self._name(0)} is unreachable ({exc})"
             return self.failure
-        if self._gossip is not None and values:
-            self._hear(peers, values[len(peers) :])
         for peer, value in zip(peers, values[: len(peers)], strict=True):
             last = self._seen.get(peer)
             if last is None or last[0] != value:
@@ -108,6 +107,10 @@ class HealthCheck:
                 left = store.check([f"left/{peer}"])
                 what = "left the cluster (closed its strategy)" if left else "stopped sending heartbeats"
                 self.failure = f"{self._name(peer)} {what} {now - last[1]:.1f}s ago"
+        if self._gossip is not None and values:
+            # a silent peer's state is frozen at its last one: only live peers are judged
+            live = all(now - self._seen[p][1] <= 3 * self._interval for p in peers)
+            self._hear(peers, values[len(peers) :], live)
         self._last_round = self._clock()
         return self.failure
 
@@ -121,10 +124,12 @@ class HealthCheck:
             store.set(self._gossip.key(self._rank), mine)
         return keys + [self._gossip.key(r) for r in peers]
 
-    def _hear(self, peers: list[int], values: list[bytes]) -> None:
+    def _hear(self, peers: list[int], values: list[bytes], live: bool) -> None:
         assert self._gossip is not None
         for peer, value in zip(peers, values, strict=True):
             self._gossip.incoming(peer, value)
+        if not live:
+            return
         verdict = self._gossip.review()
         if verdict is not None and not self._verdict_logged:
             self._verdict_logged = True  # also seen by a worker that never calls a collective again

@@ -145,6 +145,16 @@ def _joins(state: WorkerState, reference: Signature) -> bool:
     return last is None or last.seq != reference.seq or last.matches(reference)
 
 
+def _proven(laggard: WorkerState, reference: Signature) -> bool:
+    """Whether a laggard's state proves the mismatch even if it is a round old: it closes, or
+    it waits in another collective of the same number (a smaller number may be stale: it may
+    have moved on since; a dead peer's state stays at its last one)."""
+    if laggard.closing is not None and laggard.waiting is None:
+        return True
+    waiting = laggard.waiting
+    return waiting is not None and waiting.signature.seq == reference.seq
+
+
 class StallInspector:
     """Compares every worker's collective state after each heartbeat round (see the module doc).
 
@@ -232,9 +242,9 @@ class StallInspector:
         """A mismatch the last states prove, however short (None if none): a peer that
         raised its verdict and exited first is still explained on the others.
 
-        Proof needs every laggard to be waiting in another collective or closing: a laggard
-        that computes may still issue the collective, or may have died (the health check's
-        business), so it is a mismatch only after the bound (`review`).
+        Proof needs every laggard to be closing or waiting in another collective of the same
+        number (`_proven`): a laggard that computes may still issue the collective, or may
+        have died (the health check's business), so it is a mismatch only after the bound.
         """
         if self.verdict is not None or len(self._peers) < self._world - 1:
             return self.verdict
@@ -243,7 +253,9 @@ class StallInspector:
             return None
         longest, waiter = max((seconds, rank) for rank, seconds in waited.items())
         laggards = self._laggards(states, waiter)
-        if not laggards or any(states[r].waiting is None and states[r].closing is None for r in laggards):
+        reference = states[waiter].waiting
+        assert reference is not None
+        if not laggards or not all(_proven(states[r], reference.signature) for r in laggards):
             return None
         return self._message(states, waiter, laggards, longest)
 

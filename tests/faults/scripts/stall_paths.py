@@ -1,6 +1,6 @@
 """Two workers that take different paths at one step; the stall inspector must name both sides.
 
-Each worker prints ``STALL <seconds since its loop began> <error message>`` when it raises
+Each worker prints ``STALL <seconds since its last step began> <error message>`` when it raises
 `CollectiveMismatchError` (the worker that ran on into ``close`` raises it there, or at exit).
 
 usage: stall_paths.py MODE
@@ -43,10 +43,13 @@ def train_step(x, skip):
 
 def custom_loop():
     steps = STEPS - 1 if MODE == "early_stop" and rank == 1 else STEPS
+    global start
     for i in range(steps):
+        start = time.monotonic()  # the stall is measured from the step it happens in
         skip = MODE == "skip_step" and rank == 1 and i == DIVERGE
         loss = strategy.run(train_step, args=(torch.randn(4, 8), skip))
         strategy.reduce("SUM", loss, axis=None)  # logging: every worker, every step
+    start = time.monotonic()
     if MODE == "extra_reduce" and rank == 0:
         strategy.reduce("SUM", torch.ones(3), axis=None)  # "evaluation" on the chief only
 
