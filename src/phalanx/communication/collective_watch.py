@@ -100,11 +100,16 @@ class CollectiveWatch:
         return work
 
     # ---------------------------------------------------------------- waiting
-    def begin_wait(self, work: Any, what: str) -> None:
-        """This worker blocks in ``work``'s collective from now (called by `WorkerGroup.wait`)."""
+    def begin_wait(self, work: Any, what: str, where_issued: bool = False) -> None:
+        """This worker blocks in ``work``'s collective from now (called by `WorkerGroup.wait`).
+
+        ``where_issued``: the wait is at the call site that issued it (a blocking collective),
+        so the stack is not walked twice.
+        """
         entry = self._pending.pop(id(work), None)
         if entry is not None:
-            self.tracker.begin_wait(entry[1], what, call_site())
+            signature = entry[1]
+            self.tracker.begin_wait(signature, what, signature.site if where_issued else call_site())
 
     def end_wait(self) -> None:
         """The wait ended."""

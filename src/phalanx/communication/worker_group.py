@@ -293,7 +293,10 @@ class WorkerGroup:
         Raises:
             PeerUnavailableError: A peer died or stopped answering, or the deadline passed.
         """
-        self._watch.begin_wait(work, what)
+        self._watched_wait(work, what, timeout, where_issued=False)
+
+    def _watched_wait(self, work: Any, what: str, timeout: float | None, where_issued: bool) -> None:
+        self._watch.begin_wait(work, what, where_issued)
         try:
             self._wait_for(work, what, self._collective_timeout if timeout is None else timeout)
         finally:
@@ -359,7 +362,7 @@ class WorkerGroup:
         ``timeout`` overrides the group's collective timeout for this call.
         """
         self._check_usable(what)
-        self.wait(self.all_reduce_async(tensor, op), what, timeout)
+        self._watched_wait(self.all_reduce_async(tensor, op), what, timeout, where_issued=True)
         return tensor
 
     def broadcast(
@@ -370,7 +373,7 @@ class WorkerGroup:
         signature = self._watch.issue(f"broadcast(from {src})", (tensor,), what)
         work = self._works.add(dist.broadcast(tensor, src, group=self._group, async_op=True))
         self._watch.attach(work, signature)
-        self.wait(work, what, timeout)
+        self._watched_wait(work, what, timeout, where_issued=True)
         return tensor
 
     def all_gather(
@@ -382,7 +385,7 @@ class WorkerGroup:
         signature = self._watch.issue("all_gather", (tensor,), what)
         work = self._works.add(dist.all_gather(out, tensor.contiguous(), group=self._group, async_op=True))
         self._watch.attach(work, signature)
-        self.wait(work, what, timeout)
+        self._watched_wait(work, what, timeout, where_issued=True)
         return out
 
     # ---------------------------------------------------------------- shutdown
