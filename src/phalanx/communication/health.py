@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "HEARTBEAT_INTERVAL", "HealthCheck", "PeerUnavailableError"]
 
@@ -18,6 +18,19 @@ HEARTBEAT_INTERVAL = 1.0
 
 class PeerUnavailableError(RuntimeError):
     """Another worker died, stopped answering, or never joined (the message names it)."""
+
+
+class Gossip(Protocol):
+    """What else a heartbeat carries (the stall inspector's collective states)."""
+
+    @staticmethod
+    def key(rank: int) -> str: ...
+
+    def outgoing(self) -> bytes | None: ...
+
+    def incoming(self, peer: int, data: bytes) -> None: ...
+
+    def review(self) -> str | None: ...
 
 
 class HealthCheck:
@@ -40,6 +53,12 @@ class HealthCheck:
         timeout: Seconds without a heartbeat before a peer counts as dead.
         interval: Seconds between rounds.
         clock: Monotonic clock (a fake one in tests).
+        gossip: Also carried by each round: its `outgoing` value is written under its key
+            when there is one (only when it changed), the peers' values are read in the same
+            ``multi_get`` as their counters and handed to `incoming`, then `review` runs while
+            every peer's heartbeat moved within 3 rounds; a verdict it returns is logged once.
+            Every worker must have written its key before the first round (the rendezvous'
+            check-in sees to it).
     """
 
     def __init__(
@@ -51,8 +70,11 @@ class HealthCheck:
         timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
         interval: float = HEARTBEAT_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        gossip: Gossip | None = None,
     ) -> None:
         self._connect = connect
+        self._gossip = gossip
+        self._verdict_logged = False
         self._rank, self._world = rank, world_size
         self._name, self._timeout, self._interval, self._clock = name, timeout, interval, clock
         self._seen: dict[int, tuple[bytes, float]] = {}
@@ -69,15 +91,15 @@ class HealthCheck:
     def beat(self, store: Any) -> str | None:
         """One round (see class doc); returns the failure found so far, if any."""
         now = self._clock()
+        peers = [r for r in range(self._world) if r != self._rank]
         try:
             store.add(self.key(self._rank), 1)
-            peers = [r for r in range(self._world) if r != self._rank]
-            values = store.multi_get([self.key(r) for r in peers]) if peers else []
+            values = store.multi_get(self._round_keys(store, peers)) if peers else []
         except Exception as exc:  # the store lives in the chief's process
             log.debug("heartbeat round failed", exc_info=True)
             self.failure = self.failure or f"the chief {self._name(0)} is unreachable ({exc})"
             return self.failure
-        for peer, value in zip(peers, values, strict=True):
+        for peer, value in zip(peers, values[: len(peers)], strict=True):
             last = self._seen.get(peer)
             if last is None or last[0] != value:
                 self._seen[peer] = (value, now)
@@ -85,8 +107,33 @@ class HealthCheck:
                 left = store.check([f"left/{peer}"])
                 what = "left the cluster (closed its strategy)" if left else "stopped sending heartbeats"
                 self.failure = f"{self._name(peer)} {what} {now - last[1]:.1f}s ago"
+        if self._gossip is not None and values:
+            # a silent peer's state is frozen at its last one: only live peers are judged
+            live = all(now - self._seen[p][1] <= 3 * self._interval for p in peers)
+            self._hear(peers, values[len(peers) :], live)
         self._last_round = self._clock()
         return self.failure
+
+    def _round_keys(self, store: Any, peers: list[int]) -> list[str]:
+        """The keys one round reads; writes this worker's gossip first when it changed."""
+        keys = [self.key(r) for r in peers]
+        if self._gossip is None:
+            return keys
+        mine = self._gossip.outgoing()
+        if mine is not None:
+            store.set(self._gossip.key(self._rank), mine)
+        return keys + [self._gossip.key(r) for r in peers]
+
+    def _hear(self, peers: list[int], values: list[bytes], live: bool) -> None:
+        assert self._gossip is not None
+        for peer, value in zip(peers, values, strict=True):
+            self._gossip.incoming(peer, value)
+        if not live:
+            return
+        verdict = self._gossip.review()
+        if verdict is not None and not self._verdict_logged:
+            self._verdict_logged = True  # also seen by a worker that never calls a collective again
+            log.error("%s", verdict)
 
     @property
     def timeout(self) -> float:

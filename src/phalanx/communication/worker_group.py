@@ -41,6 +41,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.communication.collective_watch import CollectiveWatch
 from phalanx.communication.health import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     HEARTBEAT_INTERVAL,
@@ -60,6 +62,7 @@ from phalanx.communication.interfaces import bind_gloo_to, strip_brackets
 from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
 from phalanx.communication.shared_memory import PeerGoneError, SharedMemoryAllReduce, same_machine_pids
+from phalanx.communication.stall_inspector import CollectiveMismatchError, StallSettings
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TIMEOUT",
@@ -98,6 +101,11 @@ def seconds_from_env(name: str, default: float) -> float:
     return value
 
 
+def _op_name(op: Any) -> str:
+    """``"SUM"`` for ``ReduceOp.SUM`` (whose str is ``"RedOpType.SUM"``)."""
+    return str(op).rpartition(".")[2]
+
+
 class WorkerGroup:
     """The process group of the training tasks, with check-in, heartbeats and deadlines.
 
@@ -117,6 +125,9 @@ class WorkerGroup:
         heartbeat_timeout: Seconds without a heartbeat before a task counts as dead.
         own_host: This task's host in the cluster spec: gloo binds the interface that holds
             it (`bind_gloo_to`), unless ``GLOO_SOCKET_IFNAME`` is set. None: gloo's default.
+        stall: The stall inspector's settings (default: `StallSettings.from_env`): every
+            collective is signed, and workers that wait in collectives that cannot meet raise
+            `CollectiveMismatchError` (`phalanx.communication.stall_inspector`).
 
     Raises:
         PeerUnavailableError: A task did not join within ``join_timeout`` (it is named).
@@ -136,6 +147,7 @@ class WorkerGroup:
         collective_timeout: float = 600.0,
         heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
         own_host: str | None = None,
+        stall: StallSettings | None = None,
     ) -> None:
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self._name = task_name
@@ -149,6 +161,9 @@ class WorkerGroup:
         rendezvous = Rendezvous(self._host, port, rank, world_size, task_name, prefix, agent_store)
         deadline = time.monotonic() + join_timeout
         self._store = rendezvous.open(deadline, join_timeout)
+        self._watch = CollectiveWatch(rank, world_size, task_name, stall or StallSettings.from_env())
+        if self._watch.enabled:
+            self._watch.publish_initial(self._store)  # before check-in: every key exists after it
         rendezvous.check_in(self._store, deadline, join_timeout)
         self._works = RecentWorks()
         if backend == "gloo":
@@ -165,6 +180,7 @@ class WorkerGroup:
             world_size,
             task_name,
             timeout=heartbeat_timeout,
+            gossip=self._watch.inspector if self._watch.enabled else None,
         )
         self._health.start()
         self._shm = self._open_shared_memory()
@@ -226,10 +242,12 @@ class WorkerGroup:
     @property
     def failure(self) -> str | None:
         """Why this group can no longer be used, or None while it is healthy."""
-        return self._failure or self._health.dead_peer()
+        return self._failure or self._health.dead_peer() or self._watch.verdict
 
     def _raise(self, what: str, cause: BaseException | None = None) -> None:
         self._failure = self.failure or "it was closed"
+        if self._watch.explains(self._failure):
+            raise CollectiveMismatchError(self._failure) from cause
         raise PeerUnavailableError(
             f"{what} failed on {self._name(self.rank)}: {self._failure}. {_RESTART_HINT}"
         ) from cause
@@ -246,7 +264,10 @@ class WorkerGroup:
     def _blame(self, exc: RuntimeError, what: str) -> None:
         """A collective failed inside torch.distributed: name the task responsible."""
         text = str(exc).splitlines()[0] if str(exc) else repr(exc)
-        if "timed out" in text.lower() and self.failure is None:
+        suspicion = self._watch.suspicion()  # a peer that raised on a mismatch and exited
+        if suspicion is not None and self.failure is None:
+            self._failure = suspicion
+        elif "timed out" in text.lower() and self.failure is None:
             self._failure = (
                 f"no answer within the process group's timeout ({self._collective_timeout:g}s; "
                 f"every worker still sends heartbeats, so one is stuck or called another collective): {text}"
@@ -272,7 +293,16 @@ class WorkerGroup:
         Raises:
             PeerUnavailableError: A peer died or stopped answering, or the deadline passed.
         """
-        limit = self._collective_timeout if timeout is None else timeout
+        self._watched_wait(work, what, timeout, where_issued=False)
+
+    def _watched_wait(self, work: Any, what: str, timeout: float | None, where_issued: bool) -> None:
+        self._watch.begin_wait(work, what, where_issued)
+        try:
+            self._wait_for(work, what, self._collective_timeout if timeout is None else timeout)
+        finally:
+            self._watch.end_wait()
+
+    def _wait_for(self, work: Any, what: str, limit: float) -> None:
         deadline = time.monotonic() + limit
         while True:
             remaining = deadline - time.monotonic()
@@ -314,9 +344,11 @@ class WorkerGroup:
         Precondition: same shape and dtype on every worker, same call order.
         """
         self._check_usable("all_reduce")
+        signature = self._watch.issue(f"all_reduce({_op_name(op)})", (tensor,), "all_reduce")
         if self._shm is not None and self._shm.handles(tensor, op):
-            return self._shm.all_reduce_async(tensor, op)
-        return self._works.add(dist.all_reduce(tensor, op=op, group=self._group, async_op=True))
+            return self._watch.attach(self._shm.all_reduce_async(tensor, op), signature)
+        work = self._works.add(dist.all_reduce(tensor, op=op, group=self._group, async_op=True))
+        return self._watch.attach(work, signature)
 
     def all_reduce(
         self,
@@ -330,7 +362,7 @@ class WorkerGroup:
         ``timeout`` overrides the group's collective timeout for this call.
         """
         self._check_usable(what)
-        self.wait(self.all_reduce_async(tensor, op), what, timeout)
+        self._watched_wait(self.all_reduce_async(tensor, op), what, timeout, where_issued=True)
         return tensor
 
     def broadcast(
@@ -338,8 +370,10 @@ class WorkerGroup:
     ) -> torch.Tensor:
         """In-place broadcast from worker ``src`` (all workers; same shape and dtype)."""
         self._check_usable(what)
+        signature = self._watch.issue(f"broadcast(from {src})", (tensor,), what)
         work = self._works.add(dist.broadcast(tensor, src, group=self._group, async_op=True))
-        self.wait(work, what, timeout)
+        self._watch.attach(work, signature)
+        self._watched_wait(work, what, timeout, where_issued=True)
         return tensor
 
     def all_gather(
@@ -348,27 +382,48 @@ class WorkerGroup:
         """Every worker's tensor, in rank order (all workers; same shape and dtype everywhere)."""
         self._check_usable(what)
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        signature = self._watch.issue("all_gather", (tensor,), what)
         work = self._works.add(dist.all_gather(out, tensor.contiguous(), group=self._group, async_op=True))
-        self.wait(work, what, timeout)
+        self._watch.attach(work, signature)
+        self._watched_wait(work, what, timeout, where_issued=True)
         return out
 
     # ---------------------------------------------------------------- shutdown
     def _at_exit(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except CollectiveMismatchError as exc:
+            # An exception in an atexit hook does not change the exit status, and a worker whose
+            # peers failed on a mismatch must not report success: say why, and exit with 1.
+            print(f"phalanx: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)
 
     def close(self) -> None:
         """Announces that this worker leaves, waits (up to 10 s) until every healthy worker
         did, stops the heartbeat and tears down the process groups this object created
-        (all workers, at the end of the program; also run at interpreter exit)."""
+        (all workers, at the end of the program; also run at interpreter exit).
+
+        Raises:
+            CollectiveMismatchError: Peers wait in a collective this worker never issued (it
+                ran on or stopped early): the stall inspector's verdict, as on every worker.
+        """
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self._at_exit)
+        self._watch.begin_closing()
+        raised = self._failure is not None  # this worker already raised its error
         if self._shm is not None:
             self._shm.close()
         if self.failure is None:
             self._leave()
         self._health.stop()
+        # A peer seen waiting in a collective this closing worker never issued is a mismatch
+        # even before the bound: the peer may have raised and exited (taking the store) first.
+        mismatch = self._watch.verdict or self._watch.suspicion()
+        if mismatch is not None and not raised:
+            raise CollectiveMismatchError(mismatch)
         if self.failure is None:  # a collective stuck on a hung peer would block the teardown
             self._tear_down()
 
@@ -383,7 +438,14 @@ class WorkerGroup:
 
         leaving = threading.Thread(target=announce_and_wait, name="phalanx-leave", daemon=True)
         leaving.start()
-        leaving.join(LEAVE_TIMEOUT + self._health.timeout)
+        leaving.join(self._leave_timeout() + self._health.timeout)
+
+    def _leave_timeout(self) -> float:
+        """How long closing waits for the others: longer while one of them waits in a
+        collective, for the stall inspector to name the mismatch on every worker."""
+        if not self._watch.enabled:
+            return LEAVE_TIMEOUT
+        return max(LEAVE_TIMEOUT, self._watch.settings.timeout + 2 * HEARTBEAT_INTERVAL + POLL_SECONDS)
 
     def _tear_down(self) -> None:
         """Destroys the groups this object created, dropping the last references so that
@@ -409,8 +471,10 @@ class WorkerGroup:
         and abort that process. Nobody leaves while a healthy peer may still be in one.
         """
         keys = [f"left/{r}" for r in range(self.world_size)]
-        deadline = time.monotonic() + LEAVE_TIMEOUT
-        while self.failure is None and time.monotonic() < deadline:
+        start = time.monotonic()
+        while self.failure is None and time.monotonic() - start < self._leave_timeout():
+            if time.monotonic() - start > LEAVE_TIMEOUT and not self._watch.inspector.someone_waits():
+                return
             if self._store.check(keys):
                 return
             time.sleep(0.01)

@@ -1,12 +1,33 @@
-"""Meeting points for the replica threads of one process."""
+"""Meeting points for the replica threads of one process, and their stall inspector.
+
+Every meeting (`Rendezvous.exchange`) is numbered within a ``run`` and labelled with what it
+is for ("all_reduce", "merge_call", "optimizer.step()"). A replica whose paths differ from the
+others' is named at once when that is certain (it returned from the function given to
+``strategy.run`` while the others wait, or it arrived at another meeting point), else after
+the stall bound (``PHALANX_STALL_TIMEOUT_SECONDS``, 30 s): every replica then raises
+`CollectiveMismatchError` naming each one's meeting point and call site. Call sites are read
+only then, from the waiting threads' stacks (``sys._current_frames``): nothing on the hot path.
+"""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from phalanx.communication.call_sites import call_site
+from phalanx.communication.stall_inspector import STALL_TIMEOUT_ENV, CollectiveMismatchError, StallSettings
+
 __all__ = ["ReplicaAbortedError", "ReplicaTimeoutError", "Rendezvous"]
+
+_REPLICA_HINT = (
+    "HINT: every replica must make the same calls in the same order; the usual cause is a "
+    "branch on replica_id_in_sync_group or on the replica's data around optimizer.step(), "
+    "all_reduce or merge_call (a skipped step, an extra reduce, an early return). If a replica "
+    f"legitimately computes alone longer than the bound, raise {STALL_TIMEOUT_ENV} "
+    "(docs/multi_worker.md, 'Mismatched collectives')."
+)
 
 
 class ReplicaTimeoutError(TimeoutError):
@@ -27,11 +48,20 @@ class Rendezvous:
     Args:
         num_replicas: Threads that meet.
         timeout: Seconds a replica waits for the others before `ReplicaTimeoutError`.
+        stall: The stall inspector's settings (default: `StallSettings.from_env`).
     """
 
-    def __init__(self, num_replicas: int, timeout: float) -> None:
+    def __init__(self, num_replicas: int, timeout: float, stall: StallSettings | None = None) -> None:
         self._n = num_replicas
         self._timeout = timeout
+        # one replica meets nobody: nothing to inspect, and nothing read from the environment
+        self._stall = stall or (
+            StallSettings.from_env() if num_replicas > 1 else StallSettings(enabled=False)
+        )
+        self._whats: dict[int, str] = {}  # replica -> the meeting point it waits at
+        self._threads: dict[int, int] = {}  # replica -> its thread's ident (this run)
+        self._returned: set[int] = set()  # replicas whose function returned (this run)
+        self._meetings = 0  # meetings completed in this run
         self._cond = threading.Condition()
         self._values: list[Any] = [None] * num_replicas
         self._arrived: set[int] = set()
@@ -63,12 +93,12 @@ class Rendezvous:
             generation = self._generation
             self._values[index] = value
             self._arrived.add(index)
+            self._whats[index] = what
+            self._threads[index] = threading.get_ident()
+            self._check_paths()
             if len(self._arrived) == self._n:
                 return self._lead(leader_fn)
-            ok = self._cond.wait_for(
-                lambda: self._generation != generation or self._aborted is not None,
-                timeout=self._timeout,
-            )
+            ok = self._wait(generation)
             if self._generation == generation:
                 self._raise_if_aborted()
                 if not ok:
@@ -85,7 +115,72 @@ class Rendezvous:
             raise result
         return result
 
+    def _wait(self, generation: int) -> bool:
+        """Waits for this meeting's end; after the stall bound, a replica that is elsewhere
+        is a mismatch (every waiter raises it). False after the strategy's timeout."""
+        done = lambda: self._generation != generation or self._aborted is not None  # noqa: E731
+        if self._stall.enabled and self._stall.timeout < self._timeout:
+            if self._cond.wait_for(done, timeout=self._stall.timeout):
+                return True
+            self._mismatch(f"has not arrived after {self._stall.timeout:g}s ({STALL_TIMEOUT_ENV})")
+        return self._cond.wait_for(done, timeout=self._timeout)
+
+    # ---------------------------------------------------------------- the stall inspector
+    def started(self, index: int) -> None:
+        """Replica ``index`` starts the function given to ``run`` on this thread."""
+        with self._cond:
+            self._threads[index] = threading.get_ident()
+
+    def returned(self, index: int) -> None:
+        """Replica ``index``'s function returned: it reaches no more meeting points in this
+        run, so replicas waiting in one (or arriving later) can never be met."""
+        with self._cond:
+            self._returned.add(index)
+            self._whats.pop(index, None)
+            self._check_paths()
+
+    def _check_paths(self) -> None:
+        """Raises (and wakes every waiter with) a certain mismatch: replicas at different
+        meeting points, or one that returned while others wait (called with the lock)."""
+        if not self._stall.enabled or not self._arrived:
+            return
+        if len(set(self._whats[i] for i in self._arrived)) > 1:
+            self._mismatch("arrived at another meeting point")
+        if self._returned:
+            self._mismatch("returned from the function given to strategy.run without reaching it")
+
+    def _mismatch(self, why: str) -> None:
+        """Aborts the meeting with `CollectiveMismatchError` naming every replica's place."""
+        meeting = self._meetings + 1
+        frames = sys._current_frames()
+        places = []
+        for i in range(self._n):
+            frame = frames.get(self._threads.get(i, -1))
+            where = call_site(frame) if frame is not None else "?"
+            if i in self._arrived:
+                places.append(f"replica {i} waits in {self._whats[i]} #{meeting} ({where})")
+            elif i in self._returned:
+                places.append(
+                    f"replica {i} returned from its function (it reached meetings up to #{meeting - 1})"
+                )
+            else:
+                places.append(f"replica {i} is elsewhere ({where})")
+        missing = [
+            i
+            for i in range(self._n)
+            if i not in self._arrived or self._whats[i] != self._whats[min(self._arrived)]
+        ]
+        error = CollectiveMismatchError(
+            "Every replica must reach the same meeting points (all_reduce, merge_call, "
+            f"optimizer.step()) in the same order, but replicas {missing} did not join meeting #{meeting}: "
+            f"{'it' if len(missing) == 1 else 'one'} {why}; the replicas took different paths. "
+            f"Received: {'; '.join(places)}. {_REPLICA_HINT}"
+        )
+        self._abort_locked(error)
+        raise error
+
     def _lead(self, leader_fn: Callable[[list[Any]], Any] | None) -> Any:
+        self._meetings += 1
         values = list(self._values)
         try:
             result: tuple[bool, Any] = (True, leader_fn(values)) if leader_fn is not None else (True, values)
@@ -101,6 +196,8 @@ class Rendezvous:
         return result[1]
 
     def _raise_if_aborted(self) -> None:
+        if isinstance(self._aborted, CollectiveMismatchError):  # every replica reports it itself
+            raise CollectiveMismatchError(str(self._aborted))
         if self._aborted is not None:
             raise ReplicaAbortedError(
                 f"This replica's step was abandoned because another replica failed: {self._aborted!r}"
@@ -123,3 +220,7 @@ class Rendezvous:
             self._values = [None] * self._n
             self._arrived.clear()
             self._generation += 1
+            self._whats.clear()
+            self._threads.clear()
+            self._returned.clear()
+            self._meetings = 0

@@ -7,11 +7,20 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["ReplicaThreads", "thread_modes"]
+__all__ = ["ReplicaThreads", "ReplicaWatch", "thread_modes"]
+
+
+class ReplicaWatch(Protocol):
+    """Told when each replica's function starts and returns (the meeting points' stall
+    inspector, `phalanx.strategies._rendezvous.Rendezvous`); ``returned`` may raise."""
+
+    def started(self, index: int) -> None: ...
+
+    def returned(self, index: int) -> None: ...
 
 
 def thread_modes() -> Callable[[], contextlib.AbstractContextManager[Any]]:
@@ -74,10 +83,17 @@ class ReplicaThreads:
             self._threads.append(thread)
         self._finalizer = weakref.finalize(self, _stop_all, list(self._queues), list(self._threads))
 
-    def run(self, fn: Callable[[int], Any], on_error: Callable[[BaseException], None]) -> list[Any]:
+    def run(
+        self,
+        fn: Callable[[int], Any],
+        on_error: Callable[[BaseException], None],
+        watch: ReplicaWatch | None = None,
+    ) -> list[Any]:
         """Calls ``fn(i)`` for every replica i and waits for all of them.
 
-        ``on_error`` is called as soon as one replica fails, so it can wake the others. With
+        ``on_error`` is called as soon as one replica fails, so it can wake the others;
+        ``watch`` learns when each replica's ``fn`` starts and returns (its error, if it
+        raises one, is that replica's: a replica that returned while others wait). With
         several replicas each thread (the caller's too, for the call) gets its share of the
         caller's intra-op threads.
 
@@ -95,7 +111,7 @@ class ReplicaThreads:
         # (torch's setting is per OS thread), so 2 replicas x 2 threads do not fight over 2 cores.
         caller_threads = torch.get_num_threads()
         try:
-            return self._dispatch(fn, on_error, max(1, caller_threads // self._n))
+            return self._dispatch(_watched(fn, watch), on_error, max(1, caller_threads // self._n))
         finally:
             if torch.get_num_threads() != caller_threads:
                 torch.set_num_threads(caller_threads)
@@ -136,6 +152,20 @@ class ReplicaThreads:
         if self._finalizer is not None:
             self._finalizer()
         self._queues, self._threads = [], []
+
+
+def _watched(fn: Callable[[int], Any], watch: ReplicaWatch | None) -> Callable[[int], Any]:
+    """``fn`` telling ``watch`` when each replica starts and returns."""
+    if watch is None:
+        return fn
+
+    def call(i: int) -> Any:
+        watch.started(i)
+        result = fn(i)
+        watch.returned(i)
+        return result
+
+    return call
 
 
 def _first_cause(errors: list[tuple[int, BaseException]]) -> BaseException:

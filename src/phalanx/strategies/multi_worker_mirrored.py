@@ -14,6 +14,7 @@ from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.cluster.validation import validate_for_strategy
 from phalanx.communication.bucketing import GradientBuckets
 from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
+from phalanx.communication.stall_inspector import StallSettings
 from phalanx.communication.worker_group import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_JOIN_TIMEOUT,
@@ -242,6 +243,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             collective_timeout=self._timeout,
             heartbeat_timeout=beat,
             own_host=own,  # gloo binds this task's address from the cluster spec
+            stall=StallSettings.from_env(self._options.stall_timeout_seconds),
         )
 
     def _make_buckets(self, group: WorkerGroup) -> GradientBuckets:

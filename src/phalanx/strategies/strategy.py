@@ -318,7 +318,7 @@ class Strategy:
                     self._step_sync.reset_thread()
 
         self._rendezvous.reset()
-        return regroup(self._threads.run(call, self._rendezvous.abort))
+        return regroup(self._threads.run(call, self._rendezvous.abort, self._rendezvous))
 
     def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None:
         """Called when ``optimizer.step()`` runs in this strategy's scope outside ``run``."""

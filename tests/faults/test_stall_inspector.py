@@ -1,0 +1,100 @@
+"""Workers that take different paths are named within the stall bound, and all exit non-zero.
+
+Each case runs tests/faults/scripts/stall_paths.py on a real 2-worker cluster with a 3 s stall
+bound: the message must name each worker's pending collective (number and call site in the
+script), and every worker must exit non-zero (nothing waits for the 600 s collective deadline).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from support.cluster import LocalCluster
+
+pytestmark = pytest.mark.multiprocess
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "stall_paths.py"
+STALL_SECONDS = 3
+# the bound + a heartbeat round (1 s) + a poll (0.5 s), with 3.5 s of slack for a loaded machine
+REPORTED_WITHIN = STALL_SECONDS + 1 + 0.5 + 3.5
+
+
+def _run(mode: str, **env: str):
+    settings = {"PHALANX_STALL_TIMEOUT_SECONDS": str(STALL_SECONDS), **env}
+    with LocalCluster(2, env=settings) as cluster:
+        run = cluster.start(SCRIPT, mode).wait(timeout=90)
+        names = [f"worker:{i} ({cluster.address(f'worker-{i}')})" for i in range(2)]
+    return run, names
+
+
+def _stall_report(output: str) -> tuple[float, str]:
+    """(seconds since the paths diverged, message) from a worker's ``STALL`` line."""
+    match = re.search(r"^STALL ([0-9.]+) (.*)$", output, re.MULTILINE)
+    assert match is not None, output
+    return float(match.group(1)), match.group(2)
+
+
+CLOSING = "{1} is closing its strategy (strategy.close at stall_paths.py:"
+
+
+@pytest.mark.parametrize(
+    ("mode", "sides"),
+    [
+        # worker:1 stopped one batch early: worker:0 waits for the gradient buckets of its last step
+        (
+            "early_stop",
+            ["{0} waits in the gradient all-reduce #8 (loss.backward at stall_paths.py:", CLOSING],
+        ),
+        # the chief alone "evaluates" with a strategy.reduce after the loop
+        ("extra_reduce", ["{0} waits in all_reduce #10 (strategy.reduce at stall_paths.py:", CLOSING]),
+        # worker:1 skipped one step (a non-finite loss seen by it only): it runs out first
+        ("skip_step", ["{0} waits in all_reduce #9 (strategy.reduce at stall_paths.py:", CLOSING]),
+        # the chief alone reduces before Model.fit, whose broadcast worker:1 entered (issue 15)
+        (
+            "fit",
+            [
+                "{0} waits in all_reduce #1 (strategy.reduce at stall_paths.py:",
+                "{1} waits in the broadcast of initial values from the chief #1 (Model.fit at stall_paths",
+            ],
+        ),
+    ],
+)
+def test_different_paths_are_named_on_every_worker_within_the_bound(mode, sides):
+    run, names = _run(mode)
+    for rank in range(2):
+        task = run[f"worker-{rank}"]
+        assert task.returncode != 0, run.output
+        assert "CollectiveMismatchError" in task.output, run.output
+        elapsed, message = _stall_report(task.output)
+        assert elapsed < REPORTED_WITHIN, run.output  # from the start of the step it happens in
+        assert message.startswith("Every worker must call the same collectives in the same order")
+        for part in (*(side.format(*names) for side in sides), "Received: ", "HINT: "):
+            assert part in message, message
+    assert "finished without an error" not in run.output
+
+
+def test_the_chief_warns_about_the_laggards_before_the_error():
+    run, names = _run("extra_reduce")
+    assert f"Stalled collective: {names[0]} has waited" in run["worker-0"].output, run.output
+    assert f"for ['{names[1]}'], which are not in the same collective" in run["worker-0"].output
+
+
+def test_detail_mode_names_the_first_collective_whose_shapes_differ():
+    # worker:1 skips the backward pass of step 2: its logging reduce meets worker:0's gradient
+    # all-reduce. Without DETAIL both complete (garbage) and only the end is reported.
+    run, names = _run("skip_step", PHALANX_DISTRIBUTED_DEBUG="DETAIL")
+    for rank in range(2):
+        task = run[f"worker-{rank}"]
+        assert task.returncode != 0, run.output
+        _, message = _stall_report(task.output)
+        assert "but collective #6 differs" in message, message
+        for part in (
+            "(loss.backward at stall_paths.py:",
+            "[all_reduce(SUM) of float32[182]]",
+            "(strategy.reduce at stall_paths.py:",
+            "[all_reduce(SUM) of float32[]]",
+            *names,
+        ):
+            assert part in message, message
