@@ -7,9 +7,9 @@ Run from an environment with TensorFlow (never a phalanx dependency), e.g.
     /work/tfvenv/bin/python benchmarks/_ps_tf_reference.py --workload emb --workers 2 --ps 1
 
 or let ``bench_ps_tf.py`` run it side by side with phalanx (``PHALANX_TF_PYTHON`` or
-``--tf-python``). Every task is a ``tf.distribute.Server`` with one intra-op and one inter-op
-thread; the chief uses ``SimpleClusterResolver``, a ``ClusterCoordinator`` and a
-``tf.function`` step per workload, scheduled and joined like phalanx's:
+``--tf-python``). Every task is a ``tf.distribute.Server`` with one intra-op thread and two
+inter-op threads (with one, a worker deadlocks); the chief uses ``SimpleClusterResolver``, a
+``ClusterCoordinator`` and a ``tf.function`` step per workload, scheduled and joined like phalanx's:
 
 * mlp: 784-1024-1024-10, batch 256 of a fixed batch, cross-entropy, SGD (lr 0.01);
 * emb: a 100k x 32 table (``tf.nn.embedding_lookup`` on the ps: the worker sends the ids, the
@@ -38,10 +38,9 @@ LR_SGD, LR_ADAGRAD, EPSILON = 0.01, 0.1, 1e-10
 
 
 def _serve(tf, spec: dict, job: str, index: int) -> None:  # noqa: ANN001 - the tensorflow module
-    config = tf.compat.v1.ConfigProto(
-        intra_op_parallelism_threads=1,
-        inter_op_parallelism_threads=int(os.environ.get("PSPERF_TF_INTEROP", "1")),
-    )
+    # One intra-op thread; two inter-op threads, because with one a TF 2.21 worker deadlocks
+    # (its only executor thread waits for the ps while the function's remote reads need it).
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
     server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index, config=config)
     server.join()
 
@@ -179,7 +178,7 @@ def main() -> None:
         ps=args.ps,
         steps=steps,
         versions=f"TensorFlow {tf.__version__}, Python {sys.version.split()[0]}",
-        threads="intra-op 1, inter-op 1 per task",
+        threads="intra-op 1 per task, inter-op 2 on ps/workers (1 deadlocks), 1 on the chief",
     )
     if args.json:
         print("RESULT " + json.dumps(result), flush=True)

@@ -3,8 +3,9 @@
 Run: python benchmarks/bench_ps_tf.py [--quick] [--case mlp:2:1 ...] [--tf-python PATH]
 
 Each case is a local cluster on 127.0.0.1, one process per task (a chief, N workers, M ps),
-one intra-op and one inter-op thread per process; the chief schedules a round of steps and
-joins, the best of ``--rounds`` rounds counts (`_ps_cluster.measure`). The workloads:
+one intra-op thread per process (TF's ps and workers need two inter-op threads); the chief
+schedules a round of steps and joins, the best of ``--rounds`` rounds counts
+(`_ps_cluster.measure`). The workloads:
 
 * mlp: MLP 784-1024-1024-10, global batch 256 (one fixed batch), cross-entropy, SGD 0.01;
 * emb: ``nn.Embedding(100_000, 32)`` + ``Linear(8 * 32, 1)``, batches of 256 x 8 ids from 64
@@ -186,7 +187,8 @@ def _header(tf_python: str | None) -> str:
     return (
         f"# {cluster.host_line()}\n# Python {sys.version.split()[0]}, torch {torch.__version__}, "
         f"phalanx {getattr(phalanx, '__version__', '?')}, {tf}\n"
-        "# threads: 1 intra-op + 1 inter-op per task (torch.set_num_threads(1), TF ConfigProto 1/1); "
+        "# threads: 1 intra-op per task (torch.set_num_threads(1); TF ConfigProto intra 1, inter 2 on ps and "
+        "workers as 1 deadlocks TF 2.21); "
         "steps/s = best round, CPU = ms per step summed over all tasks"
     )
 
