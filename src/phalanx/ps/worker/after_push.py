@@ -55,6 +55,8 @@ class AfterPush(TorchFunctionMode):
 
     def add(self, tensors: dict[str, torch.Tensor]) -> None:
         """Marks ``tensors`` (name -> local tensor) pending; enters the mode on first use."""
+        if not tensors:
+            return
         self._pending.update((id(t), name) for name, t in tensors.items())
         if not self.active:
             self.__enter__()

@@ -160,8 +160,8 @@ class WorkerEnvironment:
     # ------------------------------------------------------------------ optimizer steps
     def push_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Sends the gradients of ``optimizer``'s variables to the ps tasks, which apply them
-        with a copy of this optimizer (nothing comes back: see `_pushed`). Clears the gradients so the
-        local ``step`` that follows changes nothing."""
+        with a copy of this optimizer, in one step (nothing comes back: see `_pushed`). Clears
+        the gradients so the local ``step`` that follows changes nothing."""
         groups = [[self._handle_of(p) for p in group["params"]] for group in optimizer.param_groups]
         hyper = [hyperparameters(group) for group in optimizer.param_groups]
         key = optimizer_key(optimizer, groups)
@@ -184,12 +184,11 @@ class WorkerEnvironment:
                     handles.append(handle)
                     grads.append(grad)
                     p.grad = None
-        if handles:
-            _, versions = self.ps.apply_gradients(key, handles, grads, hyper, return_values=False)
+        if handles or by_rows:  # one step over all, tables looked up by rows included
+            _, versions = self.ps.apply_gradients(
+                key, handles + by_rows, grads + row_grads, hyper, return_values=False
+            )
             self._pushed(handles, versions)
-        if by_rows:  # a separate step of the same per-parameter optimizer; no table comes back
-            _, versions = self.ps.apply_gradients(key, by_rows, row_grads, hyper, return_values=False)
-            self._updated([], [], versions)
 
     def _handle_of(self, tensor: torch.Tensor) -> VariableHandle:
         name = self.names_by_id.get(id(tensor))
