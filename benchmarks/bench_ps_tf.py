@@ -158,7 +158,9 @@ def _run_side(python: str, script: Path, case: tuple[str, int, int], args: Any) 
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return dict(json.loads(line[len("RESULT ") :]))
-    return f"failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:] or ''}"
+    lines = done.stderr.strip().splitlines()
+    errors = [line for line in lines if "Error" in line] or lines  # the cause, not TF's shutdown noise
+    return f"failed (exit {done.returncode}): {errors[-1][:300] if errors else ''}"
 
 
 def _tf_python(args: Any) -> str | None:
