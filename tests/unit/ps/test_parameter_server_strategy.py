@@ -411,8 +411,9 @@ def test_a_sharded_sparse_embedding_with_restored_optimizer_state_trains_like_a_
     ],
     ids=["adam", "adagrad", "sgd-momentum"],
 )
-def test_a_sharded_embedding_is_read_by_rows_and_trains_like_a_local_one(
-    ps_1worker_2ps, make_optimizer, sparse
+@pytest.mark.parametrize("shards", [2, 1], ids=["split", "whole"])
+def test_an_embedding_is_read_by_rows_split_or_not_and_trains_like_a_local_one(
+    ps_1worker_2ps, make_optimizer, sparse, shards
 ):
     from phalanx.partitioners import FixedShardsPartitioner
     from phalanx.ps.variables import PSClient
@@ -435,12 +436,13 @@ def test_a_sharded_embedding_is_read_by_rows_and_trains_like_a_local_one(
     local = make()
     local_opt = make_optimizer(local.parameters())
     train(local, local_opt, ids)
-    strategy = ps_1worker_2ps.strategy(FixedShardsPartitioner(2))
+    strategy = ps_1worker_2ps.strategy(FixedShardsPartitioner(shards))
     coordinator = ClusterCoordinator(strategy)
     with strategy.scope():
         model = make()
         optimizer = make_optimizer(model.parameters())
-    assert [h.kind for _, h in strategy._live()][0] == "embedding"
+    table = strategy._live()[0][1]
+    assert (table.kind, len(table.shards)) == ("embedding", 0 if shards == 1 else shards)
     rows_read = []
     original = PSClient.read_rows
 

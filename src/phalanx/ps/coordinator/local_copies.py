@@ -61,8 +61,9 @@ class LocalCopies:
             if self.handle_of(tensor) is not None:
                 return
             handle = self._handle(f"{type(module).__name__}.{name}", tensor, kind)
-            if handle.shards and isinstance(module, torch.nn.Embedding) and name == "weight":
-                handle = dataclasses.replace(handle, kind="embedding")  # workers read it by rows
+            if kind == "parameter" and isinstance(module, torch.nn.Embedding) and name == "weight":
+                # workers read it by rows, split or not (TF's embedding_lookup on the ps)
+                handle = dataclasses.replace(handle, kind="embedding")
             self._ps.create([handle], [tensor.detach()])
             self._registry[id(tensor)] = (weakref.ref(tensor), handle)
             self._versions[handle.name] = tensor._version

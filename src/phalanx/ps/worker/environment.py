@@ -25,6 +25,7 @@ from phalanx.ps import pickling
 from phalanx.ps.messages import hyperparameters, optimizer_key
 from phalanx.ps.variables import PSClient, VariableHandle
 from phalanx.ps.worker import context, embedding
+from phalanx.ps.worker.after_push import AfterPush
 from phalanx.ps.worker.running import RunningClosure
 from phalanx.ps.worker.strategy import WorkerStrategy
 
@@ -56,6 +57,7 @@ class WorkerEnvironment:
         self.lazy: dict[str, VariableHandle] = {}  # sharded embedding tables, read by rows
         self.lookups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.strategy = WorkerStrategy(self)
+        self.after_push = AfterPush(lambda names: self.refresh([self.handles[n] for n in names]))
         embedding.install()
         self._lock = threading.Lock()  # one function at a time
         self.current = current or RunningClosure()  # what the coordinator's heartbeat asks about
@@ -138,6 +140,14 @@ class WorkerEnvironment:
                 self.variables[handle.name].copy_(value)
                 self.read_at[handle.name] = versions[handle.ps]
 
+    def _pushed(self, handles: Sequence[VariableHandle], versions: dict[int, int]) -> None:
+        """No values come back from a push: its variables are read again only if the function
+        uses them after it (`AfterPush`), or by the next function."""
+        self._updated([], [], versions)
+        for handle in handles:
+            self.read_at.pop(handle.name, None)
+        self.after_push.add({h.name: self.variables[h.name] for h in handles})
+
     def push_buffer_changes(self) -> None:
         """Adds to the ps copies what the function changed in module buffers."""
         self.current.check_wanted("adding its buffer changes to the ps tasks")
@@ -156,8 +166,8 @@ class WorkerEnvironment:
     # ------------------------------------------------------------------ optimizer steps
     def push_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Sends the gradients of ``optimizer``'s variables to the ps tasks, which apply them
-        with a copy of this optimizer; reads the new values back. Clears the gradients so the
-        local ``step`` that follows changes nothing."""
+        with a copy of this optimizer, in one step (nothing comes back: see `_pushed`). Clears
+        the gradients so the local ``step`` that follows changes nothing."""
         self.current.check_wanted("pushing its gradients to the ps tasks")
         groups = [[self._handle_of(p) for p in group["params"]] for group in optimizer.param_groups]
         hyper = [hyperparameters(group) for group in optimizer.param_groups]
@@ -181,12 +191,11 @@ class WorkerEnvironment:
                     handles.append(handle)
                     grads.append(grad)
                     p.grad = None
-        if handles:
-            values, versions = self.ps.apply_gradients(key, handles, grads, hyper)
-            self._updated(handles, values, versions)
-        if by_rows:  # a separate step of the same per-parameter optimizer; no table comes back
-            _, versions = self.ps.apply_gradients(key, by_rows, row_grads, hyper, return_values=False)
-            self._updated([], [], versions)
+        if handles or by_rows:  # one step over all, tables looked up by rows included
+            _, versions = self.ps.apply_gradients(
+                key, handles + by_rows, grads + row_grads, hyper, return_values=False
+            )
+            self._pushed(handles, versions)
 
     def _handle_of(self, tensor: torch.Tensor) -> VariableHandle:
         name = self.names_by_id.get(id(tensor))
@@ -237,6 +246,8 @@ class WorkerEnvironment:
             except BaseException as exc:
                 self.buffers_read.clear()
                 return False, pickling.dumps_exception(_with_remote_traceback(exc, self.worker_index))
+            finally:
+                self.after_push.finish()
 
     def handlers(self) -> dict[str, Callable[[dict[str, Any], list[torch.Tensor]], Any]]:
         """The worker's RPC table: ``ping`` and ``run`` (payload and reply as one uint8 tensor)."""

@@ -1,0 +1,89 @@
+"""Variables a worker pushed gradients for, read again only if the function uses them after.
+
+A push (``optimizer.step()`` in a scheduled function) returns no values: with several
+workers, another worker's push nearly always lands before this worker's next function, which
+must read the variables again anyway, so values sent back with every push were mostly thrown
+away (an MLP's whole weights, every step). The pushed variables are *pending* instead: the
+first torch operation of the rest of the function that takes one of them (a forward pass,
+``w.sum()``, ``w.clone()``, returning it) reads every pending variable from its ps task
+first, as TF reads a variable from its ps after an update in the same function. A function
+that only returns its loss after the step reads nothing.
+
+`AfterPush` is a ``TorchFunctionMode`` entered at the first push of a function and left when
+the function ends (`WorkerEnvironment.run`); before any push it is not on the stack at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["AfterPush"]
+
+# what reads no values: property access (``p.grad``, ``p.shape``; ``p.data`` excepted) and
+# metadata, which the optimizer's own step and ``zero_grad`` touch after every push
+_DESCRIPTOR_CALLS = frozenset({"__get__", "__set__", "__delete__"})
+_DATA = torch.Tensor.data  # the descriptor (class access)
+_METADATA = frozenset(
+    {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.stride, torch.Tensor.is_contiguous}
+)
+
+
+def _reads_values(func: Any) -> bool:
+    if getattr(func, "__name__", "") in _DESCRIPTOR_CALLS:
+        return getattr(func, "__self__", None) is _DATA
+    return func not in _METADATA
+
+
+class AfterPush(TorchFunctionMode):
+    """Reads pending variables before the first torch operation that takes one.
+
+    Args:
+        read: Reads the variables of the given names from their ps tasks into the local
+            tensors (`WorkerEnvironment.refresh` of their handles).
+    """
+
+    def __init__(self, read: Callable[[Sequence[str]], None]) -> None:
+        super().__init__()
+        self._read = read
+        self._pending: dict[int, str] = {}  # id(local tensor) -> variable name
+        self.active = False
+
+    def add(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Marks ``tensors`` (name -> local tensor) pending; enters the mode on first use."""
+        if not tensors:
+            return
+        self._pending.update((id(t), name) for name, t in tensors.items())
+        if not self.active:
+            self.__enter__()
+            self.active = True
+
+    def finish(self) -> None:
+        """Leaves the mode (the function ended) and forgets what is pending: the next function
+        reads every variable it uses that changed anyway."""
+        self._pending.clear()
+        if self.active:
+            self.active = False
+            self.__exit__(None, None, None)
+
+    def flush(self) -> None:
+        """Reads every pending variable now."""
+        if self._pending:
+            names = sorted(set(self._pending.values()))
+            self._pending.clear()
+            self._read(names)
+
+    def _takes_pending(self, arguments: Any) -> bool:
+        return any(id(leaf) in self._pending for leaf in tree_leaves(arguments))
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if self._pending and _reads_values(func) and self._takes_pending((args, kwargs)):
+            self.flush()
+        return func(*args, **kwargs)
