@@ -1,11 +1,13 @@
 """A Horovod-style timeline: where each step's time goes, as a Chrome trace per task.
 
 Set ``PHALANX_TIMELINE=/path/trace.json`` (or call `start`) and every task writes
-``/path/trace.<task>.json`` when it exits (``<task>`` is ``chief-0``, ``worker-1``, ``ps-0``,
-``rank-3`` or ``local``): forward and backward passes of the outermost module, optimizer
-steps, gradient all-reduces, cross-worker collectives and parameter-server pulls and pushes,
-each a span on the thread that ran it. Open the file in ``chrome://tracing`` or
-https://ui.perfetto.dev; ``scripts/plot_timeline.py`` draws it as a PNG.
+``/path/trace.<task>.json`` (``<task>``: ``chief-0``, ``worker-1``, ``ps-0``, ``rank-3`` or
+``local``) when it exits, and every few seconds while it runs
+(``PHALANX_TIMELINE_FLUSH_SECONDS``, default 5), so a task stopped by a signal keeps its
+trace. It holds the forward and backward passes of the outermost module, optimizer steps,
+the waits for gradient all-reduces and other cross-worker collectives, and parameter-server
+reads and pushes, each a span on the thread that ran it. Open the file in
+``chrome://tracing`` or https://ui.perfetto.dev; ``scripts/plot_timeline.py`` draws it.
 
 Spans cost nothing while the timeline is off: `span` returns a shared no-op context.
 """
@@ -151,7 +153,23 @@ def start(path: str | os.PathLike[str] | None = None) -> Path:
         _timeline = Timeline(target)
         _install_hooks()
         atexit.register(write)
+        # Tasks stopped by a signal (ps tasks and PS workers when the chief is done) skip
+        # atexit: a daemon thread rewrites the file every few seconds while events arrive.
+        threading.Thread(
+            target=_flush_periodically, args=(_timeline,), name="phalanx-timeline", daemon=True
+        ).start()
     return _timeline.path
+
+
+def _flush_periodically(timeline: Timeline) -> None:
+    seconds = float(os.environ.get("PHALANX_TIMELINE_FLUSH_SECONDS", "5"))
+    written = 0
+    while _timeline is timeline:
+        time.sleep(seconds)
+        count = len(timeline._events) + timeline.dropped
+        if _timeline is timeline and count != written:
+            timeline.write()
+            written = count
 
 
 def write() -> Path | None:

@@ -24,4 +24,18 @@ def test_each_worker_writes_its_trace(tmp_path):
         events = json.loads((trace.parent / name).read_text())["traceEvents"]
         spans = [e["name"] for e in events if e["ph"] == "X"]
         assert spans.count("forward Linear") == spans.count("backward") == spans.count("SGD.step") > 0
+        assert any(e.get("cat") == "collective" for e in events)  # gradient all-reduces, broadcasts
         assert next(e for e in events if e["name"] == "process_name")["args"]["name"] == name.split(".")[1]
+
+
+def test_parameter_server_workers_trace_their_reads_and_pushes(tmp_path):
+    trace = tmp_path / "traces" / "ps.json"
+    env = {"PHALANX_TIMELINE": str(trace), "PHALANX_TIMELINE_FLUSH_SECONDS": "0.5"}
+    run_cluster(
+        SCRIPTS / "ps_checks.py", tmp_path, "train", chief=True, workers=2, ps=2, env=env, timeout=240
+    ).check()
+    # the workers are stopped when the chief is done: their traces come from the periodic flush
+    names = set()
+    for path in trace.parent.glob("ps.worker-*.json"):
+        names |= {e["name"] for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"}
+    assert {"ps read", "ps push", "forward Sequential", "backward"} <= names

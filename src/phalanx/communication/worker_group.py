@@ -51,6 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx import timeline
 from phalanx.communication.collective_watch import CollectiveWatch
 from phalanx.communication.health import (
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -296,11 +297,12 @@ class WorkerGroup:
         self._watched_wait(work, what, timeout, where_issued=False)
 
     def _watched_wait(self, work: Any, what: str, timeout: float | None, where_issued: bool) -> None:
-        self._watch.begin_wait(work, what, where_issued)
-        try:
-            self._wait_for(work, what, self._collective_timeout if timeout is None else timeout)
-        finally:
-            self._watch.end_wait()
+        with timeline.span(what, "collective"):  # free unless PHALANX_TIMELINE is set
+            self._watch.begin_wait(work, what, where_issued)
+            try:
+                self._wait_for(work, what, self._collective_timeout if timeout is None else timeout)
+            finally:
+                self._watch.end_wait()
 
     def _wait_for(self, work: Any, what: str, limit: float) -> None:
         deadline = time.monotonic() + limit

@@ -20,6 +20,7 @@ from typing import Any
 import cloudpickle
 import torch
 
+from phalanx import timeline
 from phalanx.input.per_worker import WorkerIterator, make_dataset
 from phalanx.ps import pickling
 from phalanx.ps.messages import hyperparameters, optimizer_key
@@ -112,7 +113,8 @@ class WorkerEnvironment:
         for handle in handles:
             if self.read_at.get(handle.name) != known.get(handle.ps):
                 known[handle.ps] = -1  # a copy older than the rest: read them all
-        values, versions = self.ps.read_changed(handles, known)
+        with timeline.span("ps read", "ps", {"variables": len(handles)}):
+            values, versions = self.ps.read_changed(handles, known)
         with torch.no_grad():
             for i, handle in enumerate(handles):
                 tensor = self.variables[handle.name]
@@ -192,9 +194,10 @@ class WorkerEnvironment:
                     grads.append(grad)
                     p.grad = None
         if handles or by_rows:  # one step over all, tables looked up by rows included
-            _, versions = self.ps.apply_gradients(
-                key, handles + by_rows, grads + row_grads, hyper, return_values=False
-            )
+            with timeline.span("ps push", "ps", {"variables": len(handles) + len(by_rows)}):
+                _, versions = self.ps.apply_gradients(
+                    key, handles + by_rows, grads + row_grads, hyper, return_values=False
+                )
             self._pushed(handles, versions)
 
     def _handle_of(self, tensor: torch.Tensor) -> VariableHandle:
