@@ -69,6 +69,7 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
     from phalanx.variables import (
         MirroredVariable,
         SyncOnReadVariable,
+        Variable,
         VariableAggregation,
         VariableSynchronization,
     )
@@ -144,6 +145,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
         for name in (
             "MirroredVariable",
             "SyncOnReadVariable",
+            "Variable",
             "VariableAggregation",
             "VariableSynchronization",
         )
@@ -179,6 +181,7 @@ __all__ = [
     "SidecarEvaluator",
     "Strategy",
     "SyncOnReadVariable",
+    "Variable",
     "VariableAggregation",
     "VariableSynchronization",
     "__version__",

@@ -34,6 +34,7 @@ EXPECTED = sorted(
         "SidecarEvaluator",
         "Strategy",
         "SyncOnReadVariable",
+        "Variable",
         "VariableAggregation",
         "VariableSynchronization",
         "__version__",

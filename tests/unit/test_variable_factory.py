@@ -75,3 +75,11 @@ def test_a_trainable_variable_trains_like_one_device_across_workers(runner):
     expected = _trained(phalanx.OneDeviceStrategy("cpu"))
     for weight in runner.run(_trained):
         torch.testing.assert_close(weight, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_phalanx_variable_is_tf_variable_spelling():
+    strategy = phalanx.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        v = phalanx.Variable(torch.ones(3))
+    assert isinstance(v, phalanx.MirroredVariable)
+    assert phalanx.Variable is phalanx.variables.Variable
