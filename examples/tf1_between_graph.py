@@ -57,9 +57,8 @@ with phalanx.train.MonitoredTrainingSession(
     save_summaries_steps=10,
 ) as sess:
     print(f"worker:{task_index} starts at global step {sess.global_step}", flush=True)
-    steps = 0
+    steps, loss = 0, float("nan")  # a worker (re)started after the last step takes none
     while not sess.should_stop():
-        result = sess.run(train_step, torch.randn(32, 3, generator=generator))
+        loss = float(sess.run(train_step, torch.randn(32, 3, generator=generator))["loss"])
         steps += 1
-    loss = float(result["loss"])
     print(f"worker:{task_index} took {steps} steps; global step {sess.global_step}; loss {loss:.4f}")

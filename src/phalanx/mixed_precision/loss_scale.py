@@ -76,9 +76,13 @@ class GradScaler(torch.amp.GradScaler):
                 state = replicas.get(index)
                 if state is None:
                     state = _fresh()
-                    for name in ("_scale", "_growth_tracker"):
-                        value = replicas[0][name]
-                        state[name] = None if value is None else value.clone()
+                    first = replicas[0]
+                    # torch's lazy init sets _scale, then _growth_tracker, on replica 0's thread:
+                    # copy the pair only once both exist, else let this replica init its own
+                    # (from the same init_scale) rather than take a half-made pair.
+                    scale, tracker = first["_scale"], first["_growth_tracker"]
+                    if scale is not None and tracker is not None:
+                        state["_scale"], state["_growth_tracker"] = scale.clone(), tracker.clone()
                     replicas[index] = state
         return state
 
