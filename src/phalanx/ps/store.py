@@ -9,7 +9,6 @@ messages.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,6 +22,7 @@ from phalanx.ps.messages import (
     decode_optimizer_state,
     encode_optimizer_state,
 )
+from phalanx.ps.store_optimizer import StoreOptimizer, check_groups
 
 __all__ = ["Handler", "VariableStore"]
 
@@ -30,125 +30,6 @@ Handler = Callable[[dict[str, Any], list[torch.Tensor]], tuple[dict[str, Any], l
 _CREATE_HINT = "HINT: create the model and the optimizer in strategy.scope() on the coordinator."
 
 
-class _Optimizer:
-    """A torch optimizer over some of this task's variables; groups without any stay placeholders.
-
-    Group ``i`` of the coordinator's optimizer is torch's group ``real.index(i)`` here, so the
-    hyperparameters of every group keep the coordinator's indices.
-    """
-
-    def __init__(
-        self,
-        optimizer_class: type,
-        groups: Sequence[Mapping[str, Any]],
-        variables: Mapping[str, torch.Tensor],
-    ) -> None:
-        self.cls = optimizer_class
-        signature = _init_defaults(optimizer_class)
-        self.tuple_keys = {k for k, v in signature.items() if isinstance(v, tuple)}
-        self.names = [list(g["names"]) for g in groups]
-        self.hyper = [self.converted({k: v for k, v in g.items() if k != "names"}) for g in groups]
-        self.real = [i for i, names in enumerate(self.names) if names]
-        self.members = {name for names in self.names for name in names}
-        self.torch: torch.optim.Optimizer | None = None
-        if self.real:
-            param_groups = [
-                {"params": [variables[n] for n in self.names[i]], **self.hyper[i]} for i in self.real
-            ]
-            self.torch = optimizer_class(param_groups)
-
-    def same_as(self, optimizer_class: type, groups: Sequence[Mapping[str, Any]]) -> bool:
-        """Same class (by identity, or by name when cloudpickle rebuilt it) and same variables."""
-        same_class = self.cls is optimizer_class or (
-            (self.cls.__module__, self.cls.__qualname__)
-            == (optimizer_class.__module__, optimizer_class.__qualname__)
-        )
-        return same_class and self.names == [list(g["names"]) for g in groups]
-
-    def converted(self, hyper: Mapping[str, Any]) -> dict[str, Any]:
-        """JSON lists back to tuples where the class's default is a tuple (Adam's betas)."""
-        return {k: tuple(v) if k in self.tuple_keys and isinstance(v, list) else v for k, v in hyper.items()}
-
-    def set_hyperparameters(self, hyperparameters: Sequence[Mapping[str, Any]], where: str) -> None:
-        """Group ``i`` takes ``hyperparameters[i]``; all are checked before any is set.
-
-        A key a group does not have yet is added, as torch param groups carry any key (an LR
-        scheduler attached later adds ``initial_lr``).
-
-        Raises:
-            ValueError: Not one mapping per group, or ``params``/``names`` among the keys.
-        """
-        if len(hyperparameters) != len(self.names):
-            raise ValueError(
-                f"Hyperparameters come one mapping per param group. Received: {len(hyperparameters)} for "
-                f"the {len(self.names)} param groups of {where}. HINT: send every group, in order."
-            )
-        updates = [self.converted(h) for h in hyperparameters]
-        for i, update in enumerate(updates):
-            reserved = sorted({"params", "names"} & set(update))
-            if reserved:
-                raise ValueError(
-                    f"Hyperparameters cannot set {reserved}: a param group's variables are fixed when "
-                    f"the optimizer is created. Received them for group {i} of {where}."
-                )
-        for i, update in enumerate(updates):
-            self.hyper[i].update(update)
-            if self.torch is not None and i in self.real:
-                self.torch.param_groups[self.real.index(i)].update(update)
-
-    def takes_sparse(self) -> bool:
-        """Whether torch applies sparse gradients as they are (SparseAdam; SGD and Adagrad
-        without weight decay). Others get them densified: a sparse gradient is a dense one that
-        is zero off its rows, so the update is the one that dense gradient gives."""
-        assert self.torch is not None
-        if isinstance(self.torch, torch.optim.SparseAdam):
-            return True
-        if isinstance(self.torch, (torch.optim.SGD, torch.optim.Adagrad)):
-            return all(not g.get("weight_decay") for g in self.torch.param_groups)
-        return False
-
-    def step(self, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
-        """One ``optimizer.step()`` with exactly these gradients; other variables have none, and
-        torch optimizers leave a parameter without gradient (and its state) untouched."""
-        assert self.torch is not None
-        dense = not self.takes_sparse()
-        try:
-            for variable, grad in zip(variables, grads, strict=True):
-                grad = grad.detach().to("cpu")
-                variable.grad = grad.to_dense() if dense and grad.is_sparse else grad
-            self.torch.step()
-        finally:
-            for variable in variables:
-                variable.grad = None
-
-
-def _init_defaults(optimizer_class: type) -> dict[str, Any]:
-    try:
-        parameters = inspect.signature(optimizer_class).parameters
-    except (TypeError, ValueError):
-        return {}
-    return {name: p.default for name, p in parameters.items()}
-
-
-def _check_groups(groups: Sequence[Mapping[str, Any]], where: str) -> None:
-    seen: set[str] = set()
-    for i, group in enumerate(groups):
-        if "params" in group or not isinstance(group.get("names"), (list, tuple)):
-            raise ValueError(
-                f"Each param group names its variables under 'names' and has no 'params'. Received: "
-                f"group {i} of {where} with keys {sorted(group)}. HINT: {{'names': [...], 'lr': ...}}."
-            )
-        names = list(group["names"])
-        twice = sorted({n for n in names if n in seen or names.count(n) > 1})
-        if twice:
-            raise ValueError(
-                f"A variable belongs to at most one param group, once. Received: group {i} of {where} with "
-                f"{names}, repeating {twice}. HINT: list each variable once."
-            )
-        seen.update(group["names"])
-
-
-# ---------------------------------------------------------------------- the store
 class VariableStore:
     """The variables of one ps task and the optimizers that update them. Thread-safe.
 
@@ -162,7 +43,7 @@ class VariableStore:
     def __init__(self, task_name: str = "ps:0") -> None:
         self.task_name = task_name
         self._vars: dict[str, torch.Tensor] = {}
-        self._optimizers: dict[str, _Optimizer] = {}
+        self._optimizers: dict[str, StoreOptimizer] = {}
         self._version = 0
         self._lock = threading.RLock()
 
@@ -309,13 +190,13 @@ class VariableStore:
         """
         where = f"optimizer {key!r} on {self.task_name}"
         with self._lock:
-            _check_groups(groups, where)
+            check_groups(groups, where)
             for group in groups:
                 for name in group["names"]:
                     self._get(name)
             existing = self._optimizers.get(key)
             if existing is None or overwrite:
-                self._optimizers[key] = _Optimizer(optimizer_class, groups, self._vars)
+                self._optimizers[key] = StoreOptimizer(optimizer_class, groups, self._vars)
             elif existing.same_as(optimizer_class, groups):
                 existing.set_hyperparameters(
                     [{k: v for k, v in g.items() if k != "names"} for g in groups], where
@@ -327,7 +208,7 @@ class VariableStore:
                     f"over {existing.names} (it has other variables). HINT: use another key, or overwrite."
                 )
 
-    def _optimizer(self, key: str) -> _Optimizer:
+    def _optimizer(self, key: str) -> StoreOptimizer:
         try:
             return self._optimizers[key]
         except KeyError:
@@ -352,7 +233,7 @@ class VariableStore:
         Raises:
             KeyError: An unknown optimizer.
             ValueError: A variable the optimizer does not update, not one gradient per distinct
-                name, a gradient's dtype or shape, or hyperparameters (see ``_Optimizer``).
+                name, a gradient's dtype or shape, or hyperparameters (see ``StoreOptimizer``).
         """
         where = f"optimizer {key!r} on {self.task_name}"
         with self._lock:
