@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from phalanx.communication.health import PeerUnavailableError
+from phalanx.communication.health import PeerUnavailableError, seconds_from_env
 from phalanx.communication.signatures import CollectiveTracker, Signature, WorkerState
 
 __all__ = [
@@ -70,19 +70,6 @@ class CollectiveMismatchError(PeerUnavailableError):
     one's pending collective, sequence number and call site."""
 
 
-def _seconds(name: str, default: float | None) -> float | None:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds. Received: {name}={text!r}.")
-    return value
-
-
 @dataclass(frozen=True)
 class StallSettings:
     """The inspector's bounds and switches.
@@ -110,11 +97,9 @@ class StallSettings:
             ValueError: A bound is not positive, the warning is not below the timeout, or a
                 switch has another value.
         """
-        stall = timeout if timeout is not None else _seconds(STALL_TIMEOUT_ENV, DEFAULT_STALL_TIMEOUT)
-        assert stall is not None
-        warn = warning if warning is not None else _seconds(STALL_WARNING_ENV, None)
-        if warn is None:
-            warn = min(DEFAULT_STALL_WARNING, stall / 3)
+        stall = timeout if timeout is not None else seconds_from_env(STALL_TIMEOUT_ENV, DEFAULT_STALL_TIMEOUT)
+        default_warning = min(DEFAULT_STALL_WARNING, stall / 3)
+        warn = warning if warning is not None else seconds_from_env(STALL_WARNING_ENV, default_warning)
         if not 0 < warn < stall:
             raise ValueError(
                 f"The stall warning must come before the stall error. Received: warning {warn:g}s, "

@@ -58,6 +58,7 @@ from phalanx.communication.health import (
     HEARTBEAT_INTERVAL,
     HealthCheck,
     PeerUnavailableError,
+    seconds_from_env,
 )
 from phalanx.communication.interfaces import bind_gloo_to, strip_brackets
 from phalanx.communication.recent_works import RecentWorks
@@ -82,24 +83,6 @@ POLL_SECONDS = 0.5
 LEAVE_TIMEOUT = 10.0
 HEARTBEAT_TIMEOUT_ENV = "PHALANX_HEARTBEAT_TIMEOUT_SECONDS"
 _RESTART_HINT = "HINT: check that task's log; restart the job (BackupAndRestore resumes it)."
-
-
-def seconds_from_env(name: str, default: float) -> float:
-    """A positive number of seconds from environment variable ``name`` (``default`` if unset).
-
-    Raises:
-        ValueError: The variable is set but is not a positive number.
-    """
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds. Received: {name}={text!r}.")
-    return value
 
 
 def _op_name(op: Any) -> str:
