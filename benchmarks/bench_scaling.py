@@ -23,16 +23,10 @@ import warnings
 
 import torch
 import torch.distributed as dist
+from bench_multiworker import _mlp  # the same MLP as the 2-worker benchmark
 from torch import nn
 
 GLOBAL_BATCH = 256
-
-
-def _mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)
-    )
 
 
 def _timed(fn, rounds: int) -> float:
