@@ -3,7 +3,8 @@
 An inf on one replica of one worker skips the step on every replica of every worker and
 halves the scale everywhere; without one, training equals one device's. One local replica
 per worker with torch's own ``torch.amp.GradScaler`` (as under DDP) and with phalanx's;
-two local replicas with phalanx's `GradScaler` and `LossScaleOptimizer`. The steps are those
+two local replicas with phalanx's `GradScaler`, torch's (adopted per replica) and
+`LossScaleOptimizer`. The steps are those
 of tests/unit/mixed_precision/test_loss_scale.py.
 """
 
@@ -44,9 +45,10 @@ def clean_and_poisoned(strategy, wrapper):
         (["cpu:0"], "torch"),
         (["cpu:0"], "scaler"),
         (["cpu:0", "cpu:1"], "scaler"),
+        (["cpu:0", "cpu:1"], "torch"),
         (["cpu:0", "cpu:1"], "optimizer"),
     ],
-    ids=["1replica-torch", "1replica-phalanx", "2replicas-phalanx", "2replicas-optimizer"],
+    ids=["1replica-torch", "1replica-phalanx", "2replicas-phalanx", "2replicas-torch", "2replicas-optimizer"],
 )
 def test_an_overflow_on_one_replica_of_one_worker_skips_the_step_everywhere(mwms_2workers, devices, wrapper):
     env = {"PHALANX_SHARED_MEMORY": "0"} if wrapper == "optimizer" else None  # both transports

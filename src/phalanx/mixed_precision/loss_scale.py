@@ -11,12 +11,20 @@ strategy ``.grad`` holds the gradient summed over all replicas of all workers on
 ``backward()`` returns (the scaled sum: each replica scaled its loss by the same scale), so
 an inf or NaN in any replica's gradient is in every replica's sum, every replica's
 ``unscale_`` finds it, every replica skips ``optimizer.step()`` and halves its scale.
+
+A plain ``torch.amp.GradScaler`` works too: once a strategy with several local replicas
+exists (`adopt_torch_grad_scalers`), the first ``scale``/``unscale_``/``step``/``update``/
+``get_scale`` a replica calls on one turns it into a per-replica scaler in place (its state so
+far becomes replica 0's). Outside replica contexts, and with one replica per process, torch's
+class behaves exactly as before.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +32,7 @@ from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
 from phalanx import context
 
-__all__ = ["GradScaler", "LossScaleOptimizer"]
+__all__ = ["GradScaler", "LossScaleOptimizer", "adopt_torch_grad_scalers"]
 
 _PER_REPLICA = ("_scale", "_growth_tracker", "_per_optimizer_states")
 
@@ -116,6 +124,62 @@ class GradScaler(torch.amp.GradScaler):
         for index in [i for i in replicas if i != 0]:
             del replicas[index]
         super().load_state_dict(state_dict)
+
+
+_ADOPTED_METHODS = ("scale", "unscale_", "step", "update", "get_scale")
+_adopt_lock = threading.Lock()
+_installed = False
+_per_replica_classes: dict[type, type] = {}
+
+
+def _per_replica_class(cls: type) -> type:
+    """``cls`` (a ``torch.amp.GradScaler`` subclass) with `GradScaler`'s per-replica state."""
+    made = _per_replica_classes.get(cls)
+    if made is None:
+        made = type(f"PerReplica{cls.__name__}", (GradScaler, cls), {"__module__": __name__})
+        _per_replica_classes[cls] = made
+    return made
+
+
+def _adopt(scaler: torch.amp.GradScaler) -> None:
+    """Turns a plain scaler into a per-replica one in place; its state becomes replica 0's."""
+    with _adopt_lock:
+        if isinstance(scaler, GradScaler):  # another replica's thread was first
+            return
+        state = _fresh()
+        for name in _PER_REPLICA:
+            if name in scaler.__dict__:
+                state[name] = scaler.__dict__.pop(name)
+        scaler.__dict__["_replicas"] = {0: state}
+        scaler.__dict__["_replicas_lock"] = threading.Lock()
+        scaler.__class__ = _per_replica_class(type(scaler))
+
+
+def _adopting(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: torch.amp.GradScaler, *args: Any, **kwargs: Any) -> Any:
+        replica = context._state.replica
+        if replica is not None and replica[0].num_local_replicas > 1 and not isinstance(self, GradScaler):
+            _adopt(self)
+        return method(self, *args, **kwargs)
+
+    call.__dict__["_phalanx_adopting"] = True
+    return call
+
+
+def adopt_torch_grad_scalers() -> None:
+    """Lets plain ``torch.amp.GradScaler`` objects work inside ``strategy.run`` with several
+    local replicas (see the module docstring). Idempotent; called by every strategy with
+    more than one local replica when it is made."""
+    global _installed
+    with _adopt_lock:
+        if _installed:
+            return
+        for name in _ADOPTED_METHODS:
+            method = getattr(torch.amp.GradScaler, name)
+            if not getattr(method, "_phalanx_adopting", False):
+                setattr(torch.amp.GradScaler, name, _adopting(method))
+        _installed = True
 
 
 class LossScaleOptimizer:

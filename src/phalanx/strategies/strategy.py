@@ -22,6 +22,7 @@ from phalanx.communication.cross_device_ops import (
     select_cross_device_ops,
 )
 from phalanx.devices import canonical_name, torch_device
+from phalanx.mixed_precision.loss_scale import adopt_torch_grad_scalers
 from phalanx.strategies._batches import BatchLedger
 from phalanx.strategies._gradients import GradientSync
 from phalanx.strategies._reduction import CrossReplicaReduction
@@ -95,6 +96,8 @@ class Strategy:
         self._timeout = timeout_seconds
         self._rendezvous = Rendezvous(self._num_local_replicas, timeout_seconds)
         self._threads = ReplicaThreads(self._num_local_replicas, type(self).__name__)
+        if self._num_local_replicas > 1:
+            adopt_torch_grad_scalers()  # a plain torch.amp.GradScaler gets per-replica state
         self._replica_contexts = [ReplicaContext(self, i) for i in range(self._num_local_replicas)]
         self._replica_frame = context._Frame(self, self._replica_contexts[0])
         self._batches = BatchLedger()

@@ -39,7 +39,7 @@ def train(strategy, wrapper: str, poison_step: int | None, poison_replica: int =
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if wrapper == "scaler":
         scaling: torch.amp.GradScaler | LossScaleOptimizer = GradScaler("cpu", init_scale=256.0)
-    elif wrapper == "torch":  # torch's own: one replica per process only
+    elif wrapper == "torch":  # torch's own: given per-replica state by the first replica's call
         scaling = torch.amp.GradScaler("cpu", init_scale=256.0)
     else:
         scaling = LossScaleOptimizer(opt, initial_scale=256.0)
@@ -78,7 +78,7 @@ def train(strategy, wrapper: str, poison_step: int | None, poison_replica: int =
     return history
 
 
-@pytest.mark.parametrize("wrapper", ["scaler", "optimizer"])
+@pytest.mark.parametrize("wrapper", ["scaler", "torch", "optimizer"])
 @pytest.mark.parametrize("runner", STRATEGIES, indirect=True)
 def test_loss_scaling_trains_as_on_one_device(runner, wrapper):
     (got,) = runner.run(train, wrapper, None)
@@ -88,7 +88,7 @@ def test_loss_scaling_trains_as_on_one_device(runner, wrapper):
         assert set(scales) == {256.0}
 
 
-@pytest.mark.parametrize("wrapper", ["scaler", "optimizer"])
+@pytest.mark.parametrize("wrapper", ["scaler", "torch", "optimizer"])
 @pytest.mark.parametrize("runner", STRATEGIES, indirect=True)
 def test_an_overflow_on_one_replica_skips_the_step_on_every_replica(runner, wrapper):
     (history,) = runner.run(train, wrapper, 1, runner.strategy.num_replicas_in_sync - 1)
@@ -108,6 +108,30 @@ def test_each_replica_keeps_its_own_state_and_a_load_restarts_them_from_replica_
     assert sorted(scaler.__dict__["_replicas"]) == [0]
     scales = mirrored_2cpu.run(lambda: scaler.scale(torch.ones(())))
     assert [float(s) for s in scales.values] == [2.0, 2.0]
+
+
+class LoggingScaler(torch.amp.GradScaler):
+    def __init__(self) -> None:
+        super().__init__("cpu", init_scale=4.0)
+        self.scaled = 0
+
+    def scale(self, outputs):
+        self.scaled += 1  # shared by the replicas: not per-replica state
+        return super().scale(outputs)
+
+
+def test_a_plain_torch_grad_scaler_is_adopted_only_inside_several_replicas(mirrored_2cpu):
+    alone = torch.amp.GradScaler("cpu", init_scale=4.0)
+    phalanx.OneDeviceStrategy("cpu").run(lambda: alone.scale(torch.ones(())))
+    assert type(alone) is torch.amp.GradScaler  # one replica: torch's class untouched
+
+    scaler = LoggingScaler()
+    scaler.scale(torch.ones(()))  # outside run: replica 0's state from here on
+    mirrored_2cpu.run(lambda: scaler.scale(torch.ones(())))
+    assert isinstance(scaler, (GradScaler, LoggingScaler))
+    assert scaler.scaled == 3  # the subclass's own override still runs
+    assert sorted(scaler.__dict__["_replicas"]) == [0, 1]
+    assert float(scaler.get_scale()) == 4.0
 
 
 def test_loss_scale_optimizer_refuses_a_non_optimizer():
