@@ -3,8 +3,11 @@
 
 HF transformers BERT and GPT-2 (tied embeddings) and ResNet (BatchNorm: float64 and
 ``sync_batch_norm=True``), an LSTM with AdamW and a learning-rate scheduler,
-``nn.TransformerEncoder`` (it deep-copies its layer), activation checkpointing and
-``torch.compile``. Models are built from configurations, never downloaded
+``nn.TransformerEncoder`` (it deep-copies its layer), activation checkpointing,
+``torch.compile``, a sparse embedding, gradient clipping between ``backward()`` and
+``step()``, and float16 autocast with torch's own ``torch.amp.GradScaler``. The custom loop
+also runs under ParameterServerStrategy (a chief, 2 workers, 1 ps), one scheduled step at a
+time, which is one device's trajectory. Models are built from configurations, never downloaded
 (``HF_HUB_OFFLINE=1``). Needs the ``models`` extra (``pip install -e ".[test,models]"``);
 without transformers the HF models are skipped and the others still run.
 
@@ -17,12 +20,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: configs only
 
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import numpy as np
 import pytest
 import torch
@@ -124,6 +129,20 @@ def _compiled() -> nn.Module:
     )
 
 
+class SparseBag(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 8, sparse=True)  # sparse gradients
+        self.head = nn.Linear(8, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x).mean(1))
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, CLASSES))
+
+
 def _ids(generator: torch.Generator) -> torch.Tensor:
     return torch.randint(0, VOCAB, (STEPS * GLOBAL_BATCH, SEQ), generator=generator)
 
@@ -138,6 +157,10 @@ def _images(generator: torch.Generator) -> torch.Tensor:
 
 def _sgd(params: Any) -> tuple[torch.optim.Optimizer, Any]:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9), None
+
+
+def _plain_sgd(params: Any) -> tuple[torch.optim.Optimizer, Any]:
+    return torch.optim.SGD(params, lr=0.5), None  # no momentum: takes sparse gradients
 
 
 def _adamw_with_schedule(params: Any) -> tuple[torch.optim.Optimizer, Any]:
@@ -157,7 +180,13 @@ MODELS: dict[
     "transformer_encoder": (EncoderClassifier, _ids, _sgd, False, False),
     "activation_checkpointing": (CheckpointedMLP, _vectors, _sgd, False, False),
     "torch_compile": (_compiled, _vectors, _sgd, False, False),
+    "sparse_embedding": (SparseBag, _ids, _plain_sgd, False, False),
+    "clip_grad_norm": (_mlp, _vectors, _sgd, False, False),
+    "grad_scaler_float16": (_mlp, _vectors, _sgd, False, False),
 }
+# how a step treats the gradient between backward() and step(): clipped (to a norm the
+# gradients exceed), or float16 autocast with torch's own GradScaler (unscale_, then clip)
+STEP_STYLE = {"clip_grad_norm": "clip", "grad_scaler_float16": "scaler"}
 AVAILABLE = [name for name, spec in MODELS.items() if HAS_TRANSFORMERS or not spec[4]]
 
 
@@ -180,30 +209,76 @@ def _weights(model: nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().clone().numpy() for k, v in model.state_dict().items()}
 
 
-def train(strategy: phalanx.Strategy, name: str) -> dict[str, np.ndarray]:
-    """STEPS custom-loop steps of model ``name``; its weights after them."""
-    model, x, y = _build(strategy, name)
-    with strategy.scope():
-        optimizer, scheduler = MODELS[name][2](model.parameters())
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, name: str) -> Callable[..., torch.Tensor]:
+    """The replica function of one training step of model ``name``."""
+    style = STEP_STYLE.get(name)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if style == "scaler" else None
 
     def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        losses = nn.functional.cross_entropy(model(xb), yb, reduction="none")
+        if scaler is None:
+            logits = model(xb)
+        else:
+            with torch.autocast("cpu", dtype=torch.float16):
+                logits = model(xb).float()  # the loss in float32
+        losses = nn.functional.cross_entropy(logits, yb, reduction="none")
         loss = phalanx.compute_average_loss(losses, global_batch_size=GLOBAL_BATCH)
-        loss.backward()
-        optimizer.step()
+        if scaler is None:
+            loss.backward()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+        if style is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # the summed gradient's norm
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
         optimizer.zero_grad()
         return loss
 
-    dataset = phalanx.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
-    for batch in strategy.experimental_distribute_dataset(dataset):
-        strategy.run(step, args=batch)
-        if scheduler is not None:
-            scheduler.step()  # outside run, once per step, as in TF
+    return step
+
+
+def _finish(model: nn.Module, name: str) -> dict[str, np.ndarray]:
     weights = _weights(model)
     if name == "gpt2_tied":
         inner = model.model
         weights["tied"] = np.array(inner.lm_head.weight is inner.transformer.wte.weight)
     return weights
+
+
+def train(strategy: phalanx.Strategy, name: str) -> dict[str, np.ndarray]:
+    """STEPS custom-loop steps of model ``name``; its weights after them."""
+    model, x, y = _build(strategy, name)
+    with strategy.scope():
+        optimizer, scheduler = MODELS[name][2](model.parameters())
+    step = _step(model, optimizer, name)
+    dataset = phalanx.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
+    for batch in strategy.experimental_distribute_dataset(dataset):
+        strategy.run(step, args=batch)
+        if scheduler is not None:
+            scheduler.step()  # outside run, once per step, as in TF
+    return _finish(model, name)
+
+
+def train_ps(strategy: phalanx.Strategy, name: str) -> dict[str, np.ndarray]:
+    """The same steps scheduled on the workers of a parameter-server cluster, one at a time
+    (each on whichever worker is free): asynchronous training that is sequential here."""
+    # this test module is not importable by name on the workers: its classes travel by value
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    model, x, y = _build(strategy, name)
+    with strategy.scope():
+        optimizer, scheduler = MODELS[name][2](model.parameters())
+    coordinator = strategy.cluster_coordinator or phalanx.coordinator.ClusterCoordinator(strategy)
+    step = _step(model, optimizer, name)
+    for k in range(STEPS):
+        batch = slice(k * GLOBAL_BATCH, (k + 1) * GLOBAL_BATCH)
+        coordinator.schedule(step, args=(x[batch], y[batch]))
+        coordinator.join()
+        if scheduler is not None:
+            scheduler.step()
+    return _finish(model, name)
 
 
 def fit(strategy: phalanx.Strategy, name: str) -> dict[str, np.ndarray]:
@@ -224,6 +299,11 @@ def train_all(strategy: phalanx.Strategy, names: list[str]) -> dict[str, dict[st
     return {name: train(strategy, name) for name in names}
 
 
+def train_all_ps(strategy: phalanx.Strategy, names: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Every model in one parameter-server cluster."""
+    return {name: train_ps(strategy, name) for name in names}
+
+
 # ---------------------------------------------------------------------------- the tests
 IN_PROCESS = {
     "mirrored": lambda: phalanx.MirroredStrategy(["cpu:0", "cpu:1"], sync_batch_norm=True),
@@ -234,6 +314,8 @@ IN_PROCESS = {
 def _assert_same(name: str, expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
     assert got.keys() == expected.keys()
     tolerance = {"rtol": 1e-9, "atol": 1e-11} if MODELS[name][3] else {"rtol": 1e-4, "atol": 1e-5}
+    if STEP_STYLE.get(name) == "scaler":
+        tolerance = {"rtol": 1e-3, "atol": 1e-4}  # float16 compute of other batch shapes
     for key, value in expected.items():
         np.testing.assert_allclose(got[key], value, err_msg=f"{name}: {key}", **tolerance)
 
@@ -255,6 +337,8 @@ def results(tmp_path_factory) -> dict[str, dict[str, Any]]:
     workers = runner.run(train_all, AVAILABLE, strategy_kwargs={"sync_batch_norm": True}, timeout=240)
     for index, result in enumerate(workers):
         done[f"mwms_worker{index}"] = result
+    ps = ProcessRunner("ps", "ParameterServerStrategy", tmp_path_factory.mktemp("ps"), 2, chief=True, ps=1)
+    (done["parameter_server"],) = ps.run(train_all_ps, AVAILABLE, timeout=240)
     done["fit_one_device"] = _in_process("one_device", fit)
     done["fit_mirrored"] = _in_process("mirrored", fit)
     return done
@@ -271,7 +355,9 @@ NAMES = [_hf(name) for name in MODELS]
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", ["mirrored", "central_storage", "mwms_worker0", "mwms_worker1"])
+@pytest.mark.parametrize(
+    "strategy", ["mirrored", "central_storage", "mwms_worker0", "mwms_worker1", "parameter_server"]
+)
 @pytest.mark.parametrize("name", NAMES)
 def test_custom_loop_matches_one_device(results, strategy, name):
     _assert_same(name, results["one_device"][name], results[strategy][name])
@@ -281,7 +367,7 @@ def test_custom_loop_matches_one_device(results, strategy, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_fit_under_mirrored_matches_one_device(results, name):
     _assert_same(name, results["fit_one_device"][name], results["fit_mirrored"][name])
-    if MODELS[name][2] is _sgd:  # no scheduler: fit takes the custom loop's steps
+    if MODELS[name][2] is _sgd and name not in STEP_STYLE:  # fit takes the plain loop's steps
         custom_loop = {k: v for k, v in results["one_device"][name].items() if k != "tied"}
         _assert_same(name, custom_loop, results["fit_one_device"][name])
 

@@ -427,7 +427,8 @@ class MultiWorkerMirroredStrategy(Strategy):
         indices, values = t.indices(), t.values()  # (sparse_dim, nnz), (nnz, *dense)
         all_indices, _ = self._cross_worker_all_gather(indices, 1, [indices.shape[1]])
         all_values, _ = self._cross_worker_all_gather(values, 0, [values.shape[0]])
-        return torch.sparse_coo_tensor(all_indices, all_values, t.shape).coalesce()
+        # indices from other processes: checked (an out-of-range one raises, never corrupts memory)
+        return torch.sparse_coo_tensor(all_indices, all_values, t.shape, check_invariants=True).coalesce()
 
     def _any_worker_has_data(self, has_data: bool) -> bool:
         """Whether any worker still has input this step: an all-reduce MAX (all workers, every step)."""
