@@ -29,6 +29,11 @@ what ``.grad`` holds):
   parameter that no worker has a delta for keeps its ``.grad`` untouched (None after
   ``zero_grad()``), as on one device. A pass that accumulated nothing
   (``torch.autograd.grad``) puts the bases back and starts no all-reduce.
+* A parameter that died (its model was dropped) keeps its slot, as zeros, until every
+  worker has dropped it: each bucket also carries one "dead here" flag per parameter, and
+  once their sum says every worker's copy is dead, every worker forgets the slot at the
+  same round and the buckets are rebuilt without it. So a process that builds model after
+  model under one strategy does not all-reduce the dead ones' zeros forever.
 * Sparse gradients (``nn.Embedding(sparse=True)``) cannot go in a bucket, as in DDP: the
   first time one arrives its bucket slot carries zeros and a "sparse" flag, so after that
   round every worker knows, and the buckets are rebuilt without it. Sparse deltas are
@@ -58,23 +63,29 @@ Wait = Callable[[Any, str], None]  # waits for that work (raises on failure)
 
 
 class _Bucket:
-    """A flat buffer: the gradients of ``params`` back to back, then one flag per parameter.
+    """A flat buffer: the gradients of ``params`` back to back, then two flags per parameter.
 
     A parameter that died since it was tracked is a "meta" placeholder of its shape: it
     keeps its slot (zeros), so the layout stays the same on every worker whatever the
-    garbage collector of each did.
+    garbage collector of each did, until the "dead" flags say it died on every worker.
+    ``slots``: each parameter's index in the registration order.
     """
 
-    def __init__(self, params: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> None:
-        self.params = params
+    def __init__(
+        self, params: list[torch.Tensor], slots: list[int], dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.params, self.slots = params, slots
         self.offsets: list[int] = []
         numel = 0
         for p in params:
             self.offsets.append(numel)
             numel += p.numel()
         self.numel = numel
-        self.buffer = torch.zeros(numel + len(params), dtype=dtype, device=device)
-        self.flags = self.buffer[numel:]  # (num_params,) after the sum: how many workers had a gradient
+        n = len(params)
+        self.buffer = torch.zeros(numel + 2 * n, dtype=dtype, device=device)
+        self.flags = self.buffer[numel : numel + n]  # after the sum: how many workers had a gradient
+        self.dead = self.buffer[numel + n :]  # after the sum: on how many workers it died
+        self.dead_here = torch.tensor([float(p.device.type == "meta") for p in params], dtype=dtype)
         self.had = [0.0] * len(params)  # this worker's flags for the current round
         self.ready = [False] * len(params)
         self.work: Any = None  # the running all-reduce of the current round
@@ -110,6 +121,7 @@ class GradientBuckets:
         wait: ``wait(work, what)`` waits for it with the strategy's deadline and health check.
         sum_sparse: ``sum_sparse(sparse) -> sparse`` sums a sparse COO tensor across workers
             (all workers; blocks). Default: the identity (one worker).
+        workers: How many workers sum (a slot is forgotten once it died on all of them).
         is_active: Whether a backward pass belongs to the strategy (runs inside its ``run``);
             hooks of other backward passes do nothing.
         bucket_bytes: Bucket size (0: 25 MiB).
@@ -124,9 +136,11 @@ class GradientBuckets:
         bucket_bytes: int = 0,
         first_bucket_bytes: int = FIRST_BUCKET_BYTES,
         sum_sparse: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+        workers: int = 1,
     ) -> None:
         self._launch, self._wait, self._is_active = launch, wait, is_active
         self._sum_sparse = sum_sparse
+        self._workers = workers
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
         self._first_bytes = min(first_bucket_bytes, self._bucket_bytes)
         self._params: list[weakref.ref[torch.nn.Parameter]] = []  # trainable, registration order
@@ -203,8 +217,8 @@ class GradientBuckets:
         return self._buckets
 
     def _build(self) -> list[_Bucket]:
-        closed: list[tuple[list[torch.Tensor], torch.device, torch.dtype]] = []
-        open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], int]] = {}
+        closed: list[tuple[list[torch.Tensor], list[int], torch.device, torch.dtype]] = []
+        open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int], int]] = {}
         started: set[tuple[torch.device, torch.dtype]] = set()
         for k in reversed(range(len(self._params))):
             if self._is_sparse[k]:
@@ -217,16 +231,16 @@ class GradientBuckets:
                 self._layout[k] = (p.shape, p.dtype, p.device)
                 dtype, device = p.dtype, p.device
             key = (device, dtype)
-            members, size = open_.get(key, ([], 0))
+            members, slots, size = open_.get(key, ([], [], 0))
             limit = self._bucket_bytes if key in started else self._first_bytes
             nbytes = p.numel() * p.element_size()
             if members and size + nbytes > limit:
-                closed.append((members, *key))
+                closed.append((members, slots, *key))
                 started.add(key)
-                members, size = [], 0
-            open_[key] = ([*members, p], size + nbytes)
-        closed.extend((members, *key) for key, (members, _) in open_.items() if members)
-        buckets = [_Bucket(members, dtype, device) for members, device, dtype in closed]
+                members, slots, size = [], [], 0
+            open_[key] = ([*members, p], [*slots, k], size + nbytes)
+        closed.extend((members, slots, *key) for key, (members, slots, _) in open_.items() if members)
+        buckets = [_Bucket(members, slots, dtype, device) for members, slots, device, dtype in closed]
         self._where = {id(p): (b, i) for b, bucket in enumerate(buckets) for i, p in enumerate(bucket.params)}
         return buckets
 
@@ -316,12 +330,15 @@ class GradientBuckets:
                         self._not_reached(bucket, i)
             self._launch_ready(buckets)
             newly_sparse: set[int] = set()
+            dead: set[int] = set()
             for bucket in buckets:
-                newly_sparse |= self._install(bucket)
+                newly_sparse |= self._install(bucket, dead)
             if newly_sparse:  # agreed by every worker (the flags were summed): rebuild without them
                 for k, ref in enumerate(self._params):
                     self._is_sparse[k] = self._is_sparse[k] or id(ref()) in newly_sparse
                 self._buckets = None
+            if dead:  # dead on every worker (agreed the same way): forget their slots
+                self._forget(dead)
             self._sum_sparse_deltas()
             self._bases = {}
             self._sparse_deltas = {}
@@ -336,13 +353,14 @@ class GradientBuckets:
             p.grad = g.clone()  # the buffer is about to carry this round's deltas
         bucket.put(i, None)
 
-    def _install(self, bucket: _Bucket) -> set[int]:
+    def _install(self, bucket: _Bucket, dead: set[int]) -> set[int]:
         """Waits for a bucket and installs base + sum; returns the ids of its parameters
-        some worker found sparse."""
+        some worker found sparse, and adds to ``dead`` the slots that died on every worker."""
         work, bucket.work = bucket.work, None
         if work is not None:
             self._wait(work, "the gradient all-reduce")
         had = bucket.flags.tolist()
+        dead.update(k for k, n in zip(bucket.slots, bucket.dead.tolist(), strict=True) if n >= self._workers)
         sparse = set()
         for i, p in enumerate(bucket.params):
             if had[i] >= SPARSE:
@@ -366,6 +384,15 @@ class GradientBuckets:
                 continue
             base = self._bases.get(id(p)) if delta is not None else p.grad
             p.grad = plus(base, total)
+
+    def _forget(self, slots: set[int]) -> None:
+        """Drops the slots of parameters dead on every worker (all workers, same round)."""
+        keep = [k for k in range(len(self._params)) if k not in slots]
+        self._params = [self._params[k] for k in keep]
+        self._layout = [self._layout[k] for k in keep]
+        self._is_sparse = [self._is_sparse[k] for k in keep]
+        self._ids = {i: ref for i, ref in self._ids.items() if ref() is not None}
+        self._buckets = None
 
     def _put_bases_back(self) -> None:
         for ref in self._params:
@@ -392,6 +419,7 @@ class GradientBuckets:
                 if g is not None and _aliases(g, bucket.buffer):
                     p.grad = g.clone()
             bucket.flags.copy_(torch.tensor(bucket.had, dtype=bucket.flags.dtype))
+            bucket.dead.copy_(bucket.dead_here)
             bucket.work = self._launch(bucket.buffer)
             self._next_launch += 1
 

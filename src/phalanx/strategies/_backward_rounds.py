@@ -70,15 +70,20 @@ class BackwardRounds:
         merge: Called at the end of every round that accumulated, on the thread autograd ran
             the pass's end on (the replica's own thread on CPU); it blocks until every local
             replica's round has ended.
-        forget_dead: Whether slots of variables that died are dropped. Only in one process:
-            across workers the slots must stay the same whatever each garbage collector did,
-            so a dead variable keeps its slot, as zeros of its shape.
+        alive_anywhere: ``alive_anywhere(flags) -> flags``: given whether each slot's variable
+            is alive here, whether it is alive on some worker (the identity in one process;
+            across workers an all-reduce: all workers, blocks). Across workers the slots must
+            stay the same whatever each garbage collector did, so a dead variable keeps its
+            slot, as zeros of its shape, until it died on every worker; slots are forgotten
+            when new variables are tracked (model after model in one process).
     """
 
-    def __init__(self, num_replicas: int, merge: Merge, forget_dead: Callable[[], bool]) -> None:
+    def __init__(
+        self, num_replicas: int, merge: Merge, alive_anywhere: Callable[[list[bool]], list[bool]]
+    ) -> None:
         self._n = num_replicas
         self._merge = merge
-        self._forget_dead = forget_dead
+        self._alive_anywhere = alive_anywhere
         self._vars: list[weakref.ref[DistributedVariable]] = []  # slot -> variable, creation order
         # slot -> its shape, dtype and replica devices, kept after it dies
         self._shapes: list[tuple[torch.Size, torch.dtype, list[torch.device]]] = []
@@ -94,18 +99,21 @@ class BackwardRounds:
     # ---------------------------------------------------------------- registration
     def track(self, variables: Iterable[DistributedVariable]) -> None:
         """Hooks the replica leaves of ``variables`` that need a gradient and are not hooked
-        yet (called before each ``run``, with no backward pass running)."""
+        yet (called before each ``run``, with no backward pass running; every worker finds the
+        same new variables, and agrees on the dead ones then)."""
+        compacted = False
         for var in variables:
             slot = self._slot_of.get(id(var))
             if slot is None or self._vars[slot]() is not var:
                 if not var.requires_grad:
                     continue  # picked up at a later run if it is unfrozen
+                if not compacted:
+                    self._compact()
+                    compacted = True
                 slot = self._add(var)
             self._hook_leaves(var, slot)
 
     def _add(self, var: DistributedVariable) -> int:
-        if self._forget_dead():
-            self._compact()
         slot = len(self._vars)
         self._vars.append(weakref.ref(var))
         devices = [var._replica_leaf(i).device for i in range(self._n)]
@@ -114,15 +122,16 @@ class BackwardRounds:
         return slot
 
     def _compact(self) -> None:
-        """Forgets dead variables (slots are renumbered; no round is open here)."""
-        keep = [k for k, ref in enumerate(self._vars) if ref() is not None]
+        """Forgets variables dead on every worker (slots are renumbered; no round is open here)."""
+        anywhere = self._alive_anywhere([ref() is not None for ref in self._vars]) if self._vars else []
+        keep = [k for k, here in enumerate(anywhere) if here]
         if len(keep) == len(self._vars):
             return
-        alive = [self._vars[k] for k in keep]
+        kept = [self._vars[k] for k in keep]
         self._shapes = [self._shapes[k] for k in keep]
-        self._vars = alive
+        self._vars = kept
         self._slot_of = {}
-        for slot, var in enumerate(ref() for ref in alive):
+        for slot, var in enumerate(ref() for ref in kept):
             if var is None:  # died just now: left in place until the next compaction
                 continue
             self._slot_of[id(var)] = slot

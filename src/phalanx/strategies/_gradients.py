@@ -90,12 +90,19 @@ class GradientSync:
         # (replicas in sync, whether they sum in place): fixed once the first step runs, as
         # the devices, the ops and the workers are; decided then, not at every step.
         self._layout: tuple[int, bool] | None = None
-        self._rounds = BackwardRounds(len(self._devices), self._merge, lambda: self._num_workers() == 1)
+        self._rounds = BackwardRounds(len(self._devices), self._merge, self._alive_anywhere)
         # optimizer -> per replica, the rounds completed at its last step
         self._last_step: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[int]] = (
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
+
+    def _alive_anywhere(self, alive: list[bool]) -> list[bool]:
+        """Whether each slot is alive on some worker (all workers when there are several; blocks)."""
+        if self._num_workers() == 1:
+            return alive
+        counts = self._cross_worker_all_reduce(torch.tensor(alive, dtype=torch.float32), ReduceOp.SUM)
+        return [n > 0 for n in counts.tolist()]
 
     def _distributed_params(self, optimizer: torch.optim.Optimizer) -> list[DistributedVariable]:
         params: list[DistributedVariable] = []

@@ -208,6 +208,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             is_active,
             bucket_bytes=self._options.bytes_per_pack,
             sum_sparse=self._cross_worker_sparse_sum,
+            workers=self._num_workers,
         )
 
     def _pick_backend(self) -> str:

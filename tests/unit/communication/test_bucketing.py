@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -248,3 +249,27 @@ def test_sparse_gradients_are_summed_apart_and_leave_the_buckets_after_the_first
         torch.testing.assert_close(net.head.weight.grad, WORKERS * alone.head.weight.grad)
     assert sparse_calls == [4, 4]  # one sparse sum per round, of the 4 looked-up rows
     assert not any(net.embed.weight is p for b in buckets.buckets for p in b)  # rebuilt without it
+
+
+@pytest.mark.parametrize("dead_on", [WORKERS, WORKERS - 1])
+def test_a_dead_parameter_leaves_the_buckets_once_it_died_on_every_worker(dead_on):
+    keep, gone = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(5))
+    # the fake sum multiplies by WORKERS: a slot dead here counts as dead on all WORKERS;
+    # with one worker more in the job, one worker still holds it
+    buckets = _buckets([keep, gone], Recorder(), workers=WORKERS if dead_on == WORKERS else WORKERS + 1)
+    assert [[p.numel() for p in b] for b in buckets.buckets] == [[5, 3]]
+    new = nn.Parameter(torch.ones(2))
+    buckets.add(new)  # the buckets are rebuilt at the next round, without a hold on `gone`
+    del gone
+    gc.collect()
+    (keep.sum() + new.sum()).backward()
+    torch.testing.assert_close(keep.grad, torch.full((3,), float(WORKERS)))
+    torch.testing.assert_close(new.grad, torch.full((2,), float(WORKERS)))
+    layout = [[(p.numel(), p.device.type) for p in b] for b in buckets.buckets]
+    if dead_on == WORKERS:
+        assert layout == [[(2, "cpu"), (3, "cpu")]]  # forgotten on every worker at once
+    else:
+        assert layout == [[(2, "cpu"), (5, "meta"), (3, "cpu")]]  # zeros until all have dropped it
+    keep.grad, new.grad = None, None
+    (keep.sum() + new.sum()).backward()  # the next round still sums right
+    torch.testing.assert_close(keep.grad, torch.full((3,), float(WORKERS)))
