@@ -64,3 +64,56 @@ def test_an_overflow_on_one_replica_of_one_worker_skips_the_step_everywhere(mwms
         assert (set(s0), set(s1), set(s2)) == ({256.0}, {128.0}, {128.0})
         assert not torch.equal(w2, w1)
     torch.testing.assert_close(results[0][1][2][0], results[1][1][2][0], rtol=0, atol=0)
+
+
+def scales_under_ps(strategy, wrapper):
+    """Six steps scheduled one at a time; a worker's first step overflows (its scale is
+    still the initial 256). Returns each step's (scale after it, whether it applied) and
+    whether the weights moved."""
+    with strategy.scope():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if wrapper == "optimizer":
+        scaling = phalanx.mixed_precision.LossScaleOptimizer(opt, initial_scale=256.0)
+    else:
+        scaling = torch.amp.GradScaler("cpu", init_scale=256.0)
+    x, y = torch.ones(4, 3), torch.zeros(4, 1)
+    before = model.weight.detach().clone()
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = ((model(x).float() - y) ** 2).sum() / 4
+        if wrapper == "optimizer":
+            if scaling.loss_scale >= 256:
+                loss = loss * float("inf")
+            scaling.get_scaled_loss(loss).backward()
+            applied = scaling.step()
+            scaling.zero_grad()
+            return scaling.loss_scale, applied
+        if scaling.get_scale() >= 256:
+            loss = loss * float("inf")
+        scaling.scale(loss).backward()
+        old = scaling.get_scale()
+        scaling.step(opt)
+        scaling.update()
+        opt.zero_grad()
+        return scaling.get_scale(), scaling.get_scale() == old
+
+    coordinator = phalanx.coordinator.ClusterCoordinator(strategy)
+    history = []
+    for _ in range(6):
+        result = coordinator.schedule(step)
+        coordinator.join()
+        history.append(result.fetch())
+    return history, not torch.equal(model.weight.detach(), before)
+
+
+@pytest.mark.parametrize("wrapper", ["torch", "optimizer"])
+def test_each_parameter_server_worker_keeps_its_own_loss_scale(ps_2workers_1ps, wrapper):
+    ((history, moved),) = ps_2workers_1ps.run(scales_under_ps, wrapper)
+    # each worker overflows once, at its first step, and keeps the halved scale after it
+    # (before: every function got the chief's scaler afresh, overflowed and was skipped)
+    assert [scale for scale, _ in history] == [128.0] * 6, history
+    assert sum(not applied for _, applied in history) <= 2, history
+    assert moved

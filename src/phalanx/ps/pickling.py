@@ -17,6 +17,10 @@ the ParameterServerStrategy  nothing                              the worker's `
 `PerWorkerIterator`          its id and its dataset's             this worker's iterator
 an optimizer                 by value, once its state moved to    the same class; its step goes
                              the ps tasks (`adopt_optimizer`)     to the ps tasks
+a ``torch.amp.GradScaler``   its key, class and the chief's       this worker's own scaler, made
+(also inside phalanx's       state                                from the chief's state on first
+`LossScaleOptimizer`)                                             use and kept across functions
+                                                                  (loss scaling per worker, as TF)
 the ClusterCoordinator       refused (TypeError)                  -
 ===========================  ===================================  ===============================
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -51,6 +56,7 @@ __all__ = [
     "dumps_for_worker",
     "iterator_on_worker",
     "loads",
+    "scaler_on_worker",
     "strategy_on_worker",
     "value_on_worker",
     "variable_on_worker",
@@ -84,6 +90,10 @@ def _per_worker_reference(obj: Any) -> Any:
         return iterator_on_worker, (obj.iterator_id, dataset.dataset_id, dataset.pickled_fn)
     if isinstance(obj, PerWorkerDataset):
         return dataset_on_worker, (obj.dataset_id, obj.pickled_fn)
+    if isinstance(obj, torch.amp.GradScaler):
+        # a key of its own (an id could be reused by a later scaler after this one died)
+        key = obj.__dict__.setdefault("_phalanx_scaler_key", uuid.uuid4().hex)
+        return scaler_on_worker, (key, type(obj), obj.__getstate__())
     return NotImplemented
 
 
@@ -188,6 +198,21 @@ def value_on_worker(values: tuple[Any, ...]) -> Any:
             f"PerWorkerValues needs one value per worker ({env.num_workers}). Received: {len(values)}."
         )
     return values[env.worker_index]
+
+
+def scaler_on_worker(key: str, cls: type, state: dict[str, Any]) -> torch.amp.GradScaler:
+    """This worker's loss scaler ``key``: made from the chief's ``state`` at its first
+    function, then the same object for every later one, so its scale follows this worker's
+    overflows (each worker scales on its own, as in TF)."""
+    resources = _worker().resources
+    name = f"scaler:{key}"
+    if name not in resources:
+        scaler = cls.__new__(cls)
+        scaler.__setstate__(dict(state))
+        resources[name] = scaler
+    scaler = resources[name]
+    assert isinstance(scaler, torch.amp.GradScaler)
+    return scaler
 
 
 def strategy_on_worker() -> WorkerStrategy:
