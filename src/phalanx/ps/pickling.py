@@ -200,7 +200,9 @@ def value_on_worker(values: tuple[Any, ...]) -> Any:
     return values[env.worker_index]
 
 
-def scaler_on_worker(key: str, cls: type, state: dict[str, Any]) -> torch.amp.GradScaler:
+def scaler_on_worker(
+    key: str, cls: type[torch.amp.GradScaler], state: dict[str, Any]
+) -> torch.amp.GradScaler:
     """This worker's loss scaler ``key``: made from the chief's ``state`` at its first
     function, then the same object for every later one, so its scale follows this worker's
     overflows (each worker scales on its own, as in TF)."""
