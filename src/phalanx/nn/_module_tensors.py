@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -118,26 +119,18 @@ class ReplicaWriteGuard:
         index: The local replica index.
     """
 
-    __slots__ = ("_index", "_seen", "_strategy")
+    __slots__ = ("_index", "_leaves", "_strategy", "_vars", "_versions")
 
     def __init__(self, strategy: Strategy, index: int) -> None:
         self._strategy = strategy
         self._index = index
-        self._seen: list[tuple[DistributedVariable, torch.Tensor, int]] = []
+        self._vars, self._leaves = _plain_leaves(strategy, index)
+        self._versions: list[int] = []
         self.snapshot()
 
     def snapshot(self) -> None:
         """Records the version of every plain mirrored component of this replica."""
-        index = self._index
-        seen: list[tuple[DistributedVariable, torch.Tensor, int]] = []
-        for var in self._strategy.variable_policy.variables():
-            if isinstance(var, MirroredVariable) and var._plain_in_replica:
-                try:
-                    leaf = var._replica_leaf(index)
-                except (IndexError, AttributeError):  # not materialised: no replica read it
-                    continue
-                seen.append((var, leaf, leaf._version))
-        self._seen = seen
+        self._versions = [leaf._version for leaf in self._leaves]
 
     def check(self) -> None:
         """Raises if a component changed since the last snapshot.
@@ -145,7 +138,7 @@ class ReplicaWriteGuard:
         Raises:
             RuntimeError: This replica wrote a mirrored parameter without aggregation.
         """
-        for var, leaf, version in self._seen:
+        for var, leaf, version in zip(self._vars, self._leaves, self._versions, strict=True):
             if leaf._version != version:
                 raise RuntimeError(
                     "In a replica context, an in-place write on a MirroredVariable needs an "
@@ -155,6 +148,41 @@ class ReplicaWriteGuard:
                     "phalanx.variables.set_aggregation(tensor, 'mean') before the module registers "
                     "it, or write it outside strategy.run (cross-replica context)."
                 )
+
+
+# per strategy: replica index -> (policy generation, weak references to the variables
+# and to their plain components: the cache must not keep a dropped model alive)
+_Weak = tuple[list[weakref.ref[DistributedVariable]], list[weakref.ref[torch.Tensor]]]
+_plain_leaves_cache: weakref.WeakKeyDictionary[Any, dict[int, tuple[int, _Weak]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _plain_leaves(strategy: Strategy, index: int) -> tuple[list[DistributedVariable], list[torch.Tensor]]:
+    """The mirrored variables replica ``index`` reads as plain components, and those
+    components; the walk over every variable is cached until the policy's variables or
+    components change (every step enters a replica frame: the walk cost ~1 us a variable)."""
+    policy = strategy.variable_policy
+    per_replica = _plain_leaves_cache.setdefault(strategy, {})
+    cached = per_replica.get(index)
+    if cached is None or cached[0] != policy.generation:
+        weak: _Weak = ([], [])
+        for var in policy.variables():
+            if isinstance(var, MirroredVariable) and var._plain_in_replica:
+                try:
+                    leaf = var._replica_leaf(index)
+                except (IndexError, AttributeError):  # not materialised: no replica read it
+                    continue
+                weak[0].append(weakref.ref(var))
+                weak[1].append(weakref.ref(leaf))
+        cached = per_replica[index] = (policy.generation, weak)
+    variables, leaves = [], []
+    for var_ref, leaf_ref in zip(*cached[1], strict=True):
+        live_var, live_leaf = var_ref(), leaf_ref()
+        if live_var is not None and live_leaf is not None:
+            variables.append(live_var)
+            leaves.append(live_leaf)
+    return variables, leaves
 
 
 def _describe(var: DistributedVariable) -> str:

@@ -88,6 +88,8 @@ class BackwardRounds:
         # slot -> its shape, dtype and replica devices, kept after it dies
         self._shapes: list[tuple[torch.Size, torch.dtype, list[torch.device]]] = []
         self._slot_of: dict[int, int] = {}  # id(variable) -> slot (check: ids of dead ones are reused)
+        # slots whose every replica leaf is hooked: `track` skips them (leaves never change)
+        self._complete: set[int] = set()
         self._rounds = [_Round() for _ in range(num_replicas)]
         self._completed = [0] * num_replicas
         self.active = False
@@ -102,8 +104,11 @@ class BackwardRounds:
         yet (called before each ``run``, with no backward pass running; every worker finds the
         same new variables, and agrees on the dead ones then)."""
         compacted = False
+        complete = self._complete
         for var in variables:
             slot = self._slot_of.get(id(var))
+            if slot is not None and slot in complete and self._vars[slot]() is var:
+                continue
             if slot is None or self._vars[slot]() is not var:
                 if not var.requires_grad:
                     continue  # picked up at a later run if it is unfrozen
@@ -111,7 +116,9 @@ class BackwardRounds:
                     self._compact()
                     compacted = True
                 slot = self._add(var)
-            self._hook_leaves(var, slot)
+                complete = self._complete  # renumbered by a compaction
+            if self._hook_leaves(var, slot):
+                complete.add(slot)
 
     def _add(self, var: DistributedVariable) -> int:
         slot = len(self._vars)
@@ -128,6 +135,7 @@ class BackwardRounds:
         if len(keep) == len(self._vars):
             return
         kept = [self._vars[k] for k in keep]
+        self._complete = {new for new, old in enumerate(keep) if old in self._complete}
         self._shapes = [self._shapes[k] for k in keep]
         self._vars = kept
         self._slot_of = {}
@@ -140,17 +148,24 @@ class BackwardRounds:
                 if hooked is not None and hooked[0] is self:
                     hooked[1][0] = slot
 
-    def _hook_leaves(self, var: DistributedVariable, slot: int) -> None:
+    def _hook_leaves(self, var: DistributedVariable, slot: int) -> bool:
+        """Hooks the leaves not hooked yet; returns whether every leaf is hooked now (one
+        that does not require a gradient yet is not: it is looked at again next run)."""
+        complete = True
         for i in range(self._n):
             leaf = var._replica_leaf(i)
             hooked = getattr(leaf, _HOOKED, None)
-            if (hooked is not None and hooked[0] is self) or not leaf.requires_grad:
+            if hooked is not None and hooked[0] is self:
+                continue
+            if not leaf.requires_grad:
+                complete = False
                 continue
             cell = [slot]  # the leaf's slot; `_compact` renumbers it in place
             ref = weakref.ref(leaf)
             leaf.register_hook(functools.partial(self._before_accumulate, cell, i, ref))
             leaf.register_post_accumulate_grad_hook(functools.partial(self._after_accumulate, cell, i))
             setattr(leaf, _HOOKED, (self, cell))
+        return complete
 
     # ---------------------------------------------------------------- during backward
     def _before_accumulate(

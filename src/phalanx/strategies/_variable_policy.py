@@ -63,6 +63,9 @@ class VariablePolicy:
         # Whether any variable is registered (and, after `materialize_all`, alive): a plain
         # attribute because `run` and the gradient path read it at every step.
         self.has_variables = False
+        # Changes whenever the set of live variables or their components may have: readers
+        # that cache something per variable (the replica write guard) compare it.
+        self.generation = 0
 
     @property
     def strategy(self) -> Strategy:
@@ -70,10 +73,15 @@ class VariablePolicy:
         return self._strategy
 
     # ------------------------------------------------------------------ registry
+    # Whether `materialize_all` calls `materialize` for every variable (a policy whose
+    # variables need more than their components and dirty flag looked at says True).
+    _materialize_every_run = False
+
     def register(self, var: DistributedVariable) -> DistributedVariable:
         """Remembers ``var`` (weakly) so that `materialize_all` readies it before each run."""
         self._variables.append(weakref.ref(var))
         self.has_variables = True
+        self.generation += 1
         return var
 
     def variables(self) -> Iterator[DistributedVariable]:
@@ -90,11 +98,18 @@ class VariablePolicy:
     def materialize_all(self) -> None:
         """Readies every live variable for a step and forgets the dead ones (before each run)."""
         alive = []
+        n = self._strategy.num_local_replicas
+        every = self._materialize_every_run
         for ref in self._variables:
             var = ref()
             if var is not None:
-                self.materialize(var)
+                # `materialize`'s own test, inlined: this runs for every variable at every step
+                if every or var._dirty or len(var._components) < n:
+                    self.materialize(var)
+                    self.generation += 1
                 alive.append(ref)
+        if len(alive) != len(self._variables):
+            self.generation += 1
         self._variables = alive
         self.has_variables = bool(alive)
 

@@ -95,6 +95,8 @@ class CentralStoragePolicy(VariablePolicy):
         var._compute = []
         return self.register(var)
 
+    _materialize_every_run = True  # a central variable's compute leaves are built apart
+
     def materialize(self, var: DistributedVariable) -> None:
         """Makes the compute leaves of a central variable, or refreshes them after a
         cross-replica write; other variables as mirrored."""
