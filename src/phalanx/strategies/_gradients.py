@@ -273,6 +273,7 @@ class GradientSync:
         arrive calls it, and only while ``optimizer.state`` is not yet a `PerReplicaState`)."""
         state = PerReplicaState(optimizer.state, self._owner, self._devices)
         optimizer.state = state  # type: ignore[assignment]
+        _prefer_foreach(optimizer)
 
     # ---------------------------------------------------------------- the step
     def before_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
@@ -351,6 +352,35 @@ def _sum_whole(grads: list[torch.Tensor]) -> torch.Tensor | None:
     for g in grads:
         g.copy_(total)
     return None
+
+
+# torch.optim classes whose foreach update gives the per-tensor update's numbers bit for bit
+# on CPU (checked; NAdam, RAdam and ASGD differ in the last bits and keep torch's default)
+_SAME_NUMBERS_FOREACH = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adagrad,
+    torch.optim.RMSprop,
+    torch.optim.Adadelta,
+    torch.optim.Adamax,
+    torch.optim.Rprop,
+)
+
+
+def _prefer_foreach(optimizer: torch.optim.Optimizer) -> None:
+    """Has ``optimizer`` update with foreach kernels where its user left the choice to torch.
+
+    With several replicas every torch call the update makes on a variable is a Python
+    dispatch to the replica's component; foreach makes one call per operation for all
+    parameters instead of one per parameter (AdamW over 27 parameters: ~270 dispatches per
+    replica per step become ~15). torch's own default on CPU is the per-tensor loop.
+    """
+    if type(optimizer) not in _SAME_NUMBERS_FOREACH:
+        return
+    for group in optimizer.param_groups:
+        if group.get("foreach", False) is None and not group.get("fused") and not group.get("differentiable"):
+            group["foreach"] = True
 
 
 def _merge_dicts(values: list[dict[int, torch.Tensor]]) -> dict[int, torch.Tensor]:

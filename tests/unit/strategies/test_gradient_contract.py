@@ -243,3 +243,42 @@ def test_sparse_gradients_are_summed_on_both_paths(ops):
             torch.testing.assert_close(got, want)
     finally:
         strategy._threads.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1), True),  # left to torch: foreach
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=False), False),  # the user's choice
+        (lambda ps: torch.optim.NAdam(ps, lr=0.01), None),  # foreach differs in the last bits
+    ],
+    ids=["adamw", "sgd-chosen", "nadam"],
+)
+def test_several_replicas_update_with_foreach_kernels_only_where_numbers_stay(make, expected):
+    def train(strategy):
+        torch.manual_seed(0)
+        with strategy.scope():
+            model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 2))
+            optimizer = make(model.parameters())
+        x = torch.randn(8, 5, generator=torch.Generator().manual_seed(1))
+
+        def step():
+            ctx = phalanx.get_replica_context()
+            share = x[ctx.replica_id_in_sync_group :: ctx.num_replicas_in_sync]
+            (model(share).pow(2).sum() / 8).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        for _ in range(4):
+            strategy.run(step)
+        weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+        return optimizer.param_groups[0]["foreach"], weights
+
+    mirrored = phalanx.MirroredStrategy(["cpu:0", "cpu:1"])
+    try:
+        foreach, got = train(mirrored)
+    finally:
+        mirrored._threads.close()
+    _, want = train(phalanx.OneDeviceStrategy("cpu"))
+    assert foreach is expected
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)  # two replicas' sums vs one
