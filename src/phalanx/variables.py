@@ -163,6 +163,19 @@ _DATA_GET = _TENSOR.data.__get__
 _DATA_SET = _TENSOR.data.__set__
 _REQUIRES_GRAD_SET = _TENSOR.requires_grad.__set__
 _OVERWRITES = frozenset({"copy_", "fill_", "zero_"})
+# Reads of one variable that every kind answers from the replica's component; the optimizer
+# and zero_grad make several per parameter per step, so they skip the general dispatch.
+_COMPONENT_READS = frozenset(
+    {
+        _GRAD_GET,
+        _TENSOR.requires_grad.__get__,
+        _TENSOR.is_sparse.__get__,
+        _TENSOR.dtype.__get__,
+        _TENSOR.device.__get__,
+        torch.is_complex,
+        torch.is_floating_point,
+    }
+)
 _tls = threading.local()  # .in_optimizer_step: replica is inside optimizer.step()
 
 
@@ -300,6 +313,8 @@ class DistributedVariable(torch.Tensor):
         target = first if isinstance(first, DistributedVariable) else None
         if target is not None:
             if replica is not None and replica[0] is target._strategy:
+                if func in _COMPONENT_READS and len(args) == 1 and not kwargs:
+                    return func(target._resolve(replica))
                 return target._replica_call(func, args, kwargs, replica[1])
             return target._cross_replica_call(func, args, kwargs)
         return func(*_resolve_all(args, replica), **_resolve_kwargs(kwargs, replica))
