@@ -83,6 +83,9 @@ class DistributedIterator:
         self._template: list[Any] | None = None
         self._steps = 0
         self._devices = strategy._fetch_devices() if options.experimental_fetch_to_device else None
+        # With one replica in the job its batch is the global batch: `run` needs no ledger entry
+        # to know the global count or the replica's offset (0), and the step saves its cost.
+        self._remember = strategy.num_replicas_in_sync > 1
 
     def __iter__(self) -> DistributedIterator:
         return self
@@ -101,7 +104,8 @@ class DistributedIterator:
         if self._devices is not None:
             pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices, strict=True)]
         batch = regroup(pieces)
-        self._strategy.remember_batch(batch, global_count, offsets)
+        if self._remember:
+            self._strategy.remember_batch(batch, global_count, offsets)
         return batch
 
     def state_dict(self) -> dict[str, int]:
