@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from phalanx.communication._bucket import Bucket
 from phalanx.communication._sparse import SPARSE, empty_sparse, plus
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "GradientBuckets"]
@@ -60,57 +61,6 @@ FIRST_BUCKET_BYTES = 1024 * 1024
 
 Launch = Callable[[torch.Tensor], Any]  # starts an async in-place SUM all-reduce, returns its work
 Wait = Callable[[Any, str], None]  # waits for that work (raises on failure)
-
-
-class _Bucket:
-    """A flat buffer: the gradients of ``params`` back to back, then two flags per parameter.
-
-    A parameter that died since it was tracked is a "meta" placeholder of its shape: it
-    keeps its slot (zeros), so the layout stays the same on every worker whatever the
-    garbage collector of each did, until the "dead" flags say it died on every worker.
-    ``slots``: each parameter's index in the registration order.
-    """
-
-    def __init__(
-        self, params: list[torch.Tensor], slots: list[int], dtype: torch.dtype, device: torch.device
-    ) -> None:
-        self.params, self.slots = params, slots
-        self.offsets: list[int] = []
-        numel = 0
-        for p in params:
-            self.offsets.append(numel)
-            numel += p.numel()
-        self.numel = numel
-        n = len(params)
-        self.buffer = torch.zeros(numel + 2 * n, dtype=dtype, device=device)
-        self.flags = self.buffer[numel : numel + n]  # after the sum: how many workers had a gradient
-        self.dead = self.buffer[numel + n :]  # after the sum: on how many workers it died
-        self.dead_here = torch.tensor([float(p.device.type == "meta") for p in params], dtype=dtype)
-        self.had = [0.0] * len(params)  # this worker's flags for the current round
-        self.ready = [False] * len(params)
-        self.work: Any = None  # the running all-reduce of the current round
-
-    def view(self, i: int) -> torch.Tensor:
-        p = self.params[i]
-        return self.buffer[self.offsets[i] : self.offsets[i] + p.numel()].view(p.shape)
-
-    def put(self, i: int, grad: torch.Tensor | None) -> None:
-        view = self.view(i)
-        if grad is None:
-            view.zero_()
-        elif view.data_ptr() != grad.data_ptr():
-            view.copy_(grad)
-        self.had[i] = 0.0 if grad is None else 1.0
-        self.ready[i] = True
-
-    def put_sparse(self, i: int) -> None:
-        """A sparse delta: zeros here, and a flag that tells every worker it is sparse."""
-        self.view(i).zero_()
-        self.had[i] = SPARSE
-        self.ready[i] = True
-
-    def complete(self) -> bool:
-        return all(self.ready)
 
 
 class GradientBuckets:
@@ -152,7 +102,7 @@ class GradientBuckets:
         # id -> the parameter: a dead one's id may be reused by a new parameter
         self._ids: dict[int, weakref.ref[torch.Tensor]] = {}
         self._handles: list[Any] = []
-        self._buckets: list[_Bucket] | None = None
+        self._buckets: list[Bucket] | None = None
         self._where: dict[int, tuple[int, int]] = {}
         self._next_launch = 0
         self._round_open = False  # hooks fired; the end-of-backward callback is queued
@@ -209,14 +159,14 @@ class GradientBuckets:
         with self._lock:
             return [b.params for b in self._ensure_built()]
 
-    def _ensure_built(self) -> list[_Bucket]:
+    def _ensure_built(self) -> list[Bucket]:
         if self._buckets is None:
             self._flush_running()
             self._buckets = self._build()
             self._next_launch = 0
         return self._buckets
 
-    def _build(self) -> list[_Bucket]:
+    def _build(self) -> list[Bucket]:
         closed: list[tuple[list[torch.Tensor], list[int], torch.device, torch.dtype]] = []
         open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int], int]] = {}
         started: set[tuple[torch.device, torch.dtype]] = set()
@@ -240,7 +190,7 @@ class GradientBuckets:
                 members, slots, size = [], [], 0
             open_[key] = ([*members, p], [*slots, k], size + nbytes)
         closed.extend((members, slots, *key) for key, (members, slots, _) in open_.items() if members)
-        buckets = [_Bucket(members, slots, dtype, device) for members, slots, device, dtype in closed]
+        buckets = [Bucket(members, slots, dtype, device) for members, slots, device, dtype in closed]
         self._where = {id(p): (b, i) for b, bucket in enumerate(buckets) for i, p in enumerate(bucket.params)}
         return buckets
 
@@ -299,7 +249,7 @@ class GradientBuckets:
             bucket.put(i, grad)
             self._launch_ready(buckets)
 
-    def _start_round(self, buckets: list[_Bucket]) -> None:
+    def _start_round(self, buckets: list[Bucket]) -> None:
         """First hook of a backward pass: wait for anything still running, queue the end."""
         self._flush_running()
         for bucket in buckets:
@@ -343,7 +293,7 @@ class GradientBuckets:
             self._bases = {}
             self._sparse_deltas = {}
 
-    def _not_reached(self, bucket: _Bucket, i: int) -> None:
+    def _not_reached(self, bucket: Bucket, i: int) -> None:
         """A parameter this pass did not accumulate into: no delta; its ``.grad`` stays."""
         p = bucket.params[i]
         if id(p) in self._bases:
@@ -353,7 +303,7 @@ class GradientBuckets:
             p.grad = g.clone()  # the buffer is about to carry this round's deltas
         bucket.put(i, None)
 
-    def _install(self, bucket: _Bucket, dead: set[int]) -> set[int]:
+    def _install(self, bucket: Bucket, dead: set[int]) -> set[int]:
         """Waits for a bucket and installs base + sum; returns the ids of its parameters
         some worker found sparse, and adds to ``dead`` the slots that died on every worker."""
         work, bucket.work = bucket.work, None
@@ -409,7 +359,7 @@ class GradientBuckets:
                 self._put_bases_back()
             self._round_open = False
 
-    def _launch_ready(self, buckets: list[_Bucket]) -> None:
+    def _launch_ready(self, buckets: list[Bucket]) -> None:
         while self._next_launch < len(buckets) and buckets[self._next_launch].complete():
             bucket = buckets[self._next_launch]
             for p in bucket.params:
