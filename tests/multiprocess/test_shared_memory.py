@@ -32,13 +32,15 @@ def _run(tmp_path, workers, env=None):
 
 
 @needs_shm
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_shared_memory_all_reduce_agrees_with_gloo_and_is_identical_on_every_worker(tmp_path, workers):
-    for result in _run(tmp_path, workers):
+    # two-shot forced: with more workers than this machine's cores it would not be chosen
+    for result in _run(tmp_path, workers, env={"PHALANX_SHM_TWO_SHOT": "1"}):
         assert result["uses_shared_memory"]
         cases = result["cases"]
-        assert len(cases) == 10
+        assert len(cases) == 12
         assert all(c["close"] and c["same_on_every_worker"] for c in cases.values()), cases
+        assert all(c["rank_order"] for c in cases.values()), cases  # one-shot and two-shot
         if workers == 2:  # a + b either way round: bit for bit what gloo gives
             assert all(c["equal"] for c in cases.values()), cases
         assert result["overlapped"] == sum(range(1, workers + 1))

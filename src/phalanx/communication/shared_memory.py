@@ -13,9 +13,22 @@ Protocol, for the i-th all-reduce (every worker runs them in the same order, on 
 3. wait until every worker's cell is >= ``i + 1`` (every slot is written);
 4. sum the slots in rank order into the tensor: every worker computes bit-identical sums.
 
+With more than two workers, a core for each, and a chunk of at least `TWO_SHOT_ELEMENTS`,
+step 4 is two-shot
+(reduce-scatter, then all-gather, as NCCL does for large messages): worker r sums only
+segment r (``tensor_split``'s r-th) of every slot, in rank order, into its tensor and its own
+slot's segment r, publishes that in its second cell, waits for every worker's second cell,
+then copies the other segments from their owners' slots. Each worker reads about 2x the
+chunk instead of (workers + 1)x, with the same additions in the same order: the same bits.
+The second meeting is cheap only when every worker runs on its own core: with more workers
+than cores (4 on 2 cores) it cost more than it saved (4 MiB: 1.4 -> 2.0 ms), so two-shot is
+used where every worker's process may run on at least ``workers`` cores (agreed by all);
+``PHALANX_SHM_TWO_SHOT=1`` or ``0`` forces it on or off.
+
 A worker writes set ``i % 2`` again only at call ``i + 2``, after every worker published
 ``i + 1``, that is after every worker finished reading set ``i % 2`` in call ``i``: one
-meeting per call. Tensors larger than `CHUNK_ELEMENTS` go through in chunks.
+meeting per call (two when two-shot; a worker reads its peers' sums only in call ``i`` too).
+Tensors larger than `CHUNK_ELEMENTS` go through in chunks.
 
 Segments are files in ``/dev/shm`` named after the job, created by every worker with
 ``posix_fallocate`` (a full ``/dev/shm`` is an error, never a SIGBUS), checked to be shared
@@ -50,6 +63,7 @@ import torch.distributed as dist
 __all__ = [
     "CHUNK_ELEMENTS",
     "SHARED_MEMORY_ENV",
+    "TWO_SHOT_ELEMENTS",
     "SharedMemoryAllReduce",
     "same_machine_pids",
     "shared_memory_supported",
@@ -57,6 +71,8 @@ __all__ = [
 
 SHARED_MEMORY_ENV = "PHALANX_SHARED_MEMORY"
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per slot at most
+TWO_SHOT_ELEMENTS = 1 << 18  # from 1 MiB of float32, with 3 or more workers
+TWO_SHOT_ENV = "PHALANX_SHM_TWO_SHOT"
 MIN_CAPACITY = 1 << 10
 CHECK_SECONDS = 0.05
 _DIR = "/dev/shm"  # noqa: S108 (files are opened O_NOFOLLOW, mode 0600: a planted one fails)
@@ -75,6 +91,14 @@ def shared_memory_supported() -> bool:
         return False
     machine = platform.machine().lower()
     return sys.platform.startswith("linux") and machine in ("x86_64", "amd64") and os.path.isdir(_DIR)
+
+
+def _wants_two_shot(world: int) -> bool:
+    """This worker's view: force (``PHALANX_SHM_TWO_SHOT``), else whether it has a core per worker."""
+    forced = os.environ.get(TWO_SHOT_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return world > 2 and len(os.sched_getaffinity(0)) >= world
 
 
 def _pid_namespace() -> str:
@@ -226,6 +250,7 @@ class SharedMemoryAllReduce:
         self._name, self._timeout, self._keep = name, timeout, keep
         self._control: _Segment | None = None
         self._shared: bool | None = None  # None until the control block was agreed on
+        self._use_two_shot = False  # agreed with the control block
         self._segments: dict[tuple[torch.dtype, int], _Segment | None] = {}
         self._paths: list[str] = []
         self._calls = 0
@@ -290,11 +315,36 @@ class SharedMemoryAllReduce:
         self._calls += 1
         cells = self._control.tensor
         cells[self._rank] = self._calls  # after the slot: x86-64 keeps stores in order
-        self._wait_for_peers(cells, self._calls)
+        self._wait_for_peers(cells[: self._world], self._calls)
         combine = _OPS[op]
+        if self._use_two_shot and self._world > 2 and n >= TWO_SHOT_ELEMENTS:
+            self._two_shot(chunk, mine[:, :n], combine, cells[self._world :])
+            return
         combine(mine[0, :n], mine[1, :n], out=chunk)
         for k in range(2, self._world):
             combine(chunk, mine[k, :n], out=chunk)
+
+    def _two_shot(
+        self,
+        chunk: torch.Tensor,
+        rows: torch.Tensor,
+        combine: Callable[..., torch.Tensor],
+        cells: torch.Tensor,
+    ) -> None:
+        """Step 4 for large chunks: sum this worker's segment, publish it, gather the others."""
+        q, r = divmod(chunk.numel(), self._world)  # tensor_split's segments
+        segments = [(k * q + min(k, r), q + (1 if k < r else 0)) for k in range(self._world)]
+        start, length = segments[self._rank]
+        own = chunk.narrow(0, start, length)
+        combine(rows[0].narrow(0, start, length), rows[1].narrow(0, start, length), out=own)
+        for k in range(2, self._world):
+            combine(own, rows[k].narrow(0, start, length), out=own)
+        rows[self._rank].narrow(0, start, length).copy_(own)  # only this worker reads segment r
+        cells[self._rank] = self._calls  # after the sum, as the first cell after the slot
+        self._wait_for_peers(cells, self._calls)
+        for k, (first, size) in enumerate(segments):
+            if k != self._rank:
+                chunk.narrow(0, first, size).copy_(rows[k].narrow(0, first, size))
 
     def _wait_for_peers(self, cells: torch.Tensor, target: int) -> None:
         deadline = time.monotonic() + self._timeout
@@ -333,7 +383,8 @@ class SharedMemoryAllReduce:
             return self._shared
         ok = 1
         try:
-            self._control = _Segment(self._path("control"), self._world, torch.int64)
+            # cell r: worker r's slot is written (call number); cell world + r: its two-shot sum
+            self._control = _Segment(self._path("control"), 2 * self._world, torch.int64)
             self._paths.append(self._control.path)
             self._control.tensor[self._rank] = _MARKER - self._rank
         except OSError:
@@ -343,8 +394,10 @@ class SharedMemoryAllReduce:
             cells = self._control.tensor
             ok = int(all(int(cells[r]) == _MARKER - r for r in range(self._world)))
         self._shared = self._agree(ok)
+        self._use_two_shot = self._agree(int(_wants_two_shot(self._world)))
         if self._control is not None:
             self._control.tensor[self._rank] = 0  # nobody reads a cell before the next meeting
+            self._control.tensor[self._world + self._rank] = 0
         self._unlink_if_chief(self._path("control"))
         return self._shared
 

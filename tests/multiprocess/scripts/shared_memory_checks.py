@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import phalanx
-from phalanx.communication.shared_memory import CHUNK_ELEMENTS
+from phalanx.communication.shared_memory import CHUNK_ELEMENTS, TWO_SHOT_ELEMENTS
 
 out_dir = sys.argv[1]
 strategy = phalanx.MultiWorkerMirroredStrategy()
@@ -30,6 +30,8 @@ cases = [
     ("float32", 1000, "sum"),
     ("float32", 5001, "sum"),  # not a power of two: a part of a larger slot
     ("float32", CHUNK_ELEMENTS + 3, "sum"),  # two chunks
+    ("float32", TWO_SHOT_ELEMENTS + 7, "sum"),  # two-shot with 3 or more workers
+    ("float64", TWO_SHOT_ELEMENTS, "max"),
     ("float64", 777, "sum"),
     ("bfloat16", 300, "sum"),
     ("int64", 64, "sum"),
@@ -46,6 +48,12 @@ for i, (dtype_name, numel, op) in enumerate(cases):
     else:
         value = torch.randint(-1000, 1000, (numel,), generator=g, dtype=dtype)
     ours, reference = value.clone(), value.clone()
+    inputs = [torch.empty_like(value) for _ in range(dist.get_world_size())]
+    dist.all_gather(inputs, value)
+    combine = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}[op]
+    in_rank_order = inputs[0].clone()
+    for other in inputs[1:]:  # what the transport promises, one-shot or two-shot: rank order
+        in_rank_order = combine(in_rank_order, other)
     group.all_reduce(ours, ops[op])  # the transport
     dist.all_reduce(reference, ops[op])  # gloo directly
     tol = 0.05 if dtype == torch.bfloat16 else 1e-5  # gloo may sum 3 workers in another order
@@ -53,6 +61,7 @@ for i, (dtype_name, numel, op) in enumerate(cases):
     dist.all_gather(copies, ours)
     result["cases"][f"{i}-{dtype_name}-{numel}-{op}"] = {
         "equal": bool(torch.equal(ours, reference)),
+        "rank_order": bool(torch.equal(ours, in_rank_order)),
         "close": bool(torch.allclose(ours.double(), reference.double(), rtol=tol, atol=tol)),
         "same_on_every_worker": all(torch.equal(c, ours) for c in copies),
     }

@@ -65,3 +65,17 @@ def test_a_worker_with_the_transport_switched_off_shares_nothing(probe_file, mon
     _peer(store, probe_file, "peer-content", shared_memory._pid_namespace())
     assert same_machine_pids(store, 0, 2, "job") is None
     assert json.loads(store.get("machine/0"))["ok"] is False
+
+
+def test_two_shot_is_chosen_only_with_a_core_per_worker_unless_forced(monkeypatch):
+    from phalanx.communication.shared_memory import TWO_SHOT_ENV, _wants_two_shot
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv(TWO_SHOT_ENV, raising=False)
+    assert not _wants_two_shot(2)  # two workers: one meeting is always cheaper
+    assert _wants_two_shot(3) is (cores >= 3)
+    assert not _wants_two_shot(cores + 1)
+    monkeypatch.setenv(TWO_SHOT_ENV, "1")
+    assert _wants_two_shot(cores + 1)
+    monkeypatch.setenv(TWO_SHOT_ENV, "0")
+    assert not _wants_two_shot(3)
