@@ -305,8 +305,9 @@ class VariableStore:
 
         - ``create``: ``{"names", "overwrite"}``, the values -> ``{}``.
         - ``read``: ``{"names"}`` -> ``{"version"}``, the values.
-        - ``read_if_newer``: ``{"names", "version"}`` -> ``{"version", "changed"}``, the values
-          only if the version is not the one given.
+        - ``read_if_newer``: ``{"names", "version", "rows": [tables]}``, one tensor of rows per
+          table -> ``{"version", "changed"}``, the values only if the version is not the one
+          given, then those rows of each table (`read_rows`, from the same snapshot).
         - ``read_rows``: ``{"name"}``, ``[rows]`` -> ``{}``, ``[those rows]``.
         - ``assign`` / ``assign_add``: ``{"names"}``, the values -> ``{"version"}``.
         - ``create_optimizer``: ``{"key", "optimizer": encode_optimizer_class(cls), "groups",
@@ -353,10 +354,17 @@ class VariableStore:
     def _rpc_read_if_newer(
         self, header: dict[str, Any], tensors: list[torch.Tensor]
     ) -> tuple[dict[str, Any], list]:
-        with self._lock:
+        tables = header.get("rows") or []
+        if len(tables) != len(tensors):
+            raise ValueError(
+                f"read_if_newer takes one tensor of rows per table named under 'rows'. Received: "
+                f"{len(tables)} tables and {len(tensors)} tensors. {MESSAGE_HINT}"
+            )
+        with self._lock:  # the rows and the values of one snapshot
+            looked_up = [self.read_rows(name, rows) for name, rows in zip(tables, tensors, strict=True)]
             if self._version == header.get("version"):
-                return {"version": self._version, "changed": False}, []
-            return {"version": self._version, "changed": True}, self.read(header["names"])
+                return {"version": self._version, "changed": False}, looked_up
+            return {"version": self._version, "changed": True}, self.read(header["names"]) + looked_up
 
     def _rpc_create_optimizer(
         self, header: dict[str, Any], tensors: list[torch.Tensor]

@@ -443,24 +443,30 @@ def test_an_embedding_is_read_by_rows_split_or_not_and_trains_like_a_local_one(
         optimizer = make_optimizer(model.parameters())
     table = strategy._live()[0][1]
     assert (table.kind, len(table.shards)) == ("embedding", 0 if shards == 1 else shards)
-    rows_read = []
-    original = PSClient.read_rows
+    rows_read, dense_read = [], []
+    original, original_dense = PSClient.read_changed_and_rows, PSClient.read_changed
 
-    def counting(self, handle, rows):
+    def counting(self, handles, known, table, rows):
         rows_read.append(rows.numel())
-        return original(self, handle, rows)
+        return original(self, handles, known, table, rows)
 
-    PSClient.read_rows = counting
+    def counting_dense(self, handles, known):
+        dense_read.append(len(handles))
+        return original_dense(self, handles, known)
+
+    PSClient.read_changed_and_rows, PSClient.read_changed = counting, counting_dense
     try:
         for batch in ids:
             coordinator.schedule(train, args=(model, optimizer, [batch]))
             coordinator.join()
     finally:
-        PSClient.read_rows = original
+        PSClient.read_changed_and_rows, PSClient.read_changed = original, original_dense
     for ours, theirs in zip(model.parameters(), local.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
     assert rows_read  # the worker looked rows up (in-process, the same class)
     assert max(rows_read) <= 8  # never the whole table of 50
+    assert len(rows_read) == len(ids)  # one lookup per step ...
+    assert dense_read == []  # ... which read the Linear layer too: one read round trip per step
 
 
 def test_a_tied_sharded_table_is_read_whole_where_another_module_uses_it(ps_1worker_2ps):

@@ -150,6 +150,31 @@ def test_read_rows_and_read_if_newer():
     assert torch.equal(value, store.read(["emb"])[0])
 
 
+def test_read_if_newer_reads_rows_in_the_same_call_changed_or_not():
+    store = VariableStore()
+    store.create("emb", torch.arange(10.0).reshape(5, 2))
+    store.create("w", torch.ones(3))
+    store.create("other", torch.arange(4.0).reshape(2, 2))
+    v = store.version()
+    header = {"names": ["w"], "version": v, "rows": ["emb", "other"]}
+    reply, tensors = _call(store, "read_if_newer", header, [torch.tensor([4, 0]), torch.tensor([1])])
+    assert reply == {"version": v, "changed": False}
+    assert [t.tolist() for t in tensors] == [[[8.0, 9.0], [0.0, 1.0]], [[2.0, 3.0]]]
+    header["version"] = v - 1
+    reply, tensors = _call(store, "read_if_newer", header, [torch.tensor([4, 0]), torch.tensor([1])])
+    assert reply == {"version": v, "changed": True}
+    assert [t.tolist() for t in tensors] == [[1.0, 1.0, 1.0], [[8.0, 9.0], [0.0, 1.0]], [[2.0, 3.0]]]
+
+
+def test_read_if_newer_refuses_rows_without_one_tensor_per_table():
+    store = VariableStore()
+    store.create("emb", torch.zeros(5, 2))
+    with pytest.raises(ValueError, match="one tensor of rows per table .* Received: 1 tables"):
+        store.handlers()["read_if_newer"]({"names": [], "version": 0, "rows": ["emb"]}, [])
+    with pytest.raises(IndexError, match="asked for row 7"):
+        store.handlers()["read_if_newer"]({"names": [], "version": 0, "rows": ["emb"]}, [torch.tensor([7])])
+
+
 @pytest.mark.parametrize(
     ("rows", "error", "match"),
     [
