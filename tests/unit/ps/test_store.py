@@ -27,7 +27,7 @@ def _call(store, method, header, tensors=()):
     """One RPC through the handler table and the wire format, both ways."""
     header, tensors = wire.unpack(wire.pack(header, list(tensors)))
     reply = store.handlers()[method](header, tensors)
-    return wire.unpack(wire.pack(*reply))
+    return wire.unpack(reply.data if isinstance(reply, wire.Packed) else wire.pack(*reply))
 
 
 def _push(store, key, names, grads, hyperparameters=None):
@@ -517,3 +517,14 @@ def test_a_hyperparameter_added_later_is_taken():
     store = _sgd_store()
     store.apply_gradients("o", ["w"], [torch.ones(2)], [{"lr": 0.5, "initial_lr": 1.0}])
     assert store.optimizer_state("o")["groups"][0]["initial_lr"] == 1.0
+
+
+def test_a_read_is_packed_under_the_lock_from_one_snapshot():
+    store = VariableStore()
+    store.create("w", torch.ones(3))
+    reply = store.handlers()["read_if_newer"]({"names": ["w"], "version": -1}, [])
+    assert isinstance(reply, wire.Packed)  # one copy: the variable's bytes, straight into the reply
+    store.assign(["w"], [torch.full((3,), 7.0)])
+    header, (value,) = wire.unpack(reply.data)
+    assert header == {"version": 1, "changed": True}
+    assert value.tolist() == [1.0, 1.0, 1.0]  # the value read, not the variable's memory
