@@ -203,7 +203,7 @@ def _header(tf_python: str | None) -> str:
 def _cpu(result: dict[str, Any] | str) -> str:
     if isinstance(result, str):
         return "-"
-    return f"{sum(result['cpu_ms_per_step'].values()):.0f}"
+    return f"{sum(result['cpu_ms_per_step'].values()):.1f}"
 
 
 def _row(case: tuple[str, int, int], ours: dict[str, Any] | str, ref: dict[str, Any] | str | None) -> str:
