@@ -91,8 +91,16 @@ def _embedding(tf, strategy, coordinator):  # noqa: ANN001, ANN202
         table = tf.Variable(tf.random.stateless_normal((100_000, 32), seed=(0, 3)))
         kernel = tf.Variable(tf.random.stateless_uniform((256, 1), seed=(0, 4), minval=-0.06, maxval=0.06))
         bias = tf.Variable(tf.zeros((1,)))
-        accumulators = [tf.Variable(tf.zeros(v.shape)) for v in (table, kernel, bias)]
     trained = [table, kernel, bias]
+    # One accumulator per physical variable, on its ps task: TF's sparse and dense Adagrad
+    # kernels need both on one device. Created over the whole variables, the partitioner would
+    # split the accumulators too and round-robin could put a shard's accumulator on the other
+    # ps task ("Cannot place the graph ... incompatible assigned devices" with 2 ps tasks).
+    accumulators = []
+    with strategy.scope():
+        for shard in (s for v in trained for s in _shards(v)):
+            with strategy.extended.colocate_vars_with(shard):
+                accumulators.append(tf.Variable(tf.zeros(shard.shape)))
 
     def dataset_fn():
         ids = tf.random.stateless_uniform(
@@ -109,8 +117,7 @@ def _embedding(tf, strategy, coordinator):  # noqa: ANN001, ANN202
             out = tf.matmul(tf.reshape(rows, (256, 256)), tf.convert_to_tensor(kernel)) + bias
             loss = tf.reduce_mean(tf.square(out))
         grads = tape.gradient(loss, physical)
-        accums = [s for a in accumulators for s in _shards(a)]
-        for variable, accum, grad in zip(physical, accums, grads, strict=True):
+        for variable, accum, grad in zip(physical, accumulators, grads, strict=True):
             if isinstance(grad, tf.IndexedSlices):
                 tf.raw_ops.ResourceSparseApplyAdagradV2(
                     var=variable.handle,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ import _ps_cluster as cluster  # noqa: E402
 TF_REFERENCE = HERE / "_ps_tf_reference.py"
 DEFAULT_TF_PYTHON = "/work/tfvenv/bin/python"
 _TOKEN = "benchmark-secret"  # noqa: S105 - a local benchmark cluster's token, not a secret
+_RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit): ")
 _TASK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PHALANX_CLUSTER_TOKEN": _TOKEN}
 
 
@@ -159,7 +161,10 @@ def _run_side(python: str, script: Path, case: tuple[str, int, int], args: Any) 
         if line.startswith("RESULT "):
             return dict(json.loads(line[len("RESULT ") :]))
     lines = done.stderr.strip().splitlines()
-    errors = [line for line in lines if "Error" in line] or lines  # the cause, not TF's shutdown noise
+    # the traceback's last line names the cause; the gRPC "Connection refused" lines that follow
+    # it are the teardown of a cluster whose tasks were already stopped
+    raised = [line for line in lines if _RAISED.match(line)]
+    errors = raised or [line for line in lines if "Error" in line] or lines
     return f"failed (exit {done.returncode}): {errors[-1][:300] if errors else ''}"
 
 
@@ -198,7 +203,7 @@ def _header(tf_python: str | None) -> str:
 def _cpu(result: dict[str, Any] | str) -> str:
     if isinstance(result, str):
         return "-"
-    return f"{sum(result['cpu_ms_per_step'].values()):.0f}"
+    return f"{sum(result['cpu_ms_per_step'].values()):.1f}"
 
 
 def _row(case: tuple[str, int, int], ours: dict[str, Any] | str, ref: dict[str, Any] | str | None) -> str:

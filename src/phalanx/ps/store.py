@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from phalanx.ps import wire
 from phalanx.ps.messages import (
     MESSAGE_HINT,
     decode_gradients,
@@ -26,7 +27,9 @@ from phalanx.ps.store_optimizer import StoreOptimizer, check_groups
 
 __all__ = ["Handler", "VariableStore"]
 
-Handler = Callable[[dict[str, Any], list[torch.Tensor]], tuple[dict[str, Any], list[torch.Tensor]]]
+Handler = Callable[
+    [dict[str, Any], list[torch.Tensor]], tuple[dict[str, Any], list[torch.Tensor]] | wire.Packed
+]
 _CREATE_HINT = "HINT: create the model and the optimizer in strategy.scope() on the coordinator."
 
 
@@ -305,8 +308,9 @@ class VariableStore:
 
         - ``create``: ``{"names", "overwrite"}``, the values -> ``{}``.
         - ``read``: ``{"names"}`` -> ``{"version"}``, the values.
-        - ``read_if_newer``: ``{"names", "version"}`` -> ``{"version", "changed"}``, the values
-          only if the version is not the one given.
+        - ``read_if_newer``: ``{"names", "version", "rows": [tables]}``, one tensor of rows per
+          table -> ``{"version", "changed"}``, the values only if the version is not the one
+          given, then those rows of each table (`read_rows`, from the same snapshot).
         - ``read_rows``: ``{"name"}``, ``[rows]`` -> ``{}``, ``[those rows]``.
         - ``assign`` / ``assign_add``: ``{"names"}``, the values -> ``{"version"}``.
         - ``create_optimizer``: ``{"key", "optimizer": encode_optimizer_class(cls), "groups",
@@ -346,17 +350,32 @@ class VariableStore:
                 self.create(name, value, overwrite=bool(header.get("overwrite")))
         return {}, []
 
-    def _rpc_read(self, header: dict[str, Any], tensors: list[torch.Tensor]) -> tuple[dict[str, Any], list]:
+    def _packed_read(
+        self, header: dict[str, Any], names: list[str], after: Sequence[torch.Tensor] = ()
+    ) -> wire.Packed:
+        """``header`` and the values of ``names`` (then ``after``), packed under the lock: each
+        value is copied once, into the reply, from one snapshot."""
         with self._lock:
-            return {"version": self._version}, self.read(header["names"])
+            return wire.Packed(wire.pack(header, [self._get(n) for n in names] + list(after)))
+
+    def _rpc_read(self, header: dict[str, Any], tensors: list[torch.Tensor]) -> wire.Packed:
+        with self._lock:  # the version of these very values
+            return self._packed_read({"version": self._version}, header["names"])
 
     def _rpc_read_if_newer(
         self, header: dict[str, Any], tensors: list[torch.Tensor]
-    ) -> tuple[dict[str, Any], list]:
-        with self._lock:
+    ) -> tuple[dict[str, Any], list] | wire.Packed:
+        tables = header.get("rows") or []
+        if len(tables) != len(tensors):
+            raise ValueError(
+                f"read_if_newer takes one tensor of rows per table named under 'rows'. Received: "
+                f"{len(tables)} tables and {len(tensors)} tensors. {MESSAGE_HINT}"
+            )
+        with self._lock:  # the rows and the values of one snapshot
+            looked_up = [self.read_rows(name, rows) for name, rows in zip(tables, tensors, strict=True)]
             if self._version == header.get("version"):
-                return {"version": self._version, "changed": False}, []
-            return {"version": self._version, "changed": True}, self.read(header["names"])
+                return {"version": self._version, "changed": False}, looked_up
+            return self._packed_read({"version": self._version, "changed": True}, header["names"], looked_up)
 
     def _rpc_create_optimizer(
         self, header: dict[str, Any], tensors: list[torch.Tensor]
@@ -371,13 +390,15 @@ class VariableStore:
 
     def _rpc_apply_gradients(
         self, header: dict[str, Any], tensors: list[torch.Tensor]
-    ) -> tuple[dict[str, Any], list]:
+    ) -> tuple[dict[str, Any], list] | wire.Packed:
         grads = decode_gradients(header, tensors)
         with self._lock:  # the values read belong to this very step
             version = self.apply_gradients(
                 header["key"], header["names"], grads, header.get("hyperparameters")
             )
-            return {"version": version}, self.read(header["names"]) if header.get("return_values") else []
+            if header.get("return_values"):
+                return self._packed_read({"version": version}, header["names"])
+            return {"version": version}, []
 
     def _rpc_load_optimizer_state(
         self, header: dict[str, Any], tensors: list[torch.Tensor]

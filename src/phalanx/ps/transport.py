@@ -55,7 +55,9 @@ __all__ = [
 
 log = logging.getLogger("phalanx")
 
-Handler = Callable[[dict[str, Any], list[torch.Tensor]], tuple[dict[str, Any], list[torch.Tensor]]]
+Handler = Callable[
+    [dict[str, Any], list[torch.Tensor]], tuple[dict[str, Any], list[torch.Tensor]] | wire.Packed
+]
 SERVICE = "phalanx.Task"
 # a task that restarts is reachable again within a second, not after gRPC's default backoff (2 min)
 _RECONNECT = [
@@ -112,7 +114,8 @@ class RpcServer:
         host: The address to listen at (IPv6 with or without brackets).
         port: The port; 0 picks a free one (see `port`).
         token: The cluster's shared secret.
-        handlers: Method name -> handler(header, tensors) -> (header, tensors).
+        handlers: Method name -> handler(header, tensors) -> (header, tensors), or the reply
+            already packed (`phalanx.ps.wire.Packed`).
         name: This task, for messages (e.g. ``"ps:0 (host:2222)"``).
         max_workers: Threads serving calls at once.
         names: The host names or addresses clients dial this task by, which its TLS
@@ -188,8 +191,8 @@ class RpcServer:
             _abort(context, grpc.StatusCode.UNIMPLEMENTED, json.dumps({"methods": sorted(self._handlers)}))
         try:
             header, tensors = wire.unpack(request)
-            reply_header, reply_tensors = handler(header, tensors)
-            reply = wire.pack(reply_header, reply_tensors)
+            result = handler(header, tensors)
+            reply = result.data if isinstance(result, wire.Packed) else wire.pack(*result)
             if len(reply) > self._limit:
                 raise too_large(f"The reply of {method} on {self.name}", len(reply), self._limit)
             return reply

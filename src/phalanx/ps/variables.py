@@ -151,20 +151,7 @@ class PSClient:
     def read_rows(self, handle: VariableHandle, rows: torch.Tensor) -> torch.Tensor:
         """Rows ``rows`` (int64, 1-D) of ``handle`` along its first axis, from the shards that
         hold them: an embedding lookup that does not read the whole table."""
-        rows = rows.long()
-        if not handle.shards:
-            return self.call(handle.ps, "read_rows", {"name": handle.name}, [rows])[1][0]
-        work, where = {}, {}
-        for i, (shard, (start, stop)) in enumerate(zip(handle.shards, sharding.rows_of(handle), strict=True)):
-            mine = ((rows >= start) & (rows < stop)).nonzero().flatten()
-            if mine.numel():
-                where[i] = mine
-                work[i] = _bind(self.call, shard.ps, "read_rows", {"name": shard.name}, [rows[mine] - start])
-        parts = self._each_ps(work)
-        out = torch.empty((rows.numel(), *handle.shape[1:]), dtype=handle.torch_dtype)
-        for i, mine in where.items():
-            out[mine] = parts[i][1][0]
-        return out
+        return self.read_changed_and_rows([], {}, handle, rows)[2]
 
     def write(self, method: str, handles: Sequence[VariableHandle], values: Sequence[torch.Tensor]) -> None:
         """``assign`` or ``assign_add`` of ``values`` to ``handles``."""
@@ -248,24 +235,55 @@ class PSClient:
             change), and each ps task's current version. A sharded variable is read whole
             whenever it is read (its shards' ps tasks are asked without a known version).
         """
+        values, versions, _ = self._read_if_newer(handles, known, None)
+        return values, versions
+
+    def read_changed_and_rows(
+        self,
+        handles: Sequence[VariableHandle],
+        known: Mapping[int, int],
+        table: VariableHandle,
+        rows: torch.Tensor,
+    ) -> tuple[dict[int, torch.Tensor], dict[int, int], torch.Tensor]:
+        """`read_changed` and `read_rows` of ``table`` in one RPC per ps task: a ps task
+        answers both from one snapshot (under its lock), and a step that looks rows up makes
+        one read round trip, not two.
+
+        Returns:
+            `read_changed`'s values and versions (versions of the ps tasks asked only for
+            rows included), and the rows in the order of ``rows``.
+        """
+        values, versions, looked_up = self._read_if_newer(handles, known, (table, rows.long()))
+        assert looked_up is not None
+        return values, versions, looked_up
+
+    def _read_if_newer(
+        self,
+        handles: Sequence[VariableHandle],
+        known: Mapping[int, int],
+        lookup: tuple[VariableHandle, torch.Tensor] | None,
+    ) -> tuple[dict[int, torch.Tensor], dict[int, int], torch.Tensor | None]:
         known = dict(known)
         for handle in handles:
             for shard in handle.shards:
                 known[shard.ps] = -1
         physical, _ = self._expand(handles)
         groups = self._per_ps(physical)
+        asks = _row_requests(*lookup) if lookup is not None else {}
         work = {}
-        for ps, pos in groups.items():
-            header = {"names": [physical[i].name for i in pos], "version": known.get(ps, -1)}
-            work[ps] = _bind(self.call, ps, "read_if_newer", header)
+        for ps in sorted(groups.keys() | asks.keys()):
+            header: dict[str, Any] = {"names": [physical[i].name for i in groups.get(ps, [])]}
+            header.update(version=known.get(ps, -1), rows=[name for name, _, _ in asks.get(ps, [])])
+            work[ps] = _bind(self.call, ps, "read_if_newer", header, [r for _, r, _ in asks.get(ps, [])])
         replies = self._each_ps(work)
         values: dict[int, torch.Tensor] = {}
         for ps, pos in groups.items():
             header, tensors = replies[ps]
             if header["changed"]:
-                values.update(zip(pos, tensors, strict=True))
+                values.update(zip(pos, tensors, strict=False))  # the rows follow the values
         versions = {ps: int(r[0]["version"]) for ps, r in replies.items()}
-        return self._collapse_changed(handles, values), versions
+        looked_up = None if lookup is None else _gather_rows(*lookup, asks, replies)
+        return self._collapse_changed(handles, values), versions, looked_up
 
     def _collapse_changed(
         self, handles: Sequence[VariableHandle], values: Mapping[int, torch.Tensor]
@@ -305,6 +323,41 @@ class PSClient:
             header["key"] = key
             work[ps] = _bind(self.call, ps, "load_optimizer_state", header, tensors)
         self._each_ps(work)
+
+
+_RowAsk = tuple[str, torch.Tensor, torch.Tensor | None]  # ps variable, its rows, their positions
+
+
+def _row_requests(table: VariableHandle, rows: torch.Tensor) -> dict[int, list[_RowAsk]]:
+    """Per ps task: which of its variables to read ``rows`` of (the shards' own row numbers),
+    and where those rows go in the answer (None: all of them, in order)."""
+    if not table.shards:
+        return {table.ps: [(table.name, rows, None)]}
+    asks: dict[int, list[_RowAsk]] = defaultdict(list)
+    for shard, (start, stop) in zip(table.shards, sharding.rows_of(table), strict=True):
+        mine = ((rows >= start) & (rows < stop)).nonzero().flatten()
+        if mine.numel():
+            asks[shard.ps].append((shard.name, rows[mine] - start, mine))
+    return asks
+
+
+def _gather_rows(
+    table: VariableHandle,
+    rows: torch.Tensor,
+    asks: Mapping[int, list[_RowAsk]],
+    replies: Mapping[int, tuple[dict[str, Any], list[torch.Tensor]]],
+) -> torch.Tensor:
+    """The rows `_row_requests` asked for, from each reply's last tensors, in ``rows``' order."""
+    out: torch.Tensor | None = None
+    for ps, mine in asks.items():
+        tensors = replies[ps][1]
+        for (_, _, where), value in zip(mine, tensors[len(tensors) - len(mine) :], strict=True):
+            if where is None:
+                return value
+            if out is None:
+                out = torch.empty((rows.numel(), *table.shape[1:]), dtype=table.torch_dtype)
+            out[where] = value
+    return out if out is not None else torch.empty((0, *table.shape[1:]), dtype=table.torch_dtype)
 
 
 def _bind(fn: Callable[..., T], *args: Any) -> Callable[[], T]:

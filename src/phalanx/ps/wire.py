@@ -5,11 +5,13 @@
 The header holds the caller's fields and, under ``"__tensors__"``, one ``[dtype, shape,
 byte length]`` entry per tensor. Tensors travel as their raw memory (CPU, contiguous, the
 machine's byte order), so a round trip is bit-exact: NaN payloads and -0.0 included.
-Decoding copies each tensor's bytes once, into memory the returned tensor owns.
+Decoding copies each tensor's bytes once, into memory the returned tensor owns. A handler
+that packs its reply itself (under its lock, straight from its variables) returns `Packed`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["pack", "unpack"]
+__all__ = ["Packed", "pack", "unpack"]
 
 MAGIC = b"PHX1"
 _LENGTH = struct.Struct("<I")
@@ -31,6 +33,14 @@ _QUANTIZED = frozenset(
     for name in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
     if hasattr(torch, name)
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class Packed:
+    """A message `pack` made already: a ps task packs a read under its lock, copying each
+    variable once into the reply instead of cloning it and copying the clone again."""
+
+    data: bytes
 
 
 def pack(header: Mapping[str, Any], tensors: Sequence[torch.Tensor] = ()) -> bytes:

@@ -443,24 +443,30 @@ def test_an_embedding_is_read_by_rows_split_or_not_and_trains_like_a_local_one(
         optimizer = make_optimizer(model.parameters())
     table = strategy._live()[0][1]
     assert (table.kind, len(table.shards)) == ("embedding", 0 if shards == 1 else shards)
-    rows_read = []
-    original = PSClient.read_rows
+    rows_read, dense_read = [], []
+    original, original_dense = PSClient.read_changed_and_rows, PSClient.read_changed
 
-    def counting(self, handle, rows):
+    def counting(self, handles, known, table, rows):
         rows_read.append(rows.numel())
-        return original(self, handle, rows)
+        return original(self, handles, known, table, rows)
 
-    PSClient.read_rows = counting
+    def counting_dense(self, handles, known):
+        dense_read.append(len(handles))
+        return original_dense(self, handles, known)
+
+    PSClient.read_changed_and_rows, PSClient.read_changed = counting, counting_dense
     try:
         for batch in ids:
             coordinator.schedule(train, args=(model, optimizer, [batch]))
             coordinator.join()
     finally:
-        PSClient.read_rows = original
+        PSClient.read_changed_and_rows, PSClient.read_changed = original, original_dense
     for ours, theirs in zip(model.parameters(), local.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
     assert rows_read  # the worker looked rows up (in-process, the same class)
     assert max(rows_read) <= 8  # never the whole table of 50
+    assert len(rows_read) == len(ids)  # one lookup per step ...
+    assert dense_read == []  # ... which read the Linear layer too: one read round trip per step
 
 
 def test_a_tied_sharded_table_is_read_whole_where_another_module_uses_it(ps_1worker_2ps):
@@ -500,3 +506,60 @@ def test_a_tied_sharded_table_is_read_whole_where_another_module_uses_it(ps_1wor
     coordinator.schedule(step)
     coordinator.join()
     torch.testing.assert_close(model.embed.weight, local.embed.weight, rtol=1e-5, atol=1e-6)
+
+
+def test_variables_used_before_the_first_lookup_are_read_there_and_the_rows_alone_after(
+    ps_1worker_2ps, monkeypatch
+):
+    from phalanx.ps.variables import PSClient
+
+    class ScaledFirst(torch.nn.Module):  # a dense parameter used before the lookup
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(1.5))
+            self.embed = torch.nn.Embedding(20, 3)
+            self.out = torch.nn.Linear(3, 1)
+
+        def forward(self, ids):
+            gain = self.scale * 2.0
+            return self.out(self.embed(ids) * gain)
+
+    def make():
+        torch.manual_seed(0)
+        return ScaledFirst()
+
+    def train(model, opt, ids):
+        opt.zero_grad()
+        model(ids).pow(2).mean().backward()
+        opt.step()
+
+    batches = torch.randint(0, 20, (3, 4), generator=torch.Generator().manual_seed(3))
+    local = make()
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.1)
+    for ids in batches:
+        train(local, local_opt, ids)
+    strategy = ps_1worker_2ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = make()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    alone, with_rows = [], []
+    read, read_with_rows = PSClient.read_changed, PSClient.read_changed_and_rows
+    monkeypatch.setattr(
+        PSClient, "read_changed", lambda s, h, k: (alone.append(sorted(x.name for x in h)), read(s, h, k))[1]
+    )
+    monkeypatch.setattr(
+        PSClient,
+        "read_changed_and_rows",
+        lambda s, h, k, t, r: (with_rows.append(sorted(x.name for x in h)), read_with_rows(s, h, k, t, r))[1],
+    )
+    for ids in batches:
+        coordinator.schedule(train, args=(model, optimizer, ids))
+        coordinator.join()
+    for ours, theirs in zip(model.parameters(), local.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    # per step: the first use of `scale` reads every pending variable (scale, out.weight,
+    # out.bias) in one read, then the lookup reads its rows only: two reads, as before
+    assert len(alone) == len(with_rows) == len(batches)
+    assert all(len(names) == 3 for names in alone)
+    assert all(names == [] for names in with_rows)

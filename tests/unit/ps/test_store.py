@@ -27,7 +27,7 @@ def _call(store, method, header, tensors=()):
     """One RPC through the handler table and the wire format, both ways."""
     header, tensors = wire.unpack(wire.pack(header, list(tensors)))
     reply = store.handlers()[method](header, tensors)
-    return wire.unpack(wire.pack(*reply))
+    return wire.unpack(reply.data if isinstance(reply, wire.Packed) else wire.pack(*reply))
 
 
 def _push(store, key, names, grads, hyperparameters=None):
@@ -148,6 +148,31 @@ def test_read_rows_and_read_if_newer():
     header, (value,) = _call(store, "read_if_newer", {"names": ["emb"], "version": v - 1})
     assert header == {"version": v, "changed": True}
     assert torch.equal(value, store.read(["emb"])[0])
+
+
+def test_read_if_newer_reads_rows_in_the_same_call_changed_or_not():
+    store = VariableStore()
+    store.create("emb", torch.arange(10.0).reshape(5, 2))
+    store.create("w", torch.ones(3))
+    store.create("other", torch.arange(4.0).reshape(2, 2))
+    v = store.version()
+    header = {"names": ["w"], "version": v, "rows": ["emb", "other"]}
+    reply, tensors = _call(store, "read_if_newer", header, [torch.tensor([4, 0]), torch.tensor([1])])
+    assert reply == {"version": v, "changed": False}
+    assert [t.tolist() for t in tensors] == [[[8.0, 9.0], [0.0, 1.0]], [[2.0, 3.0]]]
+    header["version"] = v - 1
+    reply, tensors = _call(store, "read_if_newer", header, [torch.tensor([4, 0]), torch.tensor([1])])
+    assert reply == {"version": v, "changed": True}
+    assert [t.tolist() for t in tensors] == [[1.0, 1.0, 1.0], [[8.0, 9.0], [0.0, 1.0]], [[2.0, 3.0]]]
+
+
+def test_read_if_newer_refuses_rows_without_one_tensor_per_table():
+    store = VariableStore()
+    store.create("emb", torch.zeros(5, 2))
+    with pytest.raises(ValueError, match="one tensor of rows per table .* Received: 1 tables"):
+        store.handlers()["read_if_newer"]({"names": [], "version": 0, "rows": ["emb"]}, [])
+    with pytest.raises(IndexError, match="asked for row 7"):
+        store.handlers()["read_if_newer"]({"names": [], "version": 0, "rows": ["emb"]}, [torch.tensor([7])])
 
 
 @pytest.mark.parametrize(
@@ -492,3 +517,14 @@ def test_a_hyperparameter_added_later_is_taken():
     store = _sgd_store()
     store.apply_gradients("o", ["w"], [torch.ones(2)], [{"lr": 0.5, "initial_lr": 1.0}])
     assert store.optimizer_state("o")["groups"][0]["initial_lr"] == 1.0
+
+
+def test_a_read_is_packed_under_the_lock_from_one_snapshot():
+    store = VariableStore()
+    store.create("w", torch.ones(3))
+    reply = store.handlers()["read_if_newer"]({"names": ["w"], "version": -1}, [])
+    assert isinstance(reply, wire.Packed)  # one copy: the variable's bytes, straight into the reply
+    store.assign(["w"], [torch.full((3,), 7.0)])
+    header, (value,) = wire.unpack(reply.data)
+    assert header == {"version": 1, "changed": True}
+    assert value.tolist() == [1.0, 1.0, 1.0]  # the value read, not the variable's memory

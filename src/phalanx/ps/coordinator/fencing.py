@@ -81,9 +81,7 @@ class Fences:
         return guarded
 
     def _guarded(self, method: str, handler: Handler) -> Handler:
-        def call(
-            header: dict[str, Any], tensors: list[torch.Tensor]
-        ) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        def call(header: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
             tag = header.pop(FENCE_KEY, None)
             if tag is not None:
                 self.check(tag, method)

@@ -9,6 +9,12 @@ first torch operation of the rest of the function that takes one of them (a forw
 first, as TF reads a variable from its ps after an update in the same function. A function
 that only returns its loss after the step reads nothing.
 
+A function that looks rows of a table up (`phalanx.ps.worker.embedding`) defers its first read
+the same way: its dense variables are pending from the start, and the first lookup reads them
+with the rows, in one RPC per ps task (`WorkerEnvironment.lookup_rows`), unless a torch
+operation takes one of them first. Either read comes after every push of this worker, so
+neither reads a value older than the sequential program would.
+
 `AfterPush` is a ``TorchFunctionMode`` entered at the first push of a function and left when
 the function ends (`WorkerEnvironment.run`); before any push it is not on the stack at all.
 """
@@ -70,12 +76,17 @@ class AfterPush(TorchFunctionMode):
             self.active = False
             self.__exit__(None, None, None)
 
+    def take(self) -> list[str]:
+        """The names pending, which the caller reads now (with a lookup of rows, in the same
+        RPC); none is pending afterwards."""
+        names = sorted(set(self._pending.values()))
+        self._pending.clear()
+        return names
+
     def flush(self) -> None:
         """Reads every pending variable now."""
         if self._pending:
-            names = sorted(set(self._pending.values()))
-            self._pending.clear()
-            self._read(names)
+            self._read(self.take())
 
     def _takes_pending(self, arguments: Any) -> bool:
         return any(id(leaf) in self._pending for leaf in tree_leaves(arguments))

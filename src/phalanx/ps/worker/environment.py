@@ -58,7 +58,7 @@ class WorkerEnvironment:
         self.lazy: dict[str, VariableHandle] = {}  # sharded embedding tables, read by rows
         self.lookups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.strategy = WorkerStrategy(self)
-        self.after_push = AfterPush(lambda names: self.refresh([self.handles[n] for n in names]))
+        self.after_push = AfterPush(self._refresh_names)
         embedding.install()
         self._lock = threading.Lock()  # one function at a time
         self.current = current or RunningClosure()  # what the coordinator's heartbeat asks about
@@ -96,25 +96,35 @@ class WorkerEnvironment:
             self.refresh([self.handles[name]])
 
     def lookup_rows(self, tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """The current values of ``rows`` of a lazy table, kept for its gradient."""
+        """The current values of ``rows`` of a lazy table, kept for its gradient; the variables
+        pending a read (`AfterPush`) come in the same RPC to each ps task."""
         name = self._name_of(tensor)
         assert name is not None
-        values = self.ps.read_rows(self.handles[name], rows)
+        pending = [self.handles[n] for n in self.after_push.take()]
+        values = self.refresh(pending, (self.handles[name], rows))
+        assert values is not None
         self.lookups.setdefault(name, []).append((rows, values))
         return values
 
-    def refresh(self, handles: Sequence[VariableHandle]) -> None:
+    def refresh(
+        self, handles: Sequence[VariableHandle], lookup: tuple[VariableHandle, torch.Tensor] | None = None
+    ) -> torch.Tensor | None:
         """Brings the local tensors of ``handles`` up to date with their ps tasks (a ps task
-        that has not changed since this worker's copies were read sends nothing)."""
+        that has not changed since this worker's copies were read sends nothing); with
+        ``lookup`` (a table, rows), reads those rows in the same RPCs and returns them."""
         handles = [h for h in handles if h.name not in self.lazy]
-        if not handles:
-            return
+        if not handles and lookup is None:
+            return None
         known = dict(self.ps_version)
         for handle in handles:
             if self.read_at.get(handle.name) != known.get(handle.ps):
                 known[handle.ps] = -1  # a copy older than the rest: read them all
-        with timeline.span("ps read", "ps", {"variables": len(handles)}):
-            values, versions = self.ps.read_changed(handles, known)
+        looked_up = None
+        with timeline.span("ps read", "ps", {"variables": len(handles), "rows": lookup is not None}):
+            if lookup is None:
+                values, versions = self.ps.read_changed(handles, known)
+            else:
+                values, versions, looked_up = self.ps.read_changed_and_rows(handles, known, *lookup)
         with torch.no_grad():
             for i, handle in enumerate(handles):
                 tensor = self.variables[handle.name]
@@ -124,6 +134,19 @@ class WorkerEnvironment:
                 if handle.kind == "buffer":
                     self.buffers_read[handle.name] = tensor.detach().clone()
         self.ps_version.update(versions)
+        return looked_up
+
+    def _refresh_names(self, names: Sequence[str]) -> None:
+        self.refresh([self.handles[n] for n in names])
+
+    def _read_before_run(self, handles: Sequence[VariableHandle]) -> None:
+        """Reads what a function uses before it runs; a function that looks rows up (and
+        uses no buffers) reads its variables with its first lookup instead (`AfterPush`)."""
+        dense = [h for h in handles if h.name not in self.lazy]
+        if self.lazy and dense and all(h.kind != "buffer" for h in dense):
+            self.after_push.add({h.name: self.variables[h.name] for h in dense})
+        else:
+            self.refresh(dense)
 
     def _updated(
         self, handles: Sequence[VariableHandle], values: Sequence[torch.Tensor], versions: dict[int, int]
@@ -241,7 +264,7 @@ class WorkerEnvironment:
             self.used, self.lazy, self.lookups = {}, {}, {}
             try:
                 fn, args, kwargs = pickling.loads(payload)
-                self.refresh(list(self.used.values()))
+                self._read_before_run(list(self.used.values()))
                 with self.strategy.scope():
                     result = fn(*args, **kwargs)
                 self.push_buffer_changes()
