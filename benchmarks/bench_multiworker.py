@@ -46,13 +46,24 @@ def _round(fn: Callable[[], object], repeats: int) -> float:
 
 
 def _best_alternating(
-    ours: Callable[[], object], ref: Callable[[], object], repeats: int, rounds: int
+    ours: Callable[[], object],
+    ref: Callable[[], object],
+    repeats: int,
+    rounds: int,
+    cpu: list[float] | None = None,
 ) -> tuple[float, float]:
+    """Best seconds per call of each side; with ``cpu``, appends each side's best CPU seconds
+    per call of this process (every thread: gloo's and the transport's too), steadier than
+    wall time when other work shares the machine."""
     ours(), ref()  # warm up
-    times_ours, times_ref = [], []
+    times_ours, times_ref, cpu_ours, cpu_ref = [], [], [], []
     for _ in range(rounds):
-        times_ours.append(_round(ours, repeats))
-        times_ref.append(_round(ref, repeats))
+        for fn, times, cpus in ((ours, times_ours, cpu_ours), (ref, times_ref, cpu_ref)):
+            start = time.process_time()
+            times.append(_round(fn, repeats))
+            cpus.append((time.process_time() - start) / repeats)
+    if cpu is not None:
+        cpu.extend((min(cpu_ours), min(cpu_ref)))
     return min(times_ours), min(times_ref)
 
 
@@ -121,11 +132,13 @@ def _bench_training(strategy, rank: int, quick: bool) -> str:
         for x, y in dataset:
             strategy.run(step, args=(x, y))
 
-    ours, ddp = _best_alternating(phalanx_epoch, ddp_epoch, 1, 3 if quick else 5)
+    cpu: list[float] = []
+    ours, ddp = _best_alternating(phalanx_epoch, ddp_epoch, 1, 3 if quick else 5, cpu)
     ours_rate, ddp_rate = GLOBAL_BATCH * steps / ours, GLOBAL_BATCH * steps / ddp
     return (
         f"MLP 784-1024-1024-10 batch 256, 2 workers x 1 thread   phalanx {ours_rate:7.0f} ex/s"
         f"   DDP {ddp_rate:7.0f} ex/s   ratio {ours_rate / ddp_rate:5.2f}   (phalanx/DDP; goal >= 1.0)"
+        f"   CPU ms/step of worker 0: phalanx {cpu[0] / steps * 1e3:5.1f}  DDP {cpu[1] / steps * 1e3:5.1f}"
     )
 
 
