@@ -133,12 +133,27 @@ _per_replica_classes: dict[type, type] = {}
 
 
 def _per_replica_class(cls: type) -> type:
-    """``cls`` (a ``torch.amp.GradScaler`` subclass) with `GradScaler`'s per-replica state."""
+    """``cls`` (a ``torch.amp.GradScaler`` subclass) with `GradScaler`'s per-replica state:
+    `GradScaler` itself for torch's class, else a subclass made once that pickles as ``cls``."""
+    if cls is torch.amp.GradScaler:
+        return GradScaler
     made = _per_replica_classes.get(cls)
     if made is None:
-        made = type(f"PerReplica{cls.__name__}", (GradScaler, cls), {"__module__": __name__})
+
+        def __reduce__(self: Any) -> tuple[Any, ...]:  # noqa: N807 (the pickle protocol's name)
+            return _rebuild, (cls, self.__getstate__())
+
+        namespace = {"__module__": __name__, "__reduce__": __reduce__}
+        made = type(f"PerReplica{cls.__name__}", (GradScaler, cls), namespace)
         _per_replica_classes[cls] = made
     return made
+
+
+def _rebuild(cls: type[torch.amp.GradScaler], state: dict[str, Any]) -> torch.amp.GradScaler:
+    """A pickled adopted scaler: the user's class again (adopted anew where several replicas use it)."""
+    scaler = cls.__new__(cls)
+    scaler.__setstate__(state)
+    return scaler
 
 
 def _adopt(scaler: torch.amp.GradScaler) -> None:

@@ -8,6 +8,8 @@ tests/multiprocess/test_mixed_precision.py.
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from torch import nn
@@ -132,6 +134,18 @@ def test_a_plain_torch_grad_scaler_is_adopted_only_inside_several_replicas(mirro
     assert scaler.scaled == 3  # the subclass's own override still runs
     assert sorted(scaler.__dict__["_replicas"]) == [0, 1]
     assert float(scaler.get_scale()) == 4.0
+
+
+def test_an_adopted_scaler_pickles_as_the_users_class(mirrored_2cpu):
+    plain, logging = torch.amp.GradScaler("cpu", init_scale=4.0), LoggingScaler()
+    for scaler in (plain, logging):
+        mirrored_2cpu.run(lambda s=scaler: s.scale(torch.ones(())))
+    assert type(plain) is GradScaler  # torch's own class becomes phalanx's, an importable one
+    copy = pickle.loads(pickle.dumps(logging))
+    assert type(copy) is LoggingScaler
+    assert copy.scaled == 2
+    assert float(copy.get_scale()) == 4.0
+    assert float(pickle.loads(pickle.dumps(plain)).get_scale()) == 4.0
 
 
 def test_loss_scale_optimizer_refuses_a_non_optimizer():
