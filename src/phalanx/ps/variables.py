@@ -14,7 +14,7 @@ import torch
 from phalanx.ps import messages, sharding
 from phalanx.ps.transport import RpcClient
 
-__all__ = ["PSClient", "VariableHandle"]
+__all__ = ["BufferChanges", "PSClient", "VariableHandle"]
 
 T = TypeVar("T")
 
@@ -48,6 +48,48 @@ class VariableHandle:
     def empty(self) -> torch.Tensor:
         """A local tensor of this variable's shape and dtype (values come from a read)."""
         return torch.zeros(self.shape, dtype=self.torch_dtype)
+
+
+@dataclasses.dataclass
+class BufferChanges:
+    """What a scheduled function changed in module buffers (BatchNorm statistics, metric
+    states): a delta per buffer, which the coordinator adds to the ps copies when it takes the
+    function's result, so a function run twice (its first worker cut off) adds them once.
+
+    In a worker's ``run`` reply, the header's ``"buffers"`` (`header`) names each delta's
+    variable as ``[name, ps]``; the deltas follow the result among the reply's tensors.
+    """
+
+    handles: list[VariableHandle]
+    deltas: list[torch.Tensor]
+
+    def header(self) -> list[list[Any]]:
+        """The variables, as the reply's header names them."""
+        return [[h.name, h.ps] for h in self.handles]
+
+    @classmethod
+    def from_reply(cls, header: Sequence[Sequence[Any]], deltas: Sequence[torch.Tensor]) -> BufferChanges:
+        """The changes a reply carries (``header``: its ``"buffers"``; ``deltas``: the tensors
+        after the result).
+
+        Raises:
+            ValueError: The header and the tensors do not match.
+        """
+        if len(header) != len(deltas):
+            raise ValueError(
+                f"A worker's reply names {len(header)} buffer(s) but carries {len(deltas)} delta(s). "
+                "HINT: every task must run the same phalanx version."
+            )
+        handles = [
+            VariableHandle(str(name), int(ps), tuple(d.shape), str(d.dtype), kind="buffer")
+            for (name, ps), d in zip(header, deltas, strict=True)
+        ]
+        return cls(handles, list(deltas))
+
+    def apply(self, ps: PSClient) -> None:
+        """Adds the deltas to the ps copies (one RPC per ps task they touch; none if empty)."""
+        if self.handles:
+            ps.write("assign_add", self.handles, self.deltas)
 
 
 class PSClient:

@@ -30,9 +30,12 @@ def _worker(cluster, index=1):
 
 
 def _run(chief, env, fn, *args):
-    """``fn(*args)`` sent as a scheduled function is: its value, or raises its error."""
-    ok, data = env.run(chief.pickle_closure(Closure(fn, args, {})))
-    return RemoteWorker.result(ok, data)
+    """``fn(*args)`` sent as a scheduled function is: its value, or raises its error; its
+    buffer changes reach the ps tasks as the coordinator adds them."""
+    ok, data, changes = env.run(chief.pickle_closure(Closure(fn, args, {})))
+    value = RemoteWorker.result(ok, data)
+    chief.take_buffers(changes)
+    return value
 
 
 def test_a_variable_travels_by_reference_and_the_worker_reads_the_ps_value(ps_2workers_1ps):

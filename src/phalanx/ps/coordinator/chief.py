@@ -14,6 +14,8 @@ optimizers' state (`OptimizerStates`) and the rules that send a closure to a wor
 ``before_schedule()``      ``schedule``: the chief's writes go to the ps tasks first
 ``after_schedule()``       ``schedule``: a closure is queued, the variables may change
 ``pickle_closure(c)``      a worker thread, before it sends closure ``c``
+``take_buffers(c)``        a worker thread, before it takes a closure's result: adds the
+                           closure's buffer changes to the ps tasks
 ``after_closure()``        a worker thread, once a closure finished
 ``fence(s, w, r)``         a worker thread, before a run given up on runs again
 ``refresh()``              ``join`` (once every closure finished): the copies take the ps
@@ -39,7 +41,7 @@ from phalanx.ps.coordinator.local_copies import LocalCopies
 from phalanx.ps.coordinator.optimizer_state import OptimizerStates
 from phalanx.ps.coordinator.remote_worker import RemoteWorker
 from phalanx.ps.transport import RpcClient
-from phalanx.ps.variables import PSClient, VariableHandle
+from phalanx.ps.variables import BufferChanges, PSClient, VariableHandle
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "Chief"]
 
@@ -215,6 +217,15 @@ class Chief:
                 client.call("fence", header, timeout=timeout)
             except Exception as exc:  # the run goes again all the same; say what may go twice
                 log.warning("Could not fence run %d of worker:%d on %s: %s", run, worker, client.name, exc)
+
+    def take_buffers(self, changes: BufferChanges) -> None:
+        """Adds what a closure changed in module buffers to the ps tasks (blocks; untagged,
+        so never fenced: only a result the coordinator takes gets here).
+
+        Raises:
+            TaskUnavailableError: A ps task that holds one of the buffers did not answer.
+        """
+        changes.apply(self.ps)
 
     def after_closure(self) -> None:
         """A closure finished (or failed): its worker may have changed the variables."""

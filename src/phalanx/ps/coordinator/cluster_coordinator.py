@@ -33,6 +33,7 @@ from phalanx.ps.coordinator.deadlines import Deadlines, Waiter
 from phalanx.ps.coordinator.remote_value import RemoteValue
 from phalanx.ps.coordinator.remote_worker import ClosureTimeoutError, RemoteWorker, WorkerLostError
 from phalanx.ps.coordinator.worker_loss import Action, Decision, FailurePolicy, WorkerStateMachine
+from phalanx.ps.variables import BufferChanges
 from phalanx.ps.worker.running import ClosureAbandonedError
 
 if TYPE_CHECKING:
@@ -225,7 +226,7 @@ class ClusterCoordinator:
             self._running[worker.index] = (closure, time.monotonic())
             run = next(self._runs)
             try:
-                ok, data = worker.run(payload, run, closure.describe(), self._session)
+                ok, data, changes = worker.run(payload, run, closure.describe(), self._session)
             except WorkerLostError as exc:
                 if not self._stop.is_set():  # else shutdown closed the connection: nothing was lost
                     self._lost_running(worker, closure, run, exc)
@@ -239,7 +240,7 @@ class ClusterCoordinator:
                 continue
             finally:
                 self._running.pop(worker.index, None)
-            self._finish(closure, ok, data, (worker.index, run))
+            self._finish(closure, ok, data, changes, (worker.index, run))
 
     def _lost_running(self, worker: RemoteWorker, closure: Closure, run: int, exc: WorkerLostError) -> None:
         """``worker`` was lost running ``closure``: fence the run, run it again elsewhere, and
@@ -261,9 +262,12 @@ class ClusterCoordinator:
         log.error("%s Waiting for %s to finish it.", exc, worker.name)
         self._wait_for(worker, idle=True)
 
-    def _finish(self, closure: Closure, ok: bool, data: bytes, run: tuple[int, int]) -> None:
+    def _finish(
+        self, closure: Closure, ok: bool, data: bytes, changes: BufferChanges, run: tuple[int, int]
+    ) -> None:
         try:
             value = RemoteWorker.result(ok, data)
+            self._chief.take_buffers(changes)  # once: only the run whose result is taken adds them
         except ClosureAbandonedError as exc:  # its worker missed our pings: run it again (TF's rule)
             log.warning("%s; it runs again.", exc)
             self._chief.fence(self._session, *run)

@@ -13,9 +13,12 @@ or an earlier run of that worker in that session, with `FencedRunError`. A later
 same worker has a higher number and goes through. Calls without a tag (the chief's own) are
 never refused.
 
-What remains: a function whose last write arrived just before the cut, and whose reply did
-not, runs again in full (TF's rule: at least once); the window is the time between that write
-and the reply.
+Module buffers (metric states, BatchNorm statistics) are never written by the worker: their
+changes come back with the function's result and the coordinator adds them when it takes the
+result (`phalanx.ps.variables.BufferChanges`), so a function whose reply was lost adds them
+once, through its rerun. What remains: a gradient push that arrived just before the cut, from
+a function whose reply did not, is applied again by the rerun (TF's rule: at least once); the
+window is the time between that push and the reply.
 """
 
 from __future__ import annotations

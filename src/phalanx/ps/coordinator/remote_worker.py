@@ -14,6 +14,7 @@ import torch
 from phalanx.ps import pickling
 from phalanx.ps.coordinator.deadlines import CLOSURE_TIMEOUT_ENV, DEFAULT_CLOSURE_TIMEOUT
 from phalanx.ps.transport import RpcClient, TaskUnavailableError
+from phalanx.ps.variables import BufferChanges
 
 __all__ = ["ClosureTimeoutError", "RemoteWorker", "WorkerLostError"]
 
@@ -79,8 +80,9 @@ class RemoteWorker:
 
     def run(
         self, payload: bytes, run: int = 0, what: str = "a function", session: str | None = None
-    ) -> tuple[bool, bytes]:
-        """Runs one pickled function; (True, pickled result) or (False, pickled error).
+    ) -> tuple[bool, bytes, BufferChanges]:
+        """Runs one pickled function: (True, pickled result, the buffer changes the caller adds
+        to the ps tasks when it takes the result) or (False, pickled error, no changes).
 
         Args:
             payload: The pickled function and arguments.
@@ -118,7 +120,8 @@ class RemoteWorker:
                 continue
             except TaskUnavailableError as exc:
                 raise WorkerLostError(str(exc)) from exc
-            return bool(reply["ok"]), tensors[0].numpy().tobytes()
+            changes = BufferChanges.from_reply(reply.get("buffers", []), tensors[1:])
+            return bool(reply["ok"]), tensors[0].numpy().tobytes(), changes
 
     def _closure_timeout(self, what: str, elapsed: float) -> ClosureTimeoutError:
         return ClosureTimeoutError(

@@ -4,7 +4,10 @@ One function runs at a time. Unpickling it resolves its references to this worke
 (`phalanx.ps.pickling`); before it runs, every variable it reaches is read from its ps task
 into this worker's local copy; ``optimizer.step()`` inside it sends the gradients to
 the ps tasks, which apply them (the local copies are then read back); changes the function
-made to module buffers (BatchNorm statistics) are added to the ps copies afterwards.
+made to module buffers (BatchNorm statistics, metric states) go back with its result, and the
+coordinator adds them to the ps copies when it takes the result (`BufferChanges`): a function
+the coordinator gave up on and ran again elsewhere never adds them, so every example a metric
+counts is counted once, whenever a network partition falls.
 Per-worker datasets and their iterators are made here on first use and kept between
 functions (`phalanx.input.per_worker`).
 """
@@ -24,7 +27,7 @@ from phalanx import timeline
 from phalanx.input.per_worker import WorkerIterator, make_dataset
 from phalanx.ps import pickling
 from phalanx.ps.messages import hyperparameters, optimizer_key
-from phalanx.ps.variables import PSClient, VariableHandle
+from phalanx.ps.variables import BufferChanges, PSClient, VariableHandle
 from phalanx.ps.worker import context, embedding
 from phalanx.ps.worker.after_push import AfterPush
 from phalanx.ps.worker.running import RunningClosure
@@ -173,20 +176,19 @@ class WorkerEnvironment:
             self.read_at.pop(handle.name, None)
         self.after_push.add({h.name: self.variables[h.name] for h in handles})
 
-    def push_buffer_changes(self) -> None:
-        """Adds to the ps copies what the function changed in module buffers."""
-        self.current.check_wanted("adding its buffer changes to the ps tasks")
+    def buffer_changes(self) -> BufferChanges:
+        """What the function changed in module buffers since they were read: the deltas the
+        coordinator adds to the ps copies when it takes the function's result."""
         handles, deltas = [], []
         for name, read in self.buffers_read.items():
             tensor = self.variables[name]
             # by value: kernels such as batch_norm update running statistics without a version bump
             if not torch.equal(tensor, read):
                 handles.append(self.handles[name])
-                delta = tensor.detach() - read if tensor.dtype != torch.bool else tensor.detach()
+                delta = tensor.detach() - read if tensor.dtype != torch.bool else tensor.detach().clone()
                 deltas.append(delta)
         self.buffers_read.clear()
-        if handles:
-            self.ps.write("assign_add", handles, deltas)
+        return BufferChanges(handles, deltas)
 
     # ------------------------------------------------------------------ optimizer steps
     def push_gradients(self, optimizer: torch.optim.Optimizer) -> None:
@@ -252,10 +254,10 @@ class WorkerEnvironment:
         return iterator
 
     # ------------------------------------------------------------------ running
-    def run(self, payload: bytes, header: dict[str, Any] | None = None) -> tuple[bool, bytes]:
-        """Runs one scheduled function; (True, pickled result) or (False, pickled error).
-        ``header``: the coordinator's ``closure``, ``heartbeat_timeout`` and ``fence`` (see
-        `RunningClosure`)."""
+    def run(self, payload: bytes, header: dict[str, Any] | None = None) -> tuple[bool, bytes, BufferChanges]:
+        """Runs one scheduled function: (True, pickled result, its buffer changes) or (False,
+        pickled error, no changes). ``header``: the coordinator's ``closure``,
+        ``heartbeat_timeout`` and ``fence`` (see `RunningClosure`)."""
         header = header or {}
         running = self.current.running(
             header.get("closure", 0), header.get("heartbeat_timeout"), header.get("fence")
@@ -267,24 +269,26 @@ class WorkerEnvironment:
                 self._read_before_run(list(self.used.values()))
                 with self.strategy.scope():
                     result = fn(*args, **kwargs)
-                self.push_buffer_changes()
-                return True, cloudpickle.dumps(_detached(result))
+                return True, cloudpickle.dumps(_detached(result)), self.buffer_changes()
             except BaseException as exc:
                 self.buffers_read.clear()
-                return False, pickling.dumps_exception(_with_remote_traceback(exc, self.worker_index))
+                error = pickling.dumps_exception(_with_remote_traceback(exc, self.worker_index))
+                return False, error, BufferChanges([], [])
             finally:
                 self.after_push.finish()
 
     def handlers(self) -> dict[str, Callable[[dict[str, Any], list[torch.Tensor]], Any]]:
-        """The worker's RPC table: ``ping`` and ``run`` (payload and reply as one uint8 tensor)."""
+        """The worker's RPC table: ``ping`` and ``run`` (payload and reply as one uint8 tensor,
+        followed by the buffer deltas, whose variables the reply's header names)."""
 
         def ping(header: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
             self.current.heard(header.get("closure"))
             return {"worker": self.worker_index, **self.current.status()}, []
 
         def run(header: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
-            ok, data = self.run(tensors[0].numpy().tobytes(), header)
-            return {"ok": ok}, [torch.frombuffer(bytearray(data), dtype=torch.uint8)]
+            ok, data, changes = self.run(tensors[0].numpy().tobytes(), header)
+            reply = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            return {"ok": ok, "buffers": changes.header()}, [reply, *changes.deltas]
 
         return {"ping": ping, "run": run}
 

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+import phalanx
 from phalanx.cluster._token import cluster_token
 from phalanx.ps.coordinator.chief import Chief
 from phalanx.ps.coordinator.cluster_coordinator import ClusterCoordinator
@@ -128,3 +129,45 @@ def test_a_function_its_worker_abandoned_runs_again(ps_2workers_1ps):
     value = coordinator.schedule(_abandoned_on_its_first_run)
     assert value.fetch(timeout=30) == 7  # not the error: the worker gave up on it, not the function
     assert _abandoned_once == [1]
+
+
+# ------------------------------------------------------------- a reply lost after the function returned
+_replying, _release = threading.Event(), threading.Event()
+_counted_on: list[int] = []  # the worker of each run
+
+
+class _ReplyHeldOnTheFirstRun:
+    """A result whose pickling, on the function's first run, waits until the test has stopped
+    that worker's server: the function returned, its reply has not left (the window a network
+    partition can fall into)."""
+
+    def __reduce__(self):
+        if len(_counted_on) == 1:
+            _replying.set()
+            _release.wait(30)
+        return (int, (7,))
+
+
+def _count_four_examples(strategy, metric):
+    _counted_on.append(strategy.worker_index)
+    metric.update_state(torch.ones(4))  # a module buffer: the count of examples
+    return _ReplyHeldOnTheFirstRun()
+
+
+def test_a_metric_counts_the_examples_of_a_function_rerun_after_its_reply_was_lost_once(ps_2workers_1ps):
+    strategy = ps_2workers_1ps.strategy()
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        metric = phalanx.metrics.Mean()
+    _replying.clear(), _release.clear(), _counted_on.clear()
+    value = coordinator.schedule(_count_four_examples, args=(strategy, metric))
+    assert _replying.wait(30)
+    ps_2workers_1ps.servers[("worker", _counted_on[0])].stop()  # the reply never arrives: run again
+    assert value.fetch(timeout=60) == 7
+    _release.set()  # the first run's reply goes nowhere
+    assert _counted_on == [_counted_on[0], 1 - _counted_on[0]]
+    coordinator.join()
+    time.sleep(0.5)  # a late write of the first run would have landed by now
+    coordinator.fetch(coordinator.schedule(lambda: None))
+    coordinator.join()
+    assert int(metric.count) == 4  # the first run's count was never added: once, not twice

@@ -18,11 +18,13 @@ def _payload(chief, fn):
 def test_a_function_runs_and_its_value_or_its_error_comes_back(ps_2workers_1ps):
     chief = Chief.of(ps_2workers_1ps.strategy())
     worker = chief.connect_workers()[0]
-    ok, data = worker.run(_payload(chief, lambda: 1 + 1))
+    ok, data, changes = worker.run(_payload(chief, lambda: 1 + 1))
     assert ok
+    assert not changes.handles
     assert RemoteWorker.result(ok, data) == 2
-    ok, data = worker.run(_payload(chief, lambda: 1 / 0))
+    ok, data, changes = worker.run(_payload(chief, lambda: 1 / 0))
     assert not ok
+    assert not changes.handles
     with pytest.raises(ZeroDivisionError, match="raised on worker 0"):
         RemoteWorker.result(ok, data)  # the worker's traceback comes as a note
     worker.close()
