@@ -15,7 +15,8 @@ Both sides of each case are timed in alternating rounds in the same processes; t
 round of each counts. Nothing is asserted: the ratios are printed. Both workers run on this
 machine, so phalanx's all-reduces take the shared-memory transport
 (`phalanx.communication.shared_memory`); run with PHALANX_SHARED_MEMORY=0 to measure its gloo
-path, the one workers on different machines use.
+path, and add PHALANX_COLLECTIVES=tls with a PHALANX_CLUSTER_TOKEN for the mutual-TLS ring that
+workers on different machines use when the job has a token (`phalanx.communication.tls_ring`).
 """
 
 from __future__ import annotations
@@ -152,8 +153,14 @@ def worker(quick: bool) -> None:
     lines = _bench_all_reduce(strategy, quick)
     lines.append(_bench_training(strategy, rank, quick))
     if rank == 0:
-        transport = "shared memory (same machine)" if strategy._group.uses_shared_memory else "gloo"
-        lines.insert(0, f"phalanx cross-worker transport: {transport}; PHALANX_SHARED_MEMORY=0 forces gloo")
+        group = strategy._group
+        transport = "shared memory (same machine)" if group.uses_shared_memory else "gloo"
+        transport = "mutual-TLS ring" if group.uses_tls and not group.uses_shared_memory else transport
+        lines.insert(
+            0,
+            f"phalanx cross-worker transport: {transport}; PHALANX_SHARED_MEMORY=0 forces gloo, and with "
+            "PHALANX_COLLECTIVES=tls PHALANX_CLUSTER_TOKEN=<secret> the TLS ring machines use",
+        )
         print("\n".join(lines), flush=True)
     strategy.close()
 

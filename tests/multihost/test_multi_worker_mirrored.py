@@ -19,6 +19,8 @@ from multihost.cluster import SCRIPTS, base_env, start_workers, wait_all, worker
 from support import oracle
 
 pytestmark = pytest.mark.multihost
+TOKEN = "multihost-mwms-token-0123456789abcdef"
+IDS = ["ipv4", "ipv6", "ipv4-tls", "ipv6-tls"]
 
 
 def _results(out_dir, workers):
@@ -35,14 +37,20 @@ def _four_replica_run(n):
         strategy._threads.close()
 
 
-@pytest.mark.parametrize("ipv6", [False, True], ids=["ipv4", "ipv6"])
-def test_two_hosts_reproduce_tf_multi_worker_trajectory(make_hosts, tmp_path, ipv6):
+@pytest.mark.parametrize(
+    ("ipv6", "token"), [(False, None), (True, None), (False, TOKEN), (True, TOKEN)], ids=IDS
+)
+def test_two_hosts_reproduce_tf_multi_worker_trajectory(make_hosts, tmp_path, ipv6, token):
     hosts = make_hosts(2, ipv6=ipv6)
     n = 256 if not ipv6 else 64  # IPv6: the first two steps suffice
-    codes, output = wait_all(start_workers(hosts, "ctl_oracle.py", [tmp_path, n]), timeout=180)
+    env = {"PHALANX_CLUSTER_TOKEN": token} if token else {}
+    codes, output = wait_all(start_workers(hosts, "ctl_oracle.py", [tmp_path, n], **env), timeout=180)
     assert codes == [0, 0], output
     assert "loopback address as fallback" not in output
+    # with a token, the collectives between the hosts go over mutual TLS; without, gloo says so
+    assert ("PLAINTEXT gloo" in output) is (token is None), output
     results, states = _results(tmp_path, 2)
+    assert all(r["tls"] is (token is not None) for r in results)
     ref, meta = oracle.reference("ctl_mirrored")
     steps = n // oracle.GLOBAL_BATCH
     for r, host in enumerate(hosts):
@@ -59,11 +67,13 @@ def test_two_hosts_reproduce_tf_multi_worker_trajectory(make_hosts, tmp_path, ip
 def test_four_hosts_equal_four_replicas_in_one_process(make_hosts, tmp_path):
     hosts = make_hosts(4)
     n = 128
-    codes, output = wait_all(start_workers(hosts, "ctl_oracle.py", [tmp_path, n]), timeout=240)
+    workers = start_workers(hosts, "ctl_oracle.py", [tmp_path, n], PHALANX_CLUSTER_TOKEN=TOKEN)
+    codes, output = wait_all(workers, timeout=240)
     assert codes == [0, 0, 0, 0], output
     results, states = _results(tmp_path, 4)
     losses, state, seen = _four_replica_run(n)
     for r in range(4):
+        assert results[r]["tls"]  # a ring of 4 mutual-TLS connections across the bridge
         assert results[r]["replicas"] == 4
         np.testing.assert_allclose(results[r]["losses"], losses, rtol=1e-6, atol=1e-6)
         assert [s[0] for s in results[r]["seen"]] == [s[r] for s in seen]

@@ -20,10 +20,15 @@ def _steps(out_dir: Path, rank: int) -> int:
     return int(path.read_text() or 0) if path.exists() else 0
 
 
-@pytest.mark.parametrize("victim", [1, 0], ids=["worker-cut", "chief-cut"])
-def test_a_partitioned_worker_and_its_peer_both_exit_naming_each_other(make_hosts, tmp_path, victim):
+@pytest.mark.parametrize(
+    ("victim", "token"),
+    [(1, None), (0, None), (1, "multihost-cut-token-0123456789abcdef")],
+    ids=["worker-cut", "chief-cut", "worker-cut-tls"],
+)
+def test_a_partitioned_worker_and_its_peer_both_exit_naming_each_other(make_hosts, tmp_path, victim, token):
     hosts = make_hosts(2)
-    workers = start_workers(hosts, "train_until_cut.py", [tmp_path])
+    env = {"PHALANX_CLUSTER_TOKEN": token} if token else {}
+    workers = start_workers(hosts, "train_until_cut.py", [tmp_path], **env)
     wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 5, 120, workers, "5 steps on each host")
     hosts[victim].cut()
     cut_at = time.time()

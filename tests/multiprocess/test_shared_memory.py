@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.communication._work import QueuedWork
 from phalanx.communication.shared_memory import (
     SHARED_MEMORY_ENV,
     SharedMemoryAllReduce,
     _alive,
-    _Work,
     shared_memory_supported,
 )
 from support.cluster import run_cluster
@@ -59,11 +59,11 @@ def test_the_environment_variable_turns_it_off(tmp_path, monkeypatch):
 
 
 def test_a_work_times_out_while_running_and_raises_its_error_once_done():
-    work = _Work()
+    work = QueuedWork()
     assert not work.is_completed()
     with pytest.raises(RuntimeError, match="timed out"):
         work.wait(timedelta(seconds=0.01))
-    work._finish(ValueError("boom"))
+    work.finish(ValueError("boom"))
     assert work.is_completed()
     with pytest.raises(ValueError, match="boom"):
         work.wait(timedelta(seconds=1))

@@ -92,16 +92,17 @@ def launch(
 
     Raises:
         ValueError: Contradicting counts, a bad timeout, a target that cannot be run, or a
-            ``PHALANX_CLUSTER_TOKEN`` too short to be a secret (with ``ps`` tasks; without
-            one, a fresh token is given to the tasks).
+            ``PHALANX_CLUSTER_TOKEN`` too short to be a secret (without one, a fresh token
+            is given to the tasks).
     """
     count = _worker_count(workers, nproc_per_node, chief)
     _check_timeout(timeout)
     argv = build_command(target, args, python)
     spec = local_cluster(count, ps, chief)
-    if ps:  # the tasks authenticate each other with a secret: the user's, or a fresh one
-        token = _given_token(env)
-        env = {**(env or {}), TOKEN_ENV: check_token(token) if token is not None else new_token()}
+    # the tasks authenticate each other (ps transport, rendezvous store, TLS ring) with a
+    # secret: the user's, or a fresh one
+    token = _given_token(env)
+    env = {**(env or {}), TOKEN_ENV: check_token(token) if token is not None else new_token()}
     return run_tasks(argv, plan_tasks(spec, _all_tasks(spec)), env, timeout, out, stop_auxiliary=True)
 
 

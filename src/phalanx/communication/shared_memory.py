@@ -54,17 +54,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from phalanx.communication._work import PeerGoneError, QueuedWork
 
 __all__ = [
     "CHUNK_ELEMENTS",
     "SHARED_MEMORY_ENV",
     "TWO_SHOT_ELEMENTS",
     "SharedMemoryAllReduce",
+    "probe_machines",
     "same_machine_pids",
     "shared_memory_supported",
 ]
@@ -87,8 +89,14 @@ _OPS: dict[Any, Callable[..., torch.Tensor]] = {
 def shared_memory_supported() -> bool:
     """Whether this process may use the transport: Linux on x86-64 with ``/dev/shm``, and
     ``PHALANX_SHARED_MEMORY`` not set to 0/false/off."""
-    if os.environ.get(SHARED_MEMORY_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
-        return False
+    return _shared_memory_allowed() and _platform_supported()
+
+
+def _shared_memory_allowed() -> bool:
+    return os.environ.get(SHARED_MEMORY_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _platform_supported() -> bool:
     machine = platform.machine().lower()
     return sys.platform.startswith("linux") and machine in ("x86_64", "amd64") and os.path.isdir(_DIR)
 
@@ -118,7 +126,15 @@ def _read_probe(path: str) -> str:
 
 
 def same_machine_pids(store: Any, rank: int, world_size: int, tag: str) -> list[int] | None:
-    """Every worker's PID (by rank) when all of them may share memory, else None (all workers).
+    """Every worker's PID (by rank) when all of them may share memory, else None (all workers):
+    `probe_machines`' PIDs when every worker allows the transport."""
+    pids, allowed = probe_machines(store, rank, world_size, tag)
+    return pids if allowed else None
+
+
+def probe_machines(store: Any, rank: int, world_size: int, tag: str) -> tuple[list[int] | None, bool]:
+    """(every worker's PID by rank when all of them are on this machine, else None; whether
+    every worker allows the shared-memory transport) (all workers).
 
     "The same machine" is decided by what the transport needs, never by host names or boot
     ids (two containers or network namespaces can share those and still not share memory):
@@ -126,7 +142,8 @@ def same_machine_pids(store: Any, rank: int, world_size: int, tag: str) -> list[
     content in ``store``; a worker that reads every other's probe shares their ``/dev/shm``.
     The workers must also share a PID namespace (peers are watched by PID). Each worker
     publishes what it saw, so every worker reaches the same answer. Blocks until every worker
-    published (the store's timeout).
+    published (the store's timeout). ``PHALANX_SHARED_MEMORY=0`` on any worker switches the
+    transport off, not the answer (which also decides whether collectives need TLS).
 
     Args:
         store: The job's rendezvous store.
@@ -135,13 +152,20 @@ def same_machine_pids(store: Any, rank: int, world_size: int, tag: str) -> list[
     """
     probe = os.path.join(_DIR, f"phalanx-probe-{tag}-{rank}-{secrets.token_hex(4)}")
     content = secrets.token_hex(16)
-    ok = shared_memory_supported()
+    ok = _platform_supported()
     try:
         if ok:
             fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(content)
-        me = {"ok": ok, "probe": probe, "content": content, "pidns": _pid_namespace(), "pid": os.getpid()}
+        me = {
+            "ok": ok,
+            "allowed": _shared_memory_allowed(),
+            "probe": probe,
+            "content": content,
+            "pidns": _pid_namespace(),
+            "pid": os.getpid(),
+        }
         store.set(f"machine/{rank}", json.dumps(me))
         everyone = [json.loads(v) for v in store.multi_get([f"machine/{r}" for r in range(world_size)])]
         sees = all(
@@ -153,39 +177,8 @@ def same_machine_pids(store: Any, rank: int, world_size: int, tag: str) -> list[
     finally:
         with contextlib.suppress(OSError):
             os.unlink(probe)
-    return [int(e["pid"]) for e in everyone] if all(v == b"1" for v in verdicts) else None
-
-
-class PeerGoneError(RuntimeError):
-    """A peer failed during a shared-memory all-reduce; ``failure`` says who and how."""
-
-    def __init__(self, failure: str) -> None:
-        super().__init__(failure)
-        self.failure = failure
-
-
-class _Work:
-    """The handle of one queued all-reduce, waited on like a gloo work."""
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-
-    def is_completed(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        """Waits; raises RuntimeError("timed out") while running, or the op's error."""
-        seconds = None if timeout is None else timeout.total_seconds()
-        if not self._done.wait(seconds):
-            raise RuntimeError("shared-memory all_reduce timed out (still running)")
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def _finish(self, error: BaseException | None = None) -> None:
-        self._error = error
-        self._done.set()
+    allowed = all(e.get("allowed", True) for e in everyone)
+    return ([int(e["pid"]) for e in everyone] if all(v == b"1" for v in verdicts) else None), allowed
 
 
 def _alive(pid: int) -> bool:
@@ -256,7 +249,7 @@ class SharedMemoryAllReduce:
         self._calls = 0
         self._broken: BaseException | None = None
         self._closing = threading.Event()
-        self._queue: queue.SimpleQueue[tuple[torch.Tensor, Any, _Work] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[torch.Tensor, Any, QueuedWork] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="phalanx-shm-allreduce", daemon=True)
         self._thread.start()
 
@@ -265,11 +258,11 @@ class SharedMemoryAllReduce:
         """Whether this transport takes ``tensor`` (a contiguous CPU tensor; SUM, MAX or MIN)."""
         return tensor.device.type == "cpu" and tensor.is_contiguous() and op in _OPS and not tensor.is_sparse
 
-    def all_reduce_async(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> _Work:
+    def all_reduce_async(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> QueuedWork:
         """Queues an in-place all-reduce of ``tensor`` and returns its work (all workers)."""
-        work = _Work()
+        work = QueuedWork("shared-memory all_reduce")
         if self._closing.is_set():
-            work._finish(RuntimeError("the shared-memory transport was closed"))
+            work.finish(RuntimeError("the shared-memory transport was closed"))
         else:
             self._queue.put((tensor, op, work))
         return work
@@ -282,15 +275,15 @@ class SharedMemoryAllReduce:
                 return
             tensor, op, work = item
             if self._broken is not None:
-                work._finish(self._broken)
+                work.finish(self._broken)
                 continue
             try:
                 self._all_reduce(tensor, op)
             except BaseException as exc:  # every later call fails the same way (sticky)
                 self._broken = exc
-                work._finish(exc)
+                work.finish(exc)
             else:
-                work._finish()
+                work.finish()
 
     def _all_reduce(self, tensor: torch.Tensor, op: Any) -> None:
         flat = tensor.view(-1)

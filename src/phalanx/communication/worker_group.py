@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx import timeline
+from phalanx.communication._work import PeerGoneError
 from phalanx.communication.collective_watch import CollectiveWatch
 from phalanx.communication.health import (
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -63,8 +64,9 @@ from phalanx.communication.health import (
 from phalanx.communication.interfaces import bind_gloo_to, strip_brackets
 from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
-from phalanx.communication.shared_memory import PeerGoneError, SharedMemoryAllReduce, same_machine_pids
+from phalanx.communication.shared_memory import SharedMemoryAllReduce, probe_machines
 from phalanx.communication.stall_inspector import CollectiveMismatchError, StallSettings
+from phalanx.communication.tls_ring import CollectivesDifferError, TlsRing, check_settings, ring_if_needed
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TIMEOUT",
@@ -133,6 +135,8 @@ class WorkerGroup:
         own_host: str | None = None,
         stall: StallSettings | None = None,
     ) -> None:
+        if backend == "gloo":
+            check_settings()  # before anything is opened
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self._name = task_name
         self._host, self._port = strip_brackets(host), port
@@ -167,7 +171,13 @@ class WorkerGroup:
             gossip=self._watch.inspector if self._watch.enabled else None,
         )
         self._health.start()
-        self._shm = self._open_shared_memory()
+        pids, shm_allowed = (
+            probe_machines(self._store, rank, world_size, str(port)) if backend == "gloo" else (None, False)
+        )
+        self._shm = self._open_shared_memory(pids if shm_allowed else None)
+        self._ring: TlsRing | None = None
+        if backend == "gloo":
+            self._ring = self._open_ring(own_host, pids is not None, join_timeout)
         atexit.register(self._at_exit)
 
     def _init_group(self, backend: str) -> tuple[Any, str]:
@@ -192,12 +202,9 @@ class WorkerGroup:
             return dist.group.WORLD, "borrowed"
         return dist.new_group(backend=backend, timeout=timeout), "subgroup"
 
-    def _open_shared_memory(self) -> SharedMemoryAllReduce | None:
-        """The same-machine transport when every worker shares this machine's memory and
-        allows it (all workers; see `same_machine_pids`)."""
-        if self.backend != "gloo":
-            return None
-        pids = same_machine_pids(self._store, self.rank, self.world_size, str(self._port))
+    def _open_shared_memory(self, pids: list[int] | None) -> SharedMemoryAllReduce | None:
+        """The same-machine transport when every worker (``pids``, by rank) shares this
+        machine's memory and allows it (all workers; see `probe_machines`)."""
         if pids is None:
             return None
         # its own gloo group: the transport's thread agrees on segments without interleaving
@@ -216,6 +223,40 @@ class WorkerGroup:
             self._collective_timeout,
             self._works.add,
         )
+
+    def _open_ring(self, own_host: str | None, same_machine: bool, timeout: float) -> TlsRing | None:
+        """The TLS ring when collectives need one (all workers; `ring_if_needed`). A ring that
+        cannot be made closes what this group opened, then raises naming the worker."""
+        try:
+            return ring_if_needed(
+                self._store,
+                self.rank,
+                self.world_size,
+                own_host,
+                (self._host, self._port),
+                same_machine,
+                self._name,
+                lambda: self.failure,
+                timeout,
+            )
+        except PeerGoneError as exc:
+            self._failure = exc.failure
+            self._closed = True
+            if self._shm is not None:
+                self._shm.close()
+            self._health.stop()
+            self._tear_down()
+            raise PeerUnavailableError(
+                f"MultiWorkerMirroredStrategy could not connect {self._name(self.rank)} to its TLS ring: "
+                f"{exc.failure}. HINT: every worker needs the same PHALANX_CLUSTER_TOKEN (or certificate "
+                "files of one CA) and TCP between the machines on ephemeral ports (docs/multi_machine.md)."
+            ) from None
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether collectives that shared memory does not carry go over the TLS ring
+        (`phalanx.communication.tls_ring`) instead of gloo."""
+        return self._ring is not None
 
     @property
     def uses_shared_memory(self) -> bool:
@@ -295,8 +336,13 @@ class WorkerGroup:
                 if self._wait_some(work, min(POLL_SECONDS, max(remaining, 0.001))):
                     return
             except RuntimeError as exc:
-                if isinstance(exc, PeerGoneError):  # the shared-memory transport names the peer
-                    self._failure = self.failure or exc.failure
+                if isinstance(exc, CollectivesDifferError):  # the TLS ring saw another collective
+                    verdict = self._verdict_soon()
+                    self._failure = self._failure or verdict or exc.failure
+                    raise CollectiveMismatchError(self._failure) from exc
+                if isinstance(exc, PeerGoneError):  # our own transports name the peer
+                    # a peer that raised on a mismatch and exited first is explained as one
+                    self._failure = self.failure or self._watch.suspicion() or exc.failure
                     self._raise(what, exc)
                 if work.is_completed():  # finished with an error: a peer's socket closed
                     self._blame(exc, what)
@@ -305,6 +351,17 @@ class WorkerGroup:
             if time.monotonic() >= deadline:
                 self._failure = f"no answer within {limit:g}s"
                 self._raise(what)
+
+    def _verdict_soon(self) -> str | None:
+        """The mismatch the stall inspector proves within a gossip round (it names where each
+        worker is, and the call sites), else None."""
+        deadline = time.monotonic() + 2 * HEARTBEAT_INTERVAL + POLL_SECONDS
+        while self._watch.enabled and time.monotonic() < deadline:
+            proven = self._watch.suspicion()
+            if proven is not None:
+                return proven
+            time.sleep(0.05)
+        return None
 
     def _wait_some(self, work: Any, seconds: float) -> bool:
         """True once ``work`` finished; False after ``seconds`` without (raises its error)."""
@@ -332,6 +389,8 @@ class WorkerGroup:
         signature = self._watch.issue(f"all_reduce({_op_name(op)})", (tensor,), "all_reduce")
         if self._shm is not None and self._shm.handles(tensor, op):
             return self._watch.attach(self._shm.all_reduce_async(tensor, op), signature)
+        if self._ring is not None:
+            return self._watch.attach(self._ring.all_reduce_async(tensor, op), signature)
         work = self._works.add(dist.all_reduce(tensor, op=op, group=self._group, async_op=True))
         return self._watch.attach(work, signature)
 
@@ -356,7 +415,10 @@ class WorkerGroup:
         """In-place broadcast from worker ``src`` (all workers; same shape and dtype)."""
         self._check_usable(what)
         signature = self._watch.issue(f"broadcast(from {src})", (tensor,), what)
-        work = self._works.add(dist.broadcast(tensor, src, group=self._group, async_op=True))
+        if self._ring is not None:
+            work = self._ring.broadcast_async(tensor, src)
+        else:
+            work = self._works.add(dist.broadcast(tensor, src, group=self._group, async_op=True))
         self._watch.attach(work, signature)
         self._watched_wait(work, what, timeout, where_issued=True)
         return tensor
@@ -366,9 +428,13 @@ class WorkerGroup:
     ) -> list[torch.Tensor]:
         """Every worker's tensor, in rank order (all workers; same shape and dtype everywhere)."""
         self._check_usable(what)
-        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
         signature = self._watch.issue("all_gather", (tensor,), what)
-        work = self._works.add(dist.all_gather(out, tensor.contiguous(), group=self._group, async_op=True))
+        if self._ring is not None:
+            work, out = self._ring.all_gather_async(tensor.contiguous())
+        else:
+            out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+            gathering = dist.all_gather(out, tensor.contiguous(), group=self._group, async_op=True)
+            work = self._works.add(gathering)
         self._watch.attach(work, signature)
         self._watched_wait(work, what, timeout, where_issued=True)
         return out
@@ -403,6 +469,8 @@ class WorkerGroup:
             self._shm.close()
         if self.failure is None:
             self._leave()
+        if self._ring is not None:  # after leaving: a peer may still read this worker's last bytes
+            self._ring.close()
         self._health.stop()
         # A peer seen waiting in a collective this closing worker never issued is a mismatch
         # even before the bound: the peer may have raised and exited (taking the store) first.

@@ -30,6 +30,7 @@ with open(os.path.join(out_dir, f"result-{rank}.json"), "w") as f:
             "replicas": strategy.num_replicas_in_sync,
             "hostname": socket.gethostname(),
             "shared_memory": strategy._group.uses_shared_memory,
+            "tls": strategy._group.uses_tls,
             "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
         },
         f,

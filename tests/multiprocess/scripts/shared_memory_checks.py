@@ -1,4 +1,5 @@
-"""All-reduces through the shared-memory transport, checked against gloo on the same workers.
+"""All-reduces through the shared-memory transport (or the TLS ring, with
+PHALANX_COLLECTIVES=tls and PHALANX_SHARED_MEMORY=0), checked against gloo on the same workers.
 
 Writes ``shm-<rank>.json`` to OUT_DIR: whether the transport was used, every case's agreement
 with gloo (bit for bit, or close where gloo sums in another order) and across workers, and the
@@ -23,7 +24,7 @@ out_dir = sys.argv[1]
 strategy = phalanx.MultiWorkerMirroredStrategy()
 group = strategy._group
 rank = strategy.cluster_resolver.worker_index
-result = {"uses_shared_memory": group.uses_shared_memory, "cases": {}}
+result = {"uses_shared_memory": group.uses_shared_memory, "uses_tls": group.uses_tls, "cases": {}}
 
 cases = [
     ("float32", 1, "sum"),
@@ -75,6 +76,8 @@ group.wait(work, "the overlapped all-reduce")
 del work  # a gloo work that outlives its process group aborts the interpreter at exit
 result["overlapped"] = pending[0].item()
 result["reduce_sum"] = strategy.reduce("sum", torch.tensor([rank + 1.0]), axis=None).item()
+result["broadcast"] = group.broadcast(torch.full((3,), float(rank)), src=1).tolist()
+result["all_gather"] = [int(t) for t in group.all_gather(torch.tensor([rank * 10]))]
 
 token = group._shm._token if group._shm is not None else None
 strategy.close()

@@ -64,7 +64,8 @@ def test_a_worker_with_the_transport_switched_off_shares_nothing(probe_file, mon
     store = dist.HashStore()
     _peer(store, probe_file, "peer-content", shared_memory._pid_namespace())
     assert same_machine_pids(store, 0, 2, "job") is None
-    assert json.loads(store.get("machine/0"))["ok"] is False
+    assert json.loads(store.get("machine/0"))["allowed"] is False
+    assert store.get("machine-shared/0") == b"1"  # still the same machine: no TLS needed
 
 
 def test_two_shot_is_chosen_only_with_a_core_per_worker_unless_forced(monkeypatch):
