@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 
 from phalanx.cluster._certificates import task_certificate
-from phalanx.communication import tls_ring
+from phalanx.communication import tls_links, tls_ring
 from phalanx.communication._work import PeerGoneError
-from phalanx.communication.tls_ring import TlsRing, collectives_mode, ring_if_needed
+from phalanx.communication.tls_ring import TlsRing
+from phalanx.communication.transport_choice import collectives_mode, ring_if_needed
 
 TOKEN = "the-cluster-secret-0123456789abcdef"
 OTHER = "another-clusters-secret-0123456789"
@@ -206,7 +207,7 @@ def test_a_tampered_byte_fails_the_collective_naming_the_sender_instead_of_chang
 def _impostor_server(token, received):
     """A TLS server holding a certificate of ``token``'s CA; records any application bytes."""
     cert = task_certificate(token, ["127.0.0.1"])
-    server, _ = tls_ring._contexts(cert)
+    server, _ = tls_links.tls_contexts(cert)
     listener = socket.create_server(("127.0.0.1", 0))
 
     def serve():
@@ -249,7 +250,7 @@ def test_a_stranger_that_dials_a_worker_first_is_refused_and_the_ring_still_form
                 raw.sendall(b"\x00" * 8 + b"tls-ring".ljust(32, b"\x00"))  # a plaintext hello
                 raw.recv(1)
             else:
-                _, client = tls_ring._contexts(task_certificate(OTHER, ["127.0.0.1"]))
+                _, client = tls_links.tls_contexts(task_certificate(OTHER, ["127.0.0.1"]))
                 client.check_hostname = False
                 client.wrap_socket(raw, server_hostname=None)
         except (OSError, ssl.SSLError):

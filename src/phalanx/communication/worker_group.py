@@ -66,7 +66,8 @@ from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
 from phalanx.communication.shared_memory import SharedMemoryAllReduce, probe_machines
 from phalanx.communication.stall_inspector import CollectiveMismatchError, StallSettings
-from phalanx.communication.tls_ring import CollectivesDifferError, TlsRing, check_settings, ring_if_needed
+from phalanx.communication.tls_ring import CollectivesDifferError, TlsRing
+from phalanx.communication.transport_choice import check_settings, ring_if_needed
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TIMEOUT",
