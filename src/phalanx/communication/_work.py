@@ -33,6 +33,10 @@ class QueuedWork:
         """Whether the collective finished, with or without an error."""
         return self._done.is_set()
 
+    def done_within(self, seconds: float) -> bool:
+        """Whether the collective finished within ``seconds`` (raises nothing)."""
+        return self._done.wait(seconds)
+
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Waits; raises RuntimeError("... timed out") while running, or the collective's error."""
         seconds = None if timeout is None else timeout.total_seconds()

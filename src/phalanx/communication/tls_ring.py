@@ -33,7 +33,6 @@ when the ring is used (``PHALANX_COLLECTIVES``): `phalanx.communication.transpor
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue
 import ssl
 import struct
@@ -48,8 +47,6 @@ from phalanx.communication._work import PeerGoneError, QueuedWork
 from phalanx.communication.tls_links import SLICE, RingLinks
 
 __all__ = ["PIECE_BYTES", "CollectivesDifferError", "TlsRing"]
-
-log = logging.getLogger("phalanx")
 
 PIECE_BYTES = 1 << 20  # received, reduced and forwarded in pieces of this size
 _FRAME = struct.Struct("!QQ")  # collective number, payload bytes
@@ -91,7 +88,8 @@ class TlsRing:
         tag: Unique per ring of the job (its store keys).
 
     Raises:
-        PeerUnavailableError-like `PeerGoneError`: a neighbour did not connect within ``timeout``.
+        PeerGoneError: A neighbour failed the TLS handshake or did not connect within
+            ``timeout`` (named).
     """
 
     def __init__(
@@ -227,9 +225,8 @@ class TlsRing:
         return done
 
     def _wait_sent(self, done: QueuedWork) -> None:
-        while not done.is_completed():
+        while not done.done_within(SLICE):
             self._check("sending")
-            done._done.wait(SLICE)
         done.wait()
 
     def _receive(

@@ -42,7 +42,6 @@ import atexit
 import contextlib
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -62,6 +61,7 @@ from phalanx.communication.health import (
     seconds_from_env,
 )
 from phalanx.communication.interfaces import bind_gloo_to, strip_brackets
+from phalanx.communication.leaving import LEAVE_TIMEOUT, leave_together
 from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
 from phalanx.communication.shared_memory import SharedMemoryAllReduce, probe_machines
@@ -83,7 +83,6 @@ __all__ = [
 
 DEFAULT_JOIN_TIMEOUT = 120.0
 POLL_SECONDS = 0.5
-LEAVE_TIMEOUT = 10.0
 HEARTBEAT_TIMEOUT_ENV = "PHALANX_HEARTBEAT_TIMEOUT_SECONDS"
 _RESTART_HINT = "HINT: check that task's log; restart the job (BackupAndRestore resumes it)."
 
@@ -482,17 +481,16 @@ class WorkerGroup:
             self._tear_down()
 
     def _leave(self) -> None:
-        """Announces that this worker leaves and waits for the others, on a thread of its own:
-        a store call across a partition blocks (it does not fail), and closing must not."""
-
-        def announce_and_wait() -> None:
-            with contextlib.suppress(Exception):  # the chief's store may be gone already
-                self._store.set(f"left/{self.rank}", "1")
-                self._wait_for_the_others_to_leave()
-
-        leaving = threading.Thread(target=announce_and_wait, name="phalanx-leave", daemon=True)
-        leaving.start()
-        leaving.join(self._leave_timeout() + self._health.timeout)
+        """Announces that this worker leaves and waits for the others (`leave_together`)."""
+        leave_together(
+            self._store,
+            self.rank,
+            self.world_size,
+            lambda: self.failure,
+            self._leave_timeout(),
+            self._watch.inspector.someone_waits,
+            self._health.timeout,
+        )
 
     def _leave_timeout(self) -> float:
         """How long closing waits for the others: longer while one of them waits in a
@@ -516,19 +514,3 @@ class WorkerGroup:
         if self._ownership != "borrowed":
             self._group = None
             self._works.clear()  # else the user's group may still run: hold them to the end
-
-    def _wait_for_the_others_to_leave(self) -> None:
-        """Returns once every healthy worker reached `close` (at most `LEAVE_TIMEOUT`).
-
-        gloo finishes a collective on one worker before the last bytes reached the others:
-        a worker that destroyed its group (or exited) at once could break a peer's collective
-        and abort that process. Nobody leaves while a healthy peer may still be in one.
-        """
-        keys = [f"left/{r}" for r in range(self.world_size)]
-        start = time.monotonic()
-        while self.failure is None and time.monotonic() - start < self._leave_timeout():
-            if time.monotonic() - start > LEAVE_TIMEOUT and not self._watch.inspector.someone_waits():
-                return
-            if self._store.check(keys):
-                return
-            time.sleep(0.01)
