@@ -18,6 +18,7 @@ import torch.distributed as dist
 from phalanx.cluster._certificates import task_certificate
 from phalanx.communication import tls_links, tls_ring
 from phalanx.communication._work import PeerGoneError
+from phalanx.communication.tls_links import RingLinks
 from phalanx.communication.tls_ring import TlsRing
 from phalanx.communication.transport_choice import collectives_mode, ring_if_needed
 
@@ -48,6 +49,12 @@ class _Redirecting:
         return value
 
 
+def _ring(store, rank, world, failure, timeout):
+    """Worker ``rank``'s ring on 127.0.0.1 with the cluster's token (blocks until connected)."""
+    links = RingLinks(store, rank, world, "127.0.0.1", ("127.0.0.1", 1), TOKEN, _name)
+    return TlsRing(links, failure, timeout)
+
+
 def _rings(world, store=None, redirect=None, timeout=10.0, first=None):
     """``world`` rings made at once on threads; each entry a ring or the error it raised.
     ``first``: ``(rank, then)``: that rank starts alone, ``then()`` runs once it published its
@@ -58,9 +65,7 @@ def _rings(world, store=None, redirect=None, timeout=10.0, first=None):
     def make(rank):
         view = _Redirecting(store, redirect) if rank == 0 else store
         try:
-            made[rank] = TlsRing(
-                view, rank, world, "127.0.0.1", ("127.0.0.1", 1), TOKEN, _name, lambda: None, timeout
-            )
+            made[rank] = _ring(view, rank, world, lambda: None, timeout)
         except Exception as exc:
             made[rank] = exc
 
@@ -304,9 +309,7 @@ def test_a_dead_peer_known_to_the_health_check_ends_a_wait():
     made = [None, None]
 
     def make(rank):
-        made[rank] = TlsRing(
-            store, rank, 2, "127.0.0.1", ("127.0.0.1", 1), TOKEN, _name, lambda: dead[0] if dead else None, 10
-        )
+        made[rank] = _ring(store, rank, 2, lambda: dead[0] if dead else None, 10)
 
     threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
     for thread in threads:

@@ -90,7 +90,6 @@ class RingLinks:
         token: The cluster token (the CA), or the site's certificate files (`task_certificate`).
         task_name: ``task_name(rank) -> "worker:1 (host:port)"``, for messages.
         tag: Unique per ring of the job (its store keys and hello).
-        closed: Set to stop connecting.
     """
 
     def __init__(
@@ -102,10 +101,11 @@ class RingLinks:
         chief: tuple[str, int],
         token: str,
         task_name: Callable[[int], str],
-        tag: str,
-        closed: threading.Event,
+        tag: str = "tls-ring",
     ) -> None:
-        self.rank, self._store, self._name, self._closed = rank, store, task_name, closed
+        self.rank, self.world_size, self.name = rank, world_size, task_name
+        self._store, self._name = store, task_name
+        self.closed = self._closed = threading.Event()  # set by the ring: stop connecting
         self._next, self._prev = (rank + 1) % world_size, (rank - 1) % world_size
         self._key = tag
         self._tag = tag.encode().ljust(32, b"\0")[:32]

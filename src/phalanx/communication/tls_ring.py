@@ -70,47 +70,25 @@ def _bytes(tensor: torch.Tensor) -> memoryview:
 class TlsRing:
     """Ring collectives between the workers over mutual-TLS connections (see the module).
 
-    Made by every worker at the same time: each listens on its own address, publishes it in
-    the job's (authenticated) rendezvous store, connects to the next worker and accepts the
-    previous one, then stops listening.
+    Made by every worker at the same time, over its `RingLinks` (how it connects to the next
+    worker and is connected by the previous one).
 
     Args:
-        store: The job's rendezvous store (an `AuthenticatedStore`: the addresses are sealed).
-        rank, world_size: This worker and the number of workers.
-        own_host: This task's host in the cluster spec (its certificate names it and peers
-            check it); None or a name that does not resolve: the address on the route to
-            ``chief`` (the CA check only).
-        chief: ``(host, port)`` of the chief's store, to find ``own_host`` when it is None.
-        token: The cluster token (the CA), or the site's certificate files (`task_certificate`).
-        task_name: ``task_name(rank) -> "worker:1 (host:port)"``, for messages.
+        links: This worker's place in the ring, not yet connected.
         failure: The group's health: a reason once a peer is known dead (stops waits).
         timeout: Seconds to connect the ring (and for each TLS handshake within it).
-        tag: Unique per ring of the job (its store keys).
 
     Raises:
         PeerGoneError: A neighbour failed the TLS handshake or did not connect within
             ``timeout`` (named).
     """
 
-    def __init__(
-        self,
-        store: Any,
-        rank: int,
-        world_size: int,
-        own_host: str | None,
-        chief: tuple[str, int],
-        token: str,
-        task_name: Callable[[int], str],
-        failure: Callable[[], str | None],
-        timeout: float,
-        tag: str = "tls-ring",
-    ) -> None:
-        self.rank, self.world_size = rank, world_size
-        self._name, self._failure = task_name, failure
-        self._next, self._prev = (rank + 1) % world_size, (rank - 1) % world_size
-        self._closed = threading.Event()
+    def __init__(self, links: RingLinks, failure: Callable[[], str | None], timeout: float) -> None:
+        self.rank, self.world_size = links.rank, links.world_size
+        self._name, self._failure = links.name, failure
+        self._next, self._prev = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
+        self._closed = links.closed
         self._count = 0  # collectives issued (the frames' numbers)
-        links = RingLinks(store, rank, world_size, own_host, chief, token, task_name, tag, self._closed)
         self._send_sock, self._recv_sock = links.connect(timeout)
         self._outbox: queue.SimpleQueue[tuple[memoryview, QueuedWork] | None] = queue.SimpleQueue()
         self._inbox: queue.SimpleQueue[tuple[Callable[[int], None], QueuedWork, int] | None] = (

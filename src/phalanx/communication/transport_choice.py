@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from phalanx.cluster._token import TOKEN_ENV
+from phalanx.communication.tls_links import RingLinks
 from phalanx.communication.tls_ring import TlsRing
 from phalanx.ps.channel_security import INSECURE_ENV, insecure_transport
 
@@ -94,7 +95,8 @@ def ring_if_needed(
         return None
     if mode == "auto" and same_machine:
         return None
-    ring = TlsRing(store, rank, world_size, own_host, chief, token, task_name, failure, timeout)
+    links = RingLinks(store, rank, world_size, own_host, chief, token, task_name)
+    ring = TlsRing(links, failure, timeout)
     if rank == 0:
         log.info("MultiWorkerMirrored collectives go over mutual TLS between the %d workers.", world_size)
     return ring

@@ -53,6 +53,7 @@ import torch.distributed as dist
 from phalanx import timeline
 from phalanx.communication._work import PeerGoneError
 from phalanx.communication.collective_watch import CollectiveWatch
+from phalanx.communication.group_transports import Transports, open_transports
 from phalanx.communication.health import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     HEARTBEAT_INTERVAL,
@@ -64,10 +65,9 @@ from phalanx.communication.interfaces import bind_gloo_to, strip_brackets
 from phalanx.communication.leaving import LEAVE_TIMEOUT, leave_together
 from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
-from phalanx.communication.shared_memory import SharedMemoryAllReduce, probe_machines
 from phalanx.communication.stall_inspector import CollectiveMismatchError, StallSettings
-from phalanx.communication.tls_ring import CollectivesDifferError, TlsRing
-from phalanx.communication.transport_choice import check_settings, ring_if_needed
+from phalanx.communication.tls_ring import CollectivesDifferError
+from phalanx.communication.transport_choice import check_settings
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TIMEOUT",
@@ -159,7 +159,7 @@ class WorkerGroup:
         # "world": this object initialised torch.distributed; "subgroup": it made a group of
         # another backend in the user's; "borrowed": it uses the user's default group
         self._group, self._ownership = self._init_group(backend)
-        self._shm_group: Any = None
+        self._shm_group: Any = None  # the gloo group of the shared-memory transport, if any
         self._health = HealthCheck(
             # its own connection, whose operations time out with the heartbeat: a chief that
             # stops answering is reported within the same bound as any other task
@@ -171,13 +171,27 @@ class WorkerGroup:
             gossip=self._watch.inspector if self._watch.enabled else None,
         )
         self._health.start()
-        pids, shm_allowed = (
-            probe_machines(self._store, rank, world_size, str(port)) if backend == "gloo" else (None, False)
-        )
-        self._shm = self._open_shared_memory(pids if shm_allowed else None)
-        self._ring: TlsRing | None = None
+        transports = Transports()
         if backend == "gloo":
-            self._ring = self._open_ring(own_host, pids is not None, join_timeout)
+            try:
+                transports = open_transports(
+                    self._store,
+                    rank,
+                    world_size,
+                    (self._host, port),
+                    own_host,
+                    task_name,
+                    lambda: self.failure,
+                    collective_timeout,
+                    join_timeout,
+                    self._works.add,
+                )
+            except PeerUnavailableError as exc:  # close what this group opened, then say why
+                self._failure, self._closed = str(exc), True
+                self._health.stop()
+                self._tear_down()
+                raise
+        self._shm, self._shm_group, self._ring = transports.shm, transports.shm_group, transports.ring
         atexit.register(self._at_exit)
 
     def _init_group(self, backend: str) -> tuple[Any, str]:
@@ -201,56 +215,6 @@ class WorkerGroup:
         if dist.get_backend() == backend:
             return dist.group.WORLD, "borrowed"
         return dist.new_group(backend=backend, timeout=timeout), "subgroup"
-
-    def _open_shared_memory(self, pids: list[int] | None) -> SharedMemoryAllReduce | None:
-        """The same-machine transport when every worker (``pids``, by rank) shares this
-        machine's memory and allows it (all workers; see `probe_machines`)."""
-        if pids is None:
-            return None
-        # its own gloo group: the transport's thread agrees on segments without interleaving
-        # with the collectives of the training thread
-        group = self._shm_group = dist.new_group(
-            backend="gloo", timeout=timedelta(seconds=self._collective_timeout)
-        )
-        return SharedMemoryAllReduce(
-            f"{self._port}-{pids[0]}",
-            self.rank,
-            self.world_size,
-            pids,
-            group,
-            lambda: self.failure,
-            self._name,
-            self._collective_timeout,
-            self._works.add,
-        )
-
-    def _open_ring(self, own_host: str | None, same_machine: bool, timeout: float) -> TlsRing | None:
-        """The TLS ring when collectives need one (all workers; `ring_if_needed`). A ring that
-        cannot be made closes what this group opened, then raises naming the worker."""
-        try:
-            return ring_if_needed(
-                self._store,
-                self.rank,
-                self.world_size,
-                own_host,
-                (self._host, self._port),
-                same_machine,
-                self._name,
-                lambda: self.failure,
-                timeout,
-            )
-        except PeerGoneError as exc:
-            self._failure = exc.failure
-            self._closed = True
-            if self._shm is not None:
-                self._shm.close()
-            self._health.stop()
-            self._tear_down()
-            raise PeerUnavailableError(
-                f"MultiWorkerMirroredStrategy could not connect {self._name(self.rank)} to its TLS ring: "
-                f"{exc.failure}. HINT: every worker needs the same PHALANX_CLUSTER_TOKEN (or certificate "
-                "files of one CA) and TCP between the machines on ephemeral ports (docs/multi_machine.md)."
-            ) from None
 
     @property
     def uses_tls(self) -> bool:

@@ -1,0 +1,94 @@
+"""What a `WorkerGroup` sends its collectives through besides its process group: shared memory
+when every worker is on this machine (`phalanx.communication.shared_memory`), the mutual-TLS
+ring when they span machines and the job has a token (`phalanx.communication.transport_choice`),
+else gloo itself (both None)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from phalanx.communication._work import PeerGoneError
+from phalanx.communication.health import PeerUnavailableError
+from phalanx.communication.shared_memory import SharedMemoryAllReduce, probe_machines
+from phalanx.communication.tls_ring import TlsRing
+from phalanx.communication.transport_choice import ring_if_needed
+
+__all__ = ["Transports", "open_transports"]
+
+
+@dataclasses.dataclass
+class Transports:
+    """The group's own transports (None: not used) and the gloo group shared memory agrees on."""
+
+    shm: SharedMemoryAllReduce | None = None
+    shm_group: Any = None
+    ring: TlsRing | None = None
+
+
+def open_transports(
+    store: Any,
+    rank: int,
+    world_size: int,
+    chief: tuple[str, int],
+    own_host: str | None,
+    task_name: Callable[[int], str],
+    failure: Callable[[], str | None],
+    collective_timeout: float,
+    ring_timeout: float,
+    keep: Callable[[Any], Any],
+) -> Transports:
+    """Probes where the workers are and opens what they need (all workers, gloo groups only).
+
+    Args:
+        store: The job's rendezvous store.
+        rank, world_size: This worker and the number of workers.
+        chief: ``(host, port)`` of the chief's store (the port also names this job's segments).
+        own_host: This task's host in the cluster spec, or None.
+        task_name: ``task_name(rank) -> "worker:1 (host:port)"``, for messages.
+        failure: The group's health (a reason once a peer is known dead).
+        collective_timeout: The default deadline of a collective, in seconds.
+        ring_timeout: Seconds to connect the TLS ring.
+        keep: Holds a gloo work until the group is torn down (`RecentWorks.add`).
+
+    Raises:
+        PeerUnavailableError: The TLS ring could not be made (what was opened is closed).
+    """
+    port = chief[1]
+    pids, shm_allowed = probe_machines(store, rank, world_size, str(port))
+    opened = Transports()
+    if pids is not None and shm_allowed:
+        # its own gloo group: the transport's thread agrees on segments without interleaving
+        # with the collectives of the training thread
+        opened.shm_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=collective_timeout))
+        opened.shm = SharedMemoryAllReduce(
+            f"{port}-{pids[0]}",
+            rank,
+            world_size,
+            pids,
+            opened.shm_group,
+            failure,
+            task_name,
+            collective_timeout,
+            keep,
+        )
+    try:
+        opened.ring = ring_if_needed(
+            store, rank, world_size, own_host, chief, pids is not None, task_name, failure, ring_timeout
+        )
+    except PeerGoneError as exc:
+        if opened.shm is not None:
+            opened.shm.close()
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group(opened.shm_group)
+        raise PeerUnavailableError(
+            f"MultiWorkerMirroredStrategy could not connect {task_name(rank)} to its TLS ring: "
+            f"{exc.failure}. HINT: every worker needs the same PHALANX_CLUSTER_TOKEN (or certificate "
+            "files of one CA) and TCP between the machines on ephemeral ports (docs/multi_machine.md)."
+        ) from None
+    return opened
