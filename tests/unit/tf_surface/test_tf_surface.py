@@ -100,7 +100,10 @@ def test_every_listed_tensorflow_name_exists_in_phalanx():
     ("tf_path", "ours"),
     [
         ("tf.distribute.MirroredStrategy.run", "phalanx.MirroredStrategy.run"),
-        ("tf.distribute.experimental.coordinator.RemoteValue", "phalanx.experimental.coordinator.RemoteValue"),
+        (
+            "tf.distribute.experimental.coordinator.RemoteValue",
+            "phalanx.experimental.coordinator.RemoteValue",
+        ),
         ("tf.train.ClusterSpec.as_dict", "phalanx.cluster.ClusterSpec.as_dict"),
         ("tf.train.CheckpointManager", "phalanx.checkpoint.CheckpointManager"),
         ("tf.data.experimental.AutoShardPolicy.DATA", "phalanx.data.experimental.AutoShardPolicy.DATA"),
