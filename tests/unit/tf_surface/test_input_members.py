@@ -31,7 +31,9 @@ def test_replication_modes_and_option_rules():
     assert phalanx.InputOptions().experimental_place_dataset_on_device is False
     with pytest.raises(ValueError, match="must be one of \\['PER_WORKER', 'PER_REPLICA'\\]"):
         phalanx.InputOptions(experimental_replication_mode="PER_HOST")
-    with pytest.raises(ValueError, match="needs experimental_replication_mode=InputReplicationMode.PER_REPLICA"):
+    with pytest.raises(
+        ValueError, match="needs experimental_replication_mode=InputReplicationMode.PER_REPLICA"
+    ):
         phalanx.InputOptions(experimental_place_dataset_on_device=True, experimental_fetch_to_device=False)
     with pytest.raises(ValueError, match="cannot both be set"):
         phalanx.InputOptions(
@@ -65,7 +67,9 @@ def _device_context_active() -> bool:
 
 
 @pytest.mark.parametrize("on_device", [True, False])
-def test_place_dataset_on_device_makes_and_reads_the_dataset_under_the_replica_device(mirrored_2cpu, on_device):
+def test_place_dataset_on_device_makes_and_reads_the_dataset_under_the_replica_device(
+    mirrored_2cpu, on_device
+):
     made, read = [], []
 
     def dataset_fn(ctx):
@@ -105,7 +109,9 @@ def test_element_spec_of_datasets_and_iterators(mirrored_2cpu, one_device):
     iterator = iter(dataset)
     next(iterator)
     assert iterator.element_spec == dataset.element_spec
-    from_fn = mirrored_2cpu.distribute_datasets_from_function(lambda ctx: [(torch.ones(2, 3, dtype=torch.float64),)])
+    from_fn = mirrored_2cpu.distribute_datasets_from_function(
+        lambda ctx: [(torch.ones(2, 3, dtype=torch.float64),)]
+    )
     assert from_fn.element_spec == PerReplicaSpec(((TensorSpec((None, 3), torch.float64),),) * 2)
     assert expected[0].is_compatible_with(torch.zeros(5, 1))
     assert not expected[0].is_compatible_with(torch.zeros(5, 2))

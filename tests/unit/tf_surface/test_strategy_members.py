@@ -26,7 +26,9 @@ def test_deprecated_spellings_warn_and_do_the_same(mirrored):
     with pytest.warns(DeprecationWarning, match="use experimental_local_results"):
         assert mirrored.unwrap(value) == mirrored.experimental_local_results(value)
     with pytest.warns(DeprecationWarning, match="use distribute_datasets_from_function"):
-        dataset = mirrored.experimental_distribute_datasets_from_function(lambda ctx: [torch.ones(2, 1), torch.zeros(3, 1)])
+        dataset = mirrored.experimental_distribute_datasets_from_function(
+            lambda ctx: [torch.ones(2, 1), torch.zeros(3, 1)]
+        )
     batch = next(iter(dataset))
     assert [t.shape for t in mirrored.experimental_local_results(batch)] == [(2, 1), (3, 1)]
 
