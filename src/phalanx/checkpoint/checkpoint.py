@@ -108,9 +108,14 @@ class Checkpoint:
         return file_path
 
     def save(self, file_prefix: str, options: CheckpointOptions | None = None) -> str:
-        """Writes to ``{file_prefix}-{n}.pt`` with n the save counter (incremented first)."""
+        """Writes to ``{file_prefix}-{n}.pt`` with n the save counter (incremented first), and
+        lists it in the folder's index, so ``latest_checkpoint(folder)`` finds it (as TF)."""
+        from phalanx.checkpoint.manager import record_checkpoint
+
         self.save_counter.assign_add(1)
-        return self.write(f"{file_prefix}-{self.save_counter.value}.pt", options)
+        path = self.write(f"{file_prefix}-{self.save_counter.value}.pt", options)
+        record_checkpoint(path)
+        return path
 
     def sync(self) -> None:
         """Waits until a background write (``enable_async``) is on disk; at once otherwise.

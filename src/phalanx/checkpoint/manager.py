@@ -24,7 +24,7 @@ from phalanx.checkpoint._interval import SaveInterval
 from phalanx.checkpoint.checkpoint import Checkpoint
 from phalanx.checkpoint.options import CheckpointOptions
 
-__all__ = ["CheckpointManager", "latest_checkpoint"]
+__all__ = ["CheckpointManager", "latest_checkpoint", "record_checkpoint"]
 
 INDEX = "checkpoint.json"
 _NAME = r"[A-Za-z0-9_.-]+"  # a checkpoint_name: one plain file-name component
@@ -111,6 +111,18 @@ def _read_index(directory: str, prefix: str | None = None) -> list[str]:
         if os.path.exists(path):
             paths.append(path)
     return paths
+
+
+def record_checkpoint(path: str) -> None:
+    """Lists ``path`` last in its folder's index (chief only writes), so `latest_checkpoint`
+    finds it: `Checkpoint.save` calls it, as TF's ``save`` updates the checkpoint state."""
+    directory, name = os.path.split(path)
+    directory = directory or "."
+    if not _ANY_CHECKPOINT.fullmatch(name):
+        return
+    names = [os.path.basename(p) for p in _read_index(directory) if os.path.basename(p) != name]
+    with chief_path(os.path.join(directory, INDEX)) as target:
+        atomic_write_text(json.dumps({"checkpoints": [*names, name]}), target)
 
 
 def latest_checkpoint(directory: str) -> str | None:

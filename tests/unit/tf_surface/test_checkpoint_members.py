@@ -26,6 +26,7 @@ def test_save_counter_counts_saves_and_is_restored(tmp_path):
     path = checkpoint.save(str(tmp_path / "ckpt"))
     assert path.endswith("ckpt-2.pt")
     assert int(checkpoint.save_counter) == 2
+    assert phalanx.checkpoint.latest_checkpoint(str(tmp_path)) == path  # save lists it, as TF
     fresh = Checkpoint(model=_model(1)).restore(path)
     assert int(fresh.save_counter) == 2
 
