@@ -96,6 +96,38 @@ def test_every_listed_tensorflow_name_exists_in_phalanx():
     assert not missing, f"{len(missing)} TF names missing in phalanx: {missing}"
 
 
+# Names that cannot mean anything on PyTorch: they exist and raise NotImplementedError saying
+# so and what to use instead (docs/migration.md states how many).
+REFUSED = sorted(
+    [name for name in SURFACE["names"] if name.endswith(".configure")]
+    + [name for name in SURFACE["names"] if ".PreemptionWatcher" in name]
+)
+MIGRATION = Path(__file__).resolve().parents[3] / "docs" / "migration.md"
+
+
+def test_refused_names_raise_and_name_what_to_use(one_device):
+    assert len(REFUSED) == 11
+    for tf_path in REFUSED:
+        value = resolve(phalanx_path(tf_path))
+        with pytest.raises(NotImplementedError, match="HINT"):
+            if tf_path.endswith(".configure"):
+                value(one_device)
+            elif tf_path.endswith("PreemptionWatcher"):
+                value()
+            elif tf_path.endswith("block_until_worker_exit"):
+                value(None)
+            else:  # preemption_message: a watcher never exists to carry one
+                assert value is None
+                resolve("phalanx.experimental.PreemptionWatcher")()
+
+
+def test_the_migration_guide_states_the_coverage_and_the_refusals():
+    text = MIGRATION.read_text()
+    total = len(SURFACE["names"])
+    assert f"all {total} names" in text
+    assert f"{len(REFUSED)} of them raise" in text
+
+
 @pytest.mark.parametrize(
     ("tf_path", "ours"),
     [
