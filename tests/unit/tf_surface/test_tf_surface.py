@@ -109,16 +109,15 @@ def test_refused_names_raise_and_name_what_to_use(one_device):
     assert len(REFUSED) == 11
     for tf_path in REFUSED:
         value = resolve(phalanx_path(tf_path))
+        if tf_path.endswith(".configure"):
+            call = lambda value=value: value(one_device)  # noqa: E731
+        elif tf_path.endswith("block_until_worker_exit"):
+            call = lambda value=value: value(None)  # noqa: E731
+        else:  # the class, or preemption_message: a watcher never exists to carry one
+            assert value is None or isinstance(value, type)
+            call = resolve("phalanx.experimental.PreemptionWatcher")
         with pytest.raises(NotImplementedError, match="HINT"):
-            if tf_path.endswith(".configure"):
-                value(one_device)
-            elif tf_path.endswith("PreemptionWatcher"):
-                value()
-            elif tf_path.endswith("block_until_worker_exit"):
-                value(None)
-            else:  # preemption_message: a watcher never exists to carry one
-                assert value is None
-                resolve("phalanx.experimental.PreemptionWatcher")()
+            call()
 
 
 def test_the_migration_guide_states_the_coverage_and_the_refusals():
