@@ -84,18 +84,20 @@ class PreemptionCheckpointHandler:
     """Saves a checkpoint when a worker is about to be preempted, then exits for a restart.
 
     Created, it restores the latest checkpoint of its manager (if any), and `total_run_calls`
-    continues from the step that checkpoint was saved at.
+    continues from the step that checkpoint was saved at. With several workers create it in
+    the strategy's scope: the current strategy's workers are the ones that agree on a notice
+    (TF asks its coordination service, which phalanx does not have).
 
     Args:
-        cluster_resolver: The cluster (kept for TF's signature; the current strategy's
-            workers are the ones that agree).
+        cluster_resolver: The cluster (None: a single process).
         checkpoint_or_checkpoint_manager: A `Checkpoint` (then ``checkpoint_dir`` is needed)
             or a `CheckpointManager`.
         checkpoint_dir: Where a `Checkpoint` is saved (one kept).
         termination_config: A `TerminationConfig`.
 
     Raises:
-        ValueError: A `Checkpoint` without ``checkpoint_dir``, or a manager with a directory too.
+        ValueError: A `Checkpoint` without ``checkpoint_dir``, or a manager with a directory
+            too, or several workers but no strategy scope open.
     """
 
     def __init__(
@@ -112,6 +114,13 @@ class PreemptionCheckpointHandler:
         self._exit_fn = config.exit_fn or _exit_for_restart
         self._save_fn = config.save_fn
         self._strategy = context.get_strategy()
+        workers = getattr(cluster_resolver, "num_workers", 1) if cluster_resolver is not None else 1
+        if self._strategy._is_default and workers > 1:
+            raise ValueError(
+                f"PreemptionCheckpointHandler for a cluster of {workers} workers must know the "
+                "strategy whose workers agree on a preemption notice. HINT: create it inside "
+                "`with strategy.scope():`."
+            )
         restored = self._manager.restore_or_initialize()
         self._run_calls = _step_of(restored) if restored else 0
 

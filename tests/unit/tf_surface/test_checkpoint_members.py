@@ -185,6 +185,11 @@ def test_save_fn_replaces_the_manager_and_arguments_are_checked(tmp_path):
     manager = CheckpointManager(Checkpoint(model=_model()), str(tmp_path))
     with pytest.raises(ValueError, match="not with a CheckpointManager"):
         phalanx.experimental.PreemptionCheckpointHandler(None, manager, str(tmp_path))
+    two_workers = phalanx.cluster_resolver.SimpleClusterResolver(
+        {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task_type="worker", task_id=0
+    )
+    with pytest.raises(ValueError, match=r"HINT: create it inside `with strategy.scope\(\):`"):
+        phalanx.experimental.PreemptionCheckpointHandler(two_workers, manager, None, config)
 
 
 def test_preemption_watcher_is_refused_with_the_replacement():
