@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         in_cross_replica_context,
     )
     from phalanx.input.distributed_dataset import DistributedDataset, DistributedIterator
-    from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions
+    from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions, InputReplicationMode
     from phalanx.keras import Model, SidecarEvaluator, load_model
     from phalanx.losses.averaging import compute_average_loss, scale_regularization_loss
     from phalanx.ps.server import Server
@@ -63,7 +63,9 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         OneDeviceStrategy,
         ParameterServerStrategy,
         ReplicaContext,
+        RunOptions,
         Strategy,
+        StrategyExtended,
     )
     from phalanx.values import DistributedValues, Mirrored, PerReplica, ReduceOp
     from phalanx.variables import (
@@ -119,7 +121,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     "DistributedIterator": ("phalanx.input.distributed_dataset", "DistributedIterator"),
     **{
         name: ("phalanx.input.input_options", name)
-        for name in ("AutoShardPolicy", "InputContext", "InputOptions")
+        for name in ("AutoShardPolicy", "InputContext", "InputOptions", "InputReplicationMode")
     },
     **{name: ("phalanx.keras", name) for name in ("Model", "SidecarEvaluator", "load_model")},
     "compute_average_loss": ("phalanx.losses.averaging", "compute_average_loss"),
@@ -133,7 +135,9 @@ _NAMES: dict[str, tuple[str, str | None]] = {
             "OneDeviceStrategy",
             "ParameterServerStrategy",
             "ReplicaContext",
+            "RunOptions",
             "Strategy",
+            "StrategyExtended",
         )
     },
     **{
@@ -165,6 +169,7 @@ __all__ = [
     "HierarchicalCopyAllReduce",
     "InputContext",
     "InputOptions",
+    "InputReplicationMode",
     "Mirrored",
     "MirroredStrategy",
     "MirroredVariable",
@@ -177,9 +182,11 @@ __all__ = [
     "ReduceOp",
     "ReductionToOneDevice",
     "ReplicaContext",
+    "RunOptions",
     "Server",
     "SidecarEvaluator",
     "Strategy",
+    "StrategyExtended",
     "SyncOnReadVariable",
     "Variable",
     "VariableAggregation",

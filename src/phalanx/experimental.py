@@ -4,7 +4,13 @@
 (and the same for the other names): TF moved these out of ``experimental`` over time, and both
 spellings keep working. ``CollectiveCommunication`` is TF's deprecated name of
 `CommunicationImplementation`; using it warns with a `DeprecationWarning` (it is left out of
-``__all__`` so that a star import does not warn).
+``__all__`` so that a star import does not warn); so is ``CollectiveHints``, TF's deprecated
+form of `CommunicationOptions`.
+
+The rest of tf.distribute.experimental: ``ValueContext``, the preemption handling
+(``PreemptionCheckpointHandler``, ``TerminationConfig``, ``PreemptionWatcher``, which is
+refused), and the submodules ``coordinator`` (`phalanx.coordinator`), ``partitioners``
+(`phalanx.partitioners`) and ``rpc`` (`phalanx.rpc`).
 """
 
 from __future__ import annotations
@@ -12,11 +18,15 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from phalanx import coordinator, partitioners, rpc
+from phalanx.checkpoint.preemption import PreemptionCheckpointHandler, PreemptionWatcher, TerminationConfig
 from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
 from phalanx.strategies import CentralStorageStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy
+from phalanx.strategies.strategy import ValueContext
 
 if TYPE_CHECKING:
     CollectiveCommunication = CommunicationImplementation
+    CollectiveHints = CommunicationOptions
 
 __all__ = [
     "CentralStorageStrategy",
@@ -24,6 +34,14 @@ __all__ = [
     "CommunicationOptions",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
+    # tfsurface: the rest of tf.distribute.experimental
+    "PreemptionCheckpointHandler",
+    "PreemptionWatcher",
+    "TerminationConfig",
+    "ValueContext",
+    "coordinator",
+    "partitioners",
+    "rpc",
 ]
 
 _DEPRECATED = {
@@ -32,6 +50,12 @@ _DEPRECATED = {
         "phalanx.experimental.CollectiveCommunication is deprecated (as in TensorFlow): use "
         "phalanx.experimental.CommunicationImplementation (the same enum), e.g. "
         "CommunicationOptions(implementation=CommunicationImplementation.RING).",
+    ),
+    "CollectiveHints": (
+        CommunicationOptions,
+        "phalanx.experimental.CollectiveHints is deprecated (as in TensorFlow): use "
+        "phalanx.experimental.CommunicationOptions, which takes the same bytes_per_pack and "
+        "timeout_seconds.",
     ),
 }
 

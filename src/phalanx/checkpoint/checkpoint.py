@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
+from phalanx import context
+from phalanx.checkpoint._files import safe_load
+from phalanx.checkpoint.options import CheckpointOptions, CheckpointWriter
 
 __all__ = ["Checkpoint", "Counter"]
 
@@ -80,11 +82,14 @@ class Checkpoint:
         **objects: name -> object.
     """
 
+    save_counter: Counter  # how many times `save` ran (restored with the checkpoint)
+
     def __init__(self, **objects: Any) -> None:
         if not objects:
             raise ValueError("Checkpoint needs at least one object: Checkpoint(model=model, ...).")
         self._objects = objects
         self.save_counter = Counter(0)
+        self._writer = CheckpointWriter()
 
     def _payload(self) -> dict[str, Any]:
         return {
@@ -93,25 +98,42 @@ class Checkpoint:
             "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
         }
 
-    def write(self, file_path: str) -> str:
-        """Writes every object's state to ``file_path`` (no counter added). Returns the path."""
-        payload = self._payload()
-        with chief_path(file_path) as target:
-            atomic_save(payload, target)
+    def write(self, file_path: str, options: CheckpointOptions | None = None) -> str:
+        """Writes every object's state to ``file_path`` (no counter added). Returns the path.
+
+        With ``CheckpointOptions(enable_async=True)`` the file is written in the background
+        (`sync` waits for it).
+        """
+        self._writer.write(self._payload(), file_path, options, context.get_strategy())
         return file_path
 
-    def save(self, file_prefix: str) -> str:
-        """Writes to ``{file_prefix}-{n}.pt`` with n the save counter (incremented first)."""
-        self.save_counter.assign_add(1)
-        return self.write(f"{file_prefix}-{self.save_counter.value}.pt")
+    def save(self, file_prefix: str, options: CheckpointOptions | None = None) -> str:
+        """Writes to ``{file_prefix}-{n}.pt`` with n the save counter (incremented first), and
+        lists it in the folder's index, so ``latest_checkpoint(folder)`` finds it (as TF)."""
+        from phalanx.checkpoint.manager import record_checkpoint
 
-    def read(self, save_path: str) -> Checkpoint:
+        self.save_counter.assign_add(1)
+        path = self.write(f"{file_prefix}-{self.save_counter.value}.pt", options)
+        record_checkpoint(path)
+        return path
+
+    def sync(self) -> None:
+        """Waits until a background write (``enable_async``) is on disk; at once otherwise.
+
+        Raises:
+            TimeoutError: The write did not finish within an hour (the path is named).
+            Exception: The background write's error.
+        """
+        self._writer.sync()
+
+    def read(self, save_path: str, options: CheckpointOptions | None = None) -> Checkpoint:
         """Restores every object saved under the same name.
 
         Raises:
             FileNotFoundError: No such checkpoint.
             ValueError: The file is not a phalanx checkpoint, or lacks one of the objects.
         """
+        self._writer.sync()  # the file may be one this checkpoint is still writing
         payload = safe_load(save_path)
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise ValueError(f"{save_path!r} is not a phalanx checkpoint (format {FORMAT}).")
@@ -121,12 +143,15 @@ class Checkpoint:
             raise ValueError(
                 f"Checkpoint {save_path!r} has no state for {missing}; it holds {sorted(saved)}."
             )
+        skip_slots = options is not None and options.experimental_skip_slot_variables
         for name, obj in self._objects.items():
+            if skip_slots and isinstance(obj, torch.optim.Optimizer):
+                continue  # TF's slot variables are the optimizer's state
             _load_into(obj, saved[name], name)
         self.save_counter.assign(payload.get("save_counter", 0))
         return self
 
-    def restore(self, save_path: str | None) -> Checkpoint:
+    def restore(self, save_path: str | None, options: CheckpointOptions | None = None) -> Checkpoint:
         """`read`, accepting a directory (its latest checkpoint) or None (nothing to restore)."""
         if save_path is None:
             return self
@@ -137,4 +162,4 @@ class Checkpoint:
             if latest is None:
                 raise FileNotFoundError(f"No checkpoint in directory {save_path!r}.")
             save_path = latest
-        return self.read(save_path)
+        return self.read(save_path, options)

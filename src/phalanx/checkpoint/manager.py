@@ -13,15 +13,18 @@ import contextlib
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from phalanx import context
 from phalanx.checkpoint._files import atomic_write_text, chief_path
+from phalanx.checkpoint._interval import SaveInterval
 from phalanx.checkpoint.checkpoint import Checkpoint
+from phalanx.checkpoint.options import CheckpointOptions
 
-__all__ = ["CheckpointManager", "latest_checkpoint"]
+__all__ = ["CheckpointManager", "latest_checkpoint", "record_checkpoint"]
 
 INDEX = "checkpoint.json"
 _NAME = r"[A-Za-z0-9_.-]+"  # a checkpoint_name: one plain file-name component
@@ -110,6 +113,18 @@ def _read_index(directory: str, prefix: str | None = None) -> list[str]:
     return paths
 
 
+def record_checkpoint(path: str) -> None:
+    """Lists ``path`` last in its folder's index (chief only writes), so `latest_checkpoint`
+    finds it: `Checkpoint.save` calls it, as TF's ``save`` updates the checkpoint state."""
+    directory, name = os.path.split(path)
+    directory = directory or "."
+    if not _ANY_CHECKPOINT.fullmatch(name):
+        return
+    names = [os.path.basename(p) for p in _read_index(directory) if os.path.basename(p) != name]
+    with chief_path(os.path.join(directory, INDEX)) as target:
+        atomic_write_text(json.dumps({"checkpoints": [*names, name]}), target)
+
+
 def latest_checkpoint(directory: str) -> str | None:
     """The newest checkpoint recorded in ``directory``, or None (``tf.train.latest_checkpoint``).
 
@@ -131,10 +146,16 @@ class CheckpointManager:
         directory: Where checkpoints and the index file live; one manager per directory.
         max_to_keep: How many to keep (None keeps all).
         checkpoint_name: The file name prefix.
+        step_counter: A step counter (a `Counter`, an int tensor, anything ``int()`` reads),
+            required with ``checkpoint_interval``.
+        checkpoint_interval: `save` writes only when ``step_counter`` moved at least this
+            many steps since the last saved one (TF's rule); None saves every time.
+        init_fn: What `restore_or_initialize` calls when there is no checkpoint.
 
     Raises:
-        ValueError: A bad ``max_to_keep`` or ``checkpoint_name``, or an index in ``directory``
-            that lists anything but this manager's checkpoint files (see the module doc).
+        ValueError: A bad ``max_to_keep``, ``checkpoint_name`` or ``checkpoint_interval``, or
+            an index in ``directory`` that lists anything but this manager's checkpoint files
+            (see the module doc).
     """
 
     def __init__(
@@ -143,6 +164,9 @@ class CheckpointManager:
         directory: str,
         max_to_keep: int | None = 5,
         checkpoint_name: str = "ckpt",
+        step_counter: Any = None,
+        checkpoint_interval: int | None = None,
+        init_fn: Callable[[], Any] | None = None,
     ) -> None:
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1 or None. Received: {max_to_keep}.")
@@ -153,6 +177,22 @@ class CheckpointManager:
         self._max_to_keep = max_to_keep
         self._name = checkpoint_name
         self._paths = _read_index(directory, checkpoint_name)
+        self._interval = SaveInterval(step_counter, checkpoint_interval)
+        self._init_fn = init_fn
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The `Checkpoint` this manager saves."""
+        return self._checkpoint
+
+    @property
+    def checkpoint_interval(self) -> int | None:
+        """The fewest steps between two saves, or None (every `save` writes)."""
+        return self._interval.interval
+
+    def sync(self) -> None:
+        """Waits for a background write of the checkpoint (`Checkpoint.sync`)."""
+        self._checkpoint.sync()
 
     @property
     def directory(self) -> str:
@@ -168,14 +208,24 @@ class CheckpointManager:
         """The newest checkpoint, or None."""
         return self._paths[-1] if self._paths else None
 
-    def save(self, checkpoint_number: int | None = None) -> str:
+    def save(
+        self,
+        checkpoint_number: int | None = None,
+        check_interval: bool = True,
+        options: CheckpointOptions | None = None,
+    ) -> str | None:
         """Saves a new checkpoint and returns its path (all workers; only the chief's files are
         kept). Blocks until every worker has saved, so that afterwards each of them finds the
         chief's checkpoint with `latest_checkpoint`. Call it outside `strategy.run`.
 
+        With a ``checkpoint_interval`` and ``check_interval``, returns None without saving
+        when the step counter has not moved far enough since the last save.
+
         Raises:
             ValueError: ``checkpoint_number`` is not a non-negative integer.
         """
+        if check_interval and not self._interval.due():
+            return None
         if checkpoint_number is None:
             self._checkpoint.save_counter.assign_add(1)
             checkpoint_number = self._checkpoint.save_counter.value
@@ -186,7 +236,8 @@ class CheckpointManager:
                 f"Received: {checkpoint_number!r}. HINT: leave it None to count saves."
             )
         path = os.path.join(self._directory, f"{self._name}-{checkpoint_number}.pt")
-        self._checkpoint.write(path)
+        self._checkpoint.write(path, options)
+        self._interval.saved()
         self._paths = [p for p in self._paths if p != path] + [path]
         removed = []
         if self._max_to_keep is not None:
@@ -209,8 +260,11 @@ class CheckpointManager:
             atomic_write_text(json.dumps(index), target)
 
     def restore_or_initialize(self) -> str | None:
-        """Restores the latest checkpoint if there is one. Returns its path or None."""
+        """Restores the latest checkpoint if there is one, else calls ``init_fn`` (if given).
+        Returns the restored path or None."""
         latest = self.latest_checkpoint
         if latest is not None:
             self._checkpoint.read(latest)
+        elif self._init_fn is not None:
+            self._init_fn()
         return latest

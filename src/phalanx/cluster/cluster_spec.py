@@ -6,6 +6,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from phalanx.cluster.cluster_def import ClusterDef, JobDef
+
 __all__ = ["ClusterSpec"]
 
 # TF's rule for job names in device strings ("/job:worker/task:0").
@@ -55,6 +57,11 @@ class ClusterSpec:
             dense = bool(tasks) and list(tasks) == list(range(len(tasks)))
             out[job] = list(tasks.values()) if dense else dict(tasks)
         return out
+
+    def as_cluster_def(self) -> ClusterDef:
+        """The cluster as TF's ClusterDef message (a `phalanx.cluster.cluster_def.ClusterDef`
+        dataclass with the proto's field names: ``job[i].name``, ``job[i].tasks``)."""
+        return ClusterDef(tuple(JobDef(job, dict(tasks)) for job, tasks in self._jobs.items()))
 
     @property
     def jobs(self) -> list[str]:

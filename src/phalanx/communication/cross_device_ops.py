@@ -61,6 +61,12 @@ class CrossDeviceOps:
         """One copy of ``tensor`` per device (the same object where the device already matches)."""
         return [tensor if tensor.device == d else tensor.to(d, non_blocking=True) for d in devices]
 
+    def broadcast_implementation(self, tensor: torch.Tensor, destinations: Destination) -> Any:
+        """TF's broadcast of ``tensor`` to ``destinations`` (devices, a device, or a value whose
+        devices are taken): a tensor for one device, else a `Mirrored` value of copies."""
+        copies = self.broadcast(tensor, destination_devices(destinations))
+        return copies[0] if len(copies) == 1 else Mirrored(copies)
+
     def can_sum_in_place(self, devices: Sequence[torch.device]) -> bool:
         """Whether replicas on ``devices`` may sum their gradients in place, in parallel.
 
@@ -74,13 +80,31 @@ class CrossDeviceOps:
         """
         return False
 
-    def reduce(self, reduce_op: ReduceOp | str, per_replica_value: Any, destinations: Destination) -> Any:
+    def reduce(
+        self,
+        reduce_op: ReduceOp | str,
+        per_replica_value: Any,
+        destinations: Destination,
+        options: Any = None,
+    ) -> Any:
         """Reduces a per-replica value and places the result on ``destinations``.
+
+        Calls `reduce_implementation` (TF's overridable hook; ``options`` are passed on).
 
         Returns:
             A tensor for one destination device, else a `Mirrored` value.
         """
-        op = ReduceOp.coerce(reduce_op)
+        return self.reduce_implementation(
+            ReduceOp.coerce(reduce_op), per_replica_value, destinations, options
+        )
+
+    def reduce_implementation(
+        self, reduce_op: ReduceOp, per_replica_value: Any, destinations: Destination, options: Any = None
+    ) -> Any:
+        """What `reduce` does (override to change it, as in TF): `reduce_to` one device, then
+        `broadcast` to the destinations. ``options`` (CommunicationOptions) do not apply in
+        one process."""
+        op = reduce_op
         devices = destination_devices(destinations)
         values = [torch.as_tensor(v) for v in local_results(per_replica_value)]
         result = self.reduce_to(op, values, devices[0])
@@ -88,10 +112,23 @@ class CrossDeviceOps:
         return copies[0] if len(copies) == 1 else Mirrored(copies)
 
     def batch_reduce(
-        self, reduce_op: ReduceOp | str, value_destination_pairs: Sequence[tuple[Any, Destination]]
+        self,
+        reduce_op: ReduceOp | str,
+        value_destination_pairs: Sequence[tuple[Any, Destination]],
+        options: Any = None,
     ) -> list[Any]:
-        """Reduces many per-replica values at once, packed into one buffer per dtype."""
-        op = ReduceOp.coerce(reduce_op)
+        """Reduces many per-replica values at once, packed into one buffer per dtype (calls
+        `batch_reduce_implementation`, TF's overridable hook)."""
+        return self.batch_reduce_implementation(ReduceOp.coerce(reduce_op), value_destination_pairs, options)
+
+    def batch_reduce_implementation(
+        self,
+        reduce_op: ReduceOp,
+        value_destination_pairs: Sequence[tuple[Any, Destination]],
+        options: Any = None,
+    ) -> list[Any]:
+        """What `batch_reduce` does (override to change it, as in TF)."""
+        op = reduce_op
         if not value_destination_pairs:
             return []
         per_value = [

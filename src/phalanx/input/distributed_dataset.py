@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions
+from phalanx.input._dataset_members import DistributedDatasetMembers, DistributedIteratorMembers
+from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions, InputReplicationMode
+from phalanx.input.per_replica_input import PerReplicaInput
 from phalanx.input.splitting import as_tensors, batch_size_of, slice_batch, split_sizes
 from phalanx.values import iter_leaves, map_structure, regroup
 
@@ -63,7 +65,7 @@ def _source_files(dataset: Any) -> list[str] | None:
     return files() if callable(files) else None
 
 
-class DistributedIterator:
+class DistributedIterator(DistributedIteratorMembers):
     """Yields one value per step: the batch for one local replica, or a `PerReplica` of them.
 
     Built by iterating a distributed dataset; every worker's iterator stops on the same step.
@@ -200,7 +202,7 @@ class _Sequencer:
         return pieces, None, None
 
 
-class DistributedDataset:
+class DistributedDataset(DistributedDatasetMembers):
     """A dataset of global batches, distributed over a strategy's replicas and workers.
 
     Iterating it gives a `DistributedIterator`; each iteration restarts the source.
@@ -219,6 +221,11 @@ class DistributedDataset:
             )
         self._strategy = strategy
         self._options = options or InputOptions()
+        if self._options.experimental_replication_mode is InputReplicationMode.PER_REPLICA:
+            raise ValueError(
+                "InputReplicationMode.PER_REPLICA works with distribute_datasets_from_function "
+                "only (as in TensorFlow). HINT: use distribute_datasets_from_function, or PER_WORKER."
+            )
         self._source, self._sequential = self._shard(dataset)
 
     def _shard(self, dataset: Any) -> tuple[Any, bool]:
@@ -226,7 +233,7 @@ class DistributedDataset:
         if s.num_workers_in_sync == 1:
             return dataset, False
         policy = _shard_policy(dataset)
-        if policy is AutoShardPolicy.OFF:
+        if policy in (AutoShardPolicy.OFF, AutoShardPolicy.HINT):  # HINT: no placeholder to shard at
             return dataset, True
         files = _source_files(dataset)
         if policy is AutoShardPolicy.FILE or (policy is AutoShardPolicy.AUTO and files):
@@ -259,7 +266,11 @@ class DistributedDataset:
         batches = iter(self._source)
         s = self._strategy
         pieces = _Sequencer(s, batches) if self._sequential else _Splitter(s, batches)
-        return DistributedIterator(s, pieces, self._options, agree=self._sequential)
+        return self._attach(DistributedIterator(s, pieces, self._options, agree=self._sequential))
+
+    def _first_replica_batch(self) -> Any:
+        pieces = (_Sequencer if self._sequential else _Splitter)(self._strategy, iter(self._source))()
+        return None if pieces is None else pieces[0][0]
 
     def __len__(self) -> int:
         if self._sequential:
@@ -267,7 +278,7 @@ class DistributedDataset:
         return len(self._source)
 
 
-class DistributedDatasetsFromFunction:
+class DistributedDatasetsFromFunction(DistributedDatasetMembers):
     """Datasets made per input pipeline by a user function; each yields per-replica batches."""
 
     def __init__(
@@ -282,6 +293,10 @@ class DistributedDatasetsFromFunction:
             )
         self._strategy = strategy
         self._options = options or InputOptions()
+        self._per_replica: PerReplicaInput | None = None
+        if self._options.experimental_replication_mode is InputReplicationMode.PER_REPLICA:
+            self._per_replica = PerReplicaInput(strategy, dataset_fn, self._options)
+            return
         context = InputContext(
             num_input_pipelines=strategy.num_workers_in_sync,
             input_pipeline_id=strategy.worker_rank,
@@ -289,9 +304,19 @@ class DistributedDatasetsFromFunction:
         )
         self._dataset = dataset_fn(context)
 
+    def _first_replica_batch(self) -> Any:
+        if self._per_replica is not None:
+            return self._per_replica.first_batch()
+        return next(iter(self._dataset), None)
+
     def __iter__(self) -> DistributedIterator:
-        batches = iter(self._dataset)
         s = self._strategy
+        agree = s.num_workers_in_sync > 1
+        if self._per_replica is not None:
+            return self._attach(
+                DistributedIterator(s, self._per_replica.step_function(), self._options, agree)
+            )
+        batches = iter(self._dataset)
         local = s.num_local_replicas
 
         def next_pieces() -> tuple[list[Any], int | None, list[int] | None] | None:
@@ -310,4 +335,4 @@ class DistributedDatasetsFromFunction:
                 return pieces, None, None
             return pieces, sum(sizes), [sum(sizes[:i]) for i in range(local)]
 
-        return DistributedIterator(s, next_pieces, self._options, agree=s.num_workers_in_sync > 1)
+        return self._attach(DistributedIterator(s, next_pieces, self._options, agree=agree))

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from phalanx.cluster._token import cluster_token
+from phalanx.cluster.cluster_def import ServerDef
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.ps.coordinator.fencing import Fences, TaggedRpcClient
 from phalanx.ps.store import VariableStore
@@ -98,6 +99,34 @@ class Server:
             address = self._spec.task_address("ps", i)
             clients.append(TaggedRpcClient(address, token, name=f"ps:{i} ({address})", tag=current.tag))
         return WorkerEnvironment(PSClient(clients), self._index, self._spec.num_tasks("worker"), current)
+
+    @staticmethod
+    def create_local_server(config: Any = None, start: bool = True) -> Server:
+        """A one-task cluster on this machine: a ps task on a free port of 127.0.0.1.
+
+        TF's local server is a single ``localhost`` job; phalanx's tasks are ps or worker
+        tasks, and a lone worker has no variables to use, so the local server is a ps task
+        (a client reaches it at `target`). ``PHALANX_CLUSTER_TOKEN`` must be set, as for any
+        `Server`.
+
+        Raises:
+            ValueError: ``config`` is given (TF's session ConfigProto: PyTorch has none).
+        """
+        if config is not None:
+            raise ValueError(
+                "Server.create_local_server takes no config: TF's ConfigProto configures a "
+                "TensorFlow session, which PyTorch does not have. HINT: pass config=None."
+            )
+        from phalanx.cluster._ports import free_ports
+
+        address = f"127.0.0.1:{free_ports(1)[0]}"
+        return Server(ClusterSpec({"ps": [address]}), job_name="ps", task_index=0, start=start)
+
+    @property
+    def server_def(self) -> ServerDef:
+        """What this server serves, as TF's ServerDef fields (`phalanx.cluster.cluster_def`)."""
+        _, port = _split(self._spec.task_address(self._job, self._index))
+        return ServerDef(self._spec.as_cluster_def(), self._job, self._index, "grpc", port)
 
     @property
     def target(self) -> str:

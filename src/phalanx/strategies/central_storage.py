@@ -209,6 +209,9 @@ class CentralStorageStrategy(Strategy):
         super().__init__(devices, None, timeout_seconds)
         self._sync_batch_norm = sync_batch_norm
 
+    def _parameter_devices(self) -> tuple[str, ...]:
+        return (canonical_name(self._parameter_device),)
+
     def _make_variable_policy(self) -> VariablePolicy:
         return CentralStoragePolicy(self, self._rendezvous, self._cross_device_ops, self._parameter_device)
 

@@ -6,17 +6,20 @@ from collections.abc import Sequence
 
 import torch
 
+from phalanx import config
 from phalanx.communication.cross_device_ops import CrossDeviceOps
+from phalanx.devices import canonical_name
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 
 __all__ = ["MirroredStrategy", "default_devices"]
 
 
 def default_devices() -> list[str]:
-    """All visible GPUs, else one CPU replica."""
+    """All visible GPUs, else the logical CPUs: one, unless `phalanx.config` split the CPU
+    (``set_logical_device_configuration``), as TF's MirroredStrategy() picks its devices."""
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    return ["cpu:0"]
+    return [canonical_name(device.name) for device in config.list_logical_devices("CPU")]
 
 
 class MirroredStrategy(Strategy):

@@ -24,6 +24,7 @@ from phalanx.communication.worker_group import (
     seconds_from_env,
 )
 from phalanx.strategies._bucket_sync import BucketSync
+from phalanx.strategies.run_options import RunOptions
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 from phalanx.values import ReduceOp
 from phalanx.variables import DistributedVariable
@@ -331,6 +332,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         fn: Callable[..., Any],
         args: tuple[Any, ...] | list[Any] = (),
         kwargs: dict[str, Any] | None = None,
+        options: RunOptions | None = None,
     ) -> Any:
         """`Strategy.run` on every local replica of every worker (all workers call it).
 
@@ -349,7 +351,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             )
         self._running = True
         try:
-            return super().run(fn, args, kwargs)
+            return super().run(fn, args, kwargs, options)
         finally:
             self._running = False
             if self._buckets is not None:

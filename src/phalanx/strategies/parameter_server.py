@@ -17,6 +17,7 @@ This class is thin: the work is done by its `phalanx.ps.coordinator.chief.Chief`
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -122,6 +123,16 @@ class ParameterServerStrategy(Strategy):
     def _create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any:
         self._chief.place(module, name, buffer, "buffer")
         return None
+
+    def variable_created_in_scope(self, v: Any) -> bool:
+        """Whether ``v`` is a variable placed on the ps tasks by this strategy's scope."""
+        return isinstance(v, torch.Tensor) and self._chief.copies.handle_of(v) is not None
+
+    def _parameter_devices(self) -> tuple[str, ...]:
+        return tuple(f"/job:ps/task:{i}/device:CPU:0" for i in range(self.num_ps))
+
+    def _colocate_vars_with(self, colocate_with_variable: Any) -> contextlib.AbstractContextManager[None]:
+        return self._chief.copies.colocated_with(colocate_with_variable)
 
     def _live(self) -> list[tuple[torch.Tensor, VariableHandle]]:
         """The chief's variables with their handles (tests read the placement from it)."""

@@ -29,8 +29,10 @@ from phalanx.strategies._reduction import CrossReplicaReduction
 from phalanx.strategies._rendezvous import Rendezvous
 from phalanx.strategies._replica_threads import ReplicaThreads, thread_modes
 from phalanx.strategies._run_checks import check_gpus_exist, check_run_call, device_scope
+from phalanx.strategies._tf_members import TFStrategyMembers
 from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.strategies.replica_context import ReplicaContext
+from phalanx.strategies.run_options import RunOptions, check_run_options
 from phalanx.strategies.step_sync import StepSync
 from phalanx.values import PerReplica, ReduceOp, local_results, regroup, select_replica
 from phalanx.variables import DistributedVariable
@@ -48,6 +50,9 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 class ValueContext:
     """What `experimental_distribute_values_from_function` passes to the value function."""
 
+    replica_id_in_sync_group: int  # the replica the value is for, in [0, num_replicas_in_sync)
+    num_replicas_in_sync: int
+
     def __init__(self, replica_id_in_sync_group: int = 0, num_replicas_in_sync: int = 1) -> None:
         self.replica_id_in_sync_group = replica_id_in_sync_group
         self.num_replicas_in_sync = num_replicas_in_sync
@@ -59,7 +64,7 @@ class ValueContext:
         )
 
 
-class Strategy:
+class Strategy(TFStrategyMembers):
     """Distributes one training program over replicas (tf.distribute.Strategy).
 
     Args:
@@ -257,6 +262,7 @@ class Strategy:
         fn: Callable[..., Any],
         args: tuple[Any, ...] | list[Any] = (),
         kwargs: dict[str, Any] | None = None,
+        options: RunOptions | None = None,
     ) -> Any:
         """Runs ``fn`` once per local replica, each with its slice of distributed arguments.
 
@@ -272,8 +278,10 @@ class Strategy:
             TypeError: ``args`` is not a tuple/list or ``kwargs`` not a dict.
             ValueError: A distributed argument does not have one component per local replica.
             RuntimeError: Called inside another ``run`` or inside another strategy's scope.
+            TypeError: ``options`` is not a `RunOptions` (TPU-only in TF: accepted, no effect).
         """
         check_run_call(self, fn, args, kwargs)
+        check_run_options(options)  # TF's options steer TPU compilation only: nothing to apply
         self._before_run()
         self._gradient_sync.prepare_run()
         try:

@@ -8,7 +8,16 @@ from phalanx.input.input_options import AutoShardPolicy
 
 def test_public_names_are_frozen():
     assert sorted(phalanx.data.__all__) == sorted(
-        ["AUTOTUNE", "INFINITE", "UNKNOWN", "AutoShardPolicy", "Dataset", "DistributeOptions", "Options"]
+        [
+            "AUTOTUNE",
+            "INFINITE",
+            "UNKNOWN",
+            "AutoShardPolicy",
+            "Dataset",
+            "DistributeOptions",
+            "Options",
+            "experimental",
+        ]
     )
     for name in phalanx.data.__all__:
         assert hasattr(phalanx.data, name), name

@@ -18,8 +18,8 @@ def test_input_options_and_context_validation():
         phalanx.InputContext(1, 0, 0)
     with pytest.raises(ValueError, match="buffer_size must be >= 0"):
         phalanx.InputOptions(experimental_per_replica_buffer_size=-1)
-    with pytest.raises(ValueError, match="PER_WORKER"):
-        phalanx.InputOptions(experimental_replication_mode="PER_REPLICA")
+    with pytest.raises(ValueError, match="PER_WORKER"):  # PER_REPLICA exists now: tf_surface tests it
+        phalanx.InputOptions(experimental_replication_mode="PER_TASK")
     assert phalanx.AutoShardPolicy.coerce("file") is phalanx.AutoShardPolicy.FILE
     assert phalanx.AutoShardPolicy.coerce(-1) is phalanx.AutoShardPolicy.OFF
     with pytest.raises(ValueError, match="auto_shard_policy must be one of"):

@@ -10,17 +10,22 @@ from __future__ import annotations
 import os
 
 from phalanx.cluster.resolvers.cluster_resolver import ClusterResolver
+from phalanx.cluster.resolvers.kubernetes import KubernetesClusterResolver, KubernetesExecutableLocation
 from phalanx.cluster.resolvers.simple import SimpleClusterResolver
 from phalanx.cluster.resolvers.slurm import SlurmClusterResolver, expand_hostlist, expand_tasks_per_node
 from phalanx.cluster.resolvers.tf_config import TFConfigClusterResolver
 from phalanx.cluster.resolvers.torchrun import TorchrunClusterResolver
+from phalanx.cluster.resolvers.union import UnionResolver
 
 __all__ = [
     "ClusterResolver",
+    "KubernetesClusterResolver",
+    "KubernetesExecutableLocation",
     "SimpleClusterResolver",
     "SlurmClusterResolver",
     "TFConfigClusterResolver",
     "TorchrunClusterResolver",
+    "UnionResolver",
     "expand_hostlist",
     "expand_tasks_per_node",
     "resolve_cluster",

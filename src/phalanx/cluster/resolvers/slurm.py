@@ -76,6 +76,10 @@ class SlurmClusterResolver(ClusterResolver):
         """The cluster laid out from SLURM's node list (see the class doc)."""
         return self._spec
 
+    def get_task_info(self) -> tuple[str | None, int | None]:
+        """This process's ``(task_type, task_id)`` (TF's SlurmClusterResolver method)."""
+        return self.task_type, self.task_id
+
     @property
     def gpu_ids(self) -> list[int]:
         """The GPUs of this node that belong to this task (what ``auto_set_gpu`` exposes)."""

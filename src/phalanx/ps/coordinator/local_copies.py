@@ -12,10 +12,11 @@ one per ps task in turn). The chief keeps each tensor as its local copy:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -48,6 +49,7 @@ class LocalCopies:
         self._registry: dict[int, tuple[weakref.ref[torch.Tensor], VariableHandle]] = {}
         self._versions: dict[str, int] = {}  # tensor._version of each copy as last synced
         self._count = 0
+        self._colocate_ps: int | None = None  # set by `colocated_with` (colocate_vars_with)
         self._stale = False
         self._lock = threading.RLock()
         _all_copies.add(self)
@@ -79,9 +81,10 @@ class LocalCopies:
         partitioner splits gets one shard per ps task in turn."""
 
         def place(shape: tuple[int, ...], label: str) -> VariableHandle:
+            ps = self._count % self._ps.num_ps if self._colocate_ps is None else self._colocate_ps
             handle = VariableHandle(
                 name=f"{self._count}/{label}",
-                ps=self._count % self._ps.num_ps,
+                ps=ps,
                 shape=shape,
                 dtype=str(tensor.dtype),
                 kind=kind,
@@ -91,7 +94,8 @@ class LocalCopies:
             return handle
 
         shards = 1
-        if self._partitioner is not None and kind == "parameter" and tensor.dim() >= 1:
+        colocated = self._colocate_ps is not None  # one ps task holds it whole
+        if self._partitioner is not None and kind == "parameter" and tensor.dim() >= 1 and not colocated:
             shards = int(self._partitioner(tuple(tensor.shape), tensor.dtype)[0])
         if shards <= 1:
             return place(tuple(tensor.shape), name)
@@ -102,6 +106,21 @@ class LocalCopies:
         )
         whole = f"{parts[0].name}/whole"
         return dataclasses.replace(parts[0], name=whole, shape=tuple(tensor.shape), shards=parts)
+
+    @contextlib.contextmanager
+    def colocated_with(self, tensor: torch.Tensor) -> Iterator[None]:
+        """Variables placed inside go whole to the ps task of ``tensor`` (one of these copies;
+        a partitioned one: its first shard's task), not round-robin."""
+        handle = self.handle_of(tensor)
+        if handle is None:
+            raise ValueError(f"{type(tensor).__name__} is not a variable of this ParameterServerStrategy.")
+        with self._lock:
+            previous, self._colocate_ps = self._colocate_ps, handle.ps
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._colocate_ps = previous
 
     def handle_of(self, tensor: torch.Tensor) -> VariableHandle | None:
         """The handle of ``tensor`` if it is one of these copies, else None."""
