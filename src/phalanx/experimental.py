@@ -12,6 +12,11 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from phalanx.checkpoint.failure_handling import (
+    PreemptionCheckpointHandler,
+    PreemptionWatcher,
+    TerminationConfig,
+)
 from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
 from phalanx.strategies import CentralStorageStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy
 
@@ -24,6 +29,9 @@ __all__ = [
     "CommunicationOptions",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
+    "PreemptionCheckpointHandler",
+    "PreemptionWatcher",
+    "TerminationConfig",
 ]
 
 _DEPRECATED = {
