@@ -83,7 +83,8 @@ def test_sigterm_saves_exits_and_the_restart_ends_with_the_uninterrupted_weights
         _train(strategy, tmp_path / "run", sigterm_before=7)
     assert signal.getsignal(signal.SIGTERM) is before  # given back before exit_fn
     state = json.loads((tmp_path / "run" / STATE_FILE).read_text())
-    assert state["total_run_calls"] == 7 and state["checkpoint"] == "ckpt-1.pt"
+    assert state["total_run_calls"] == 7
+    assert state["checkpoint"] == "ckpt-1.pt"
     start, got = _train(strategy, tmp_path / "run")
     assert start == 7
     for key, value in expected.items():
@@ -137,8 +138,12 @@ def test_grace_period_saves_at_once_trains_on_and_saves_again_before_the_end(one
 def test_a_checkpoint_manager_is_used_as_it_is(one_device, tmp_path):
     model, optimizer = _model(one_device)
     with one_device.scope():
-        manager = CheckpointManager(Checkpoint(model=model), str(tmp_path), max_to_keep=3, checkpoint_name="mine")
-        handler = PreemptionCheckpointHandler(None, manager, termination_config=TerminationConfig(exit_fn=_exit))
+        manager = CheckpointManager(
+            Checkpoint(model=model), str(tmp_path), max_to_keep=3, checkpoint_name="mine"
+        )
+        handler = PreemptionCheckpointHandler(
+            None, manager, termination_config=TerminationConfig(exit_fn=_exit)
+        )
     handler._coordinator.notice.mark("received SIGTERM")
     with pytest.raises(Exited):
         handler.run(_step, one_device, model, optimizer, BATCHES[0])

@@ -41,6 +41,8 @@ def test_no_flags_once_done():
     assert policy.local_flags(0, now=1, step_seconds=0, save_seconds=0) == Flags()
 
 
-@pytest.mark.parametrize(("flags", "ints"), [(Flags(), [0, 0]), (Flags(True, False), [1, 0]), (Flags(True, True), [1, 1])])
+@pytest.mark.parametrize(
+    ("flags", "ints"), [(Flags(), [0, 0]), (Flags(True, False), [1, 0]), (Flags(True, True), [1, 1])]
+)
 def test_flags_travel_as_integers(flags, ints):
     assert flags.as_ints() == ints

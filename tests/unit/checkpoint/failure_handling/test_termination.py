@@ -16,7 +16,8 @@ from phalanx.checkpoint.failure_handling.termination import (
 
 def test_defaults_are_sigterm_exit_42_and_no_grace_period():
     config = TerminationConfig()
-    assert config.termination_watcher_fn is None and config.save_fn is None
+    assert config.termination_watcher_fn is None
+    assert config.save_fn is None
     assert config.grace_period == 0.0
     with pytest.raises(SystemExit) as exited:
         config.exit_fn()
@@ -46,7 +47,8 @@ def test_sigterm_is_recorded_and_the_previous_handler_comes_back():
         deadline = time.monotonic() + 10
         while not notice.received and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert notice.received and notice.reason == "received SIGTERM"
+        assert notice.received
+        assert notice.reason == "received SIGTERM"
         assert notice.received_at is not None
     finally:
         notice.stop()
@@ -64,7 +66,8 @@ def test_a_second_sigterm_goes_to_the_previous_handler():
         deadline = time.monotonic() + 10
         while not seen and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert seen == [signal.SIGTERM] and notice.received
+        assert seen == [signal.SIGTERM]
+        assert notice.received
     finally:
         notice.stop()
         signal.signal(signal.SIGTERM, previous)
@@ -82,7 +85,8 @@ def test_sigterm_needs_the_main_thread():
     thread = threading.Thread(target=start)
     thread.start()
     thread.join()
-    assert errors and "must be created on the main thread" in errors[0]
+    assert errors
+    assert "must be created on the main thread" in errors[0]
     assert "termination_watcher_fn" in errors[0]
 
 
@@ -94,7 +98,8 @@ def test_a_watcher_function_is_polled_until_it_returns_true():
     while not notice.received and time.monotonic() < deadline:
         time.sleep(0.01)
     notice.stop()
-    assert notice.received and len(calls) == 3
+    assert notice.received
+    assert len(calls) == 3
     assert notice.reason == "its termination_watcher_fn returned True"
 
 
@@ -108,4 +113,5 @@ def test_a_watcher_function_that_raises_is_kept_for_the_training_thread():
     while notice.error is None and time.monotonic() < deadline:
         time.sleep(0.01)
     notice.stop()
-    assert isinstance(notice.error, OSError) and not notice.received
+    assert isinstance(notice.error, OSError)
+    assert not notice.received
