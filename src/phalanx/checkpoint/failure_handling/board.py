@@ -4,7 +4,7 @@ A job of several workers posts them in the MultiWorkerMirrored rendezvous store 
 TCPStore, whose values carry a MAC of the cluster token: `phalanx.communication.rendezvous`), on
 two connections of its own: one to post, one for the thread that reads every message as soon
 as it is posted. Messages are numbered (``event/1``, ``event/2``...; the number comes from an
-atomic counter), so the reader waits on the next number without polling. It reads eagerly
+atomic counter), so the reader looks for the next number only (every 0.1 s). It reads eagerly
 because the chief serves the store: once the chief has exited, nothing can be read any more.
 
 A job of one worker has a `LocalBoard`, the same face with nothing to exchange.
@@ -12,6 +12,7 @@ A job of one worker has a `LocalBoard`, the same face with nothing to exchange.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import json
 import logging
@@ -21,7 +22,6 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from phalanx.communication.rendezvous import Rendezvous
@@ -30,7 +30,9 @@ __all__ = ["Board", "ClusterBoard", "LocalBoard", "Message", "board_for"]
 
 log = logging.getLogger("phalanx")
 
-STORE_TIMEOUT = 30.0  # seconds: connecting, and any single store operation
+STORE_TIMEOUT = 10.0  # seconds: connecting, and any single store operation of a post
+READ_TIMEOUT = 5.0  # seconds: any single store operation of the reading thread
+READ_INTERVAL = 0.1  # seconds between two looks for the next message
 _generations = itertools.count()  # the same sequence on every worker: they run the same program
 _boards: weakref.WeakKeyDictionary[Any, Board] = weakref.WeakKeyDictionary()
 
@@ -102,10 +104,11 @@ class ClusterBoard(Board):
         self._name = name
         deadline = time.monotonic() + STORE_TIMEOUT
         self._store = rendezvous.open(deadline, STORE_TIMEOUT, heartbeat=True)  # a client, also on the chief
-        self._reader_store = rendezvous.open(deadline, STORE_TIMEOUT, heartbeat=True)
+        self._reader_store = rendezvous.open(deadline, READ_TIMEOUT, heartbeat=True)
         self._closing = threading.Event()
         self._reader = threading.Thread(target=self._read, name="phalanx-preemption-board", daemon=True)
         self._reader.start()
+        atexit.register(self.close)
 
     @property
     def own_name(self) -> str:
@@ -121,24 +124,27 @@ class ClusterBoard(Board):
             log.warning("Could not tell the other workers that %s: %s (%s).", self._name, text, exc)
 
     def _read(self) -> None:
+        # Polls with `check` rather than blocking in a store `wait`: a wait that times out logs a
+        # warning of c10d's each time, and a thread inside a C++ call when the interpreter
+        # finalizes aborts the process (`close` runs at exit, before the strategy's teardown).
         number = 1
-        while not self._closing.is_set():
+        while not self._closing.wait(READ_INTERVAL):
             key = f"event/{number}"
             try:
-                self._reader_store.wait([key], timedelta(seconds=1))
-                data = json.loads(self._reader_store.get(key))
-            except Exception as exc:
-                if "timeout" in str(exc).lower() or "timed out" in str(exc).lower():
+                if not self._reader_store.check([key]):
                     continue
+                data = json.loads(self._reader_store.get(key))
+            except Exception as exc:  # the chief's store is gone, or a forged value: stop reading
                 if not self._closing.is_set():
                     log.debug("The preemption board stops reading: %s", exc)
-                return  # the chief's store is gone, or a forged value: stop reading
+                return
             self._record(Message(str(data["kind"]), str(data["task"]), str(data["text"])))
             number += 1
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         self._closing.set()
-        self._reader.join(timeout=5.0)
+        self._reader.join(timeout=READ_TIMEOUT + 1.0)
 
 
 def board_for(strategy: Any) -> Board:
