@@ -99,5 +99,34 @@ def test_an_error_on_one_worker_is_named_on_the_other(tmp_path):
     assert run["worker-1"].returncode != 0
     assert "ValueError: bad batch 40" in run["worker-1"].output
     assert run["worker-0"].returncode != 0
-    named = re.search(r"PeerFailedError: (worker:1 \S+ raised ValueError: bad batch 40)", run["worker-0"].output)
-    assert named, run.output
+    named = r"PeerFailedError: worker:1 \S+ raised ValueError: bad batch 40"
+    assert re.search(named, run["worker-0"].output), run.output
+
+
+FIT = Path(__file__).parent / "scripts" / "fit_preempted.py"
+
+
+def test_fit_with_backup_and_restore_saves_before_preemption_and_resumes_exactly(tmp_path):
+    def fit(folder: Path, pause: float):
+        folder.mkdir(exist_ok=True)
+        return run_cluster(FIT, folder / "backup", folder / "final.pt", pause, workers=2, timeout=180)
+
+    fit(tmp_path / "reference", 0.0).check()
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with LocalCluster(2) as cluster:
+        cluster.start(FIT, folder / "backup", folder / "final.pt", PAUSE)
+        _wait_for_progress(folder, PROGRESS, cluster)  # some batch of epoch 6 or later, of 30
+        os.kill(cluster.pid("worker-1"), signal.SIGTERM)
+        run = cluster.wait(GRACE)
+    assert run.returncodes == {"worker-0": 42, "worker-1": 42}, run.output
+    assert "received SIGTERM: saving a checkpoint with every worker" in run["worker-1"].output
+    exits = re.findall(r"saved a backup after batch (\d+) of epoch (\d+) and exits", run.output)
+    assert len(exits) == 2, run.output
+    assert exits[0] == exits[1], run.output  # the same batch on both workers
+    assert (folder / "backup" / "backup.pt").exists()
+    assert not (folder / "final.pt").exists()
+    fit(folder, 0.0).check()
+    expected, got = torch.load(tmp_path / "reference" / "final.pt"), torch.load(folder / "final.pt")
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, rtol=1e-6, atol=1e-6, msg=key)
