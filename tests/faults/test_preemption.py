@@ -95,12 +95,14 @@ def test_a_termination_watcher_fn_notice_does_the_same(tmp_path, uninterrupted):
 
 
 def test_an_error_on_one_worker_is_named_on_the_other(tmp_path):
-    run = _run(tmp_path / "run", "error", PHALANX_STALL_TIMEOUT_SECONDS="5")
+    run = _run(tmp_path / "run", "error")
     assert run["worker-1"].returncode != 0
     assert "ValueError: bad batch 40" in run["worker-1"].output
     assert run["worker-0"].returncode != 0
     named = r"PeerFailedError: worker:1 \S+ raised ValueError: bad batch 40"
     assert re.search(named, run["worker-0"].output), run.output
+    # told through the store and interrupted at once, not left waiting for the stall bound
+    assert "CollectiveMismatchError" not in run["worker-0"].output, run.output
 
 
 FIT = Path(__file__).parent / "scripts" / "fit_preempted.py"

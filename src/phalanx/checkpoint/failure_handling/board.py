@@ -50,6 +50,12 @@ class Board:
     def __init__(self) -> None:
         self._messages: list[Message] = []
         self._arrived = threading.Condition()
+        self._listeners: list[weakref.WeakMethod[Callable[[Message], None]]] = []
+
+    def subscribe(self, listener: Callable[[Message], None]) -> None:
+        """Calls the bound method ``listener`` with every message from now on (on the reading
+        thread; it must return quickly). Held weakly: it goes with its object."""
+        self._listeners.append(weakref.WeakMethod(listener))  # type: ignore[arg-type]
 
     def post(self, kind: str, text: str) -> None:
         """Tells every worker (this one included) ``kind``: ``text``."""
@@ -63,6 +69,10 @@ class Board:
         with self._arrived:
             self._messages.append(message)
             self._arrived.notify_all()
+        for ref in list(self._listeners):
+            listener = ref()
+            if listener is not None:
+                listener(message)
 
     def messages(self, kind: str) -> list[Message]:
         """The messages of ``kind`` seen so far, in the order they were posted."""

@@ -16,15 +16,17 @@ itself.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from phalanx.checkpoint.failure_handling.board import Board, board_for
+from phalanx.checkpoint.failure_handling.board import Board, Message, board_for
 from phalanx.checkpoint.failure_handling.policy import Decision, Flags, PreemptionPolicy
 from phalanx.checkpoint.failure_handling.termination import TerminationConfig, TerminationNotice
 from phalanx.communication.health import PeerUnavailableError
@@ -95,6 +97,10 @@ class PreemptionCoordinator:
         self.clock = time.monotonic  # the notice's time base (tests replace it)
         self._step_seconds, self._steps = 0.0, 0
         self._announced = False
+        self._guard = threading.Lock()
+        self._stepping_thread: int | None = None  # the thread inside `share_errors`
+        self._interrupted = False
+        self.board.subscribe(self._on_message)
 
     def step_took(self, seconds: float) -> None:
         """Records how long a step took (a running average, for the grace period's margin)."""
@@ -143,19 +149,47 @@ class PreemptionCoordinator:
         """Stops watching this worker's notice (the previous SIGTERM handler is back)."""
         self.notice.stop()
 
+    def _on_message(self, message: Message) -> None:
+        """A peer's error interrupts this worker's step at once (as Ctrl-C would), instead of
+        leaving it in a collective the peer will never join until the stall bound (30 s)."""
+        if message.kind != "error" or message.task == self.board.own_name:
+            return
+        with self._guard:
+            if self._stepping_thread == threading.main_thread().ident and not self._interrupted:
+                self._interrupted = True
+                _thread.interrupt_main()  # as Ray's task cancellation does
+
+    def _peer_failed(self, cause: BaseException | None) -> PeerFailedError | None:
+        peer = self.board.peer_error(0 if cause is None else PEER_ERROR_WAIT)
+        return None if peer is None else PeerFailedError(peer.task, peer.text, self.board.own_name)
+
     @contextlib.contextmanager
     def share_errors(self) -> Iterator[None]:
         """Tells the other workers about an error raised inside, by this worker's name; raises
-        `PeerFailedError` instead of a lost peer when that peer told its own error."""
+        `PeerFailedError` when a peer told its own error (at once if it is known already, else
+        by interrupting the wait for that peer: see `_on_message`)."""
+        known = self._peer_failed(None)
+        if known is not None:
+            raise known
+        with self._guard:
+            self._stepping_thread = threading.get_ident()
         try:
             yield
         except PeerFailedError:
             raise
+        except KeyboardInterrupt as exc:
+            failed = self._peer_failed(exc) if self._interrupted else None
+            if failed is None:
+                raise  # a real Ctrl-C
+            raise failed from exc
         except _PEER_FAILURES as exc:
-            peer = self.board.peer_error(PEER_ERROR_WAIT)
-            if peer is None:
+            failed = self._peer_failed(exc)
+            if failed is None:
                 raise
-            raise PeerFailedError(peer.task, peer.text, self.board.own_name) from exc
+            raise failed from exc
         except Exception as exc:
             self.board.post("error", f"{type(exc).__name__}: {exc}")
             raise
+        finally:
+            with self._guard:
+                self._stepping_thread = None

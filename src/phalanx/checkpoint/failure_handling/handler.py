@@ -16,7 +16,7 @@ import torch
 from phalanx import context
 from phalanx.checkpoint._files import atomic_write_text, chief_path
 from phalanx.checkpoint.checkpoint import Checkpoint
-from phalanx.checkpoint.failure_handling.coordination import PreemptionCoordinator
+from phalanx.checkpoint.failure_handling.coordination import PreemptionCoordinator, check_supported
 from phalanx.checkpoint.failure_handling.policy import Decision
 from phalanx.checkpoint.failure_handling.termination import TerminationConfig
 from phalanx.checkpoint.manager import CheckpointManager, latest_checkpoint
@@ -97,6 +97,7 @@ class PreemptionCheckpointHandler:
         termination_config: TerminationConfig | None = None,
     ) -> None:
         strategy = context.get_strategy()
+        check_supported(strategy, "PreemptionCheckpointHandler")
         workers = getattr(cluster_resolver, "num_workers", 1) if cluster_resolver is not None else 1
         if workers > 1 and strategy.num_workers_in_sync < workers:
             raise ValueError(
