@@ -175,21 +175,26 @@ class PreemptionCoordinator:
             self._stepping_thread = threading.get_ident()
         try:
             yield
-        except PeerFailedError:
-            raise
-        except KeyboardInterrupt as exc:
-            failed = self._peer_failed(exc) if self._interrupted else None
-            if failed is None:
-                raise  # a real Ctrl-C
-            raise failed from exc
-        except _PEER_FAILURES as exc:
-            failed = self._peer_failed(exc)
-            if failed is None:
-                raise
-            raise failed from exc
-        except Exception as exc:
-            self.board.post("error", f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:
+            self._step_ended()  # no interruption while the error is handled
+            self._raise_shared(exc)
             raise
         finally:
-            with self._guard:
-                self._stepping_thread = None
+            self._step_ended()
+
+    def _step_ended(self) -> None:
+        with self._guard:
+            self._stepping_thread = None
+
+    def _raise_shared(self, exc: BaseException) -> None:
+        """Raises `PeerFailedError` for an error a peer told; posts this worker's own error."""
+        if isinstance(exc, PeerFailedError) or not isinstance(exc, (Exception, KeyboardInterrupt)):
+            return
+        if isinstance(exc, KeyboardInterrupt) and not self._interrupted:
+            return  # a real Ctrl-C
+        if isinstance(exc, (KeyboardInterrupt, *_PEER_FAILURES)):
+            failed = self._peer_failed(exc)
+            if failed is not None:
+                raise failed from exc
+            return
+        self.board.post("error", f"{type(exc).__name__}: {exc}")
