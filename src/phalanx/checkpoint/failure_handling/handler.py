@@ -115,15 +115,15 @@ class PreemptionCheckpointHandler:
         self._manager = _manager_of(checkpoint_or_checkpoint_manager, checkpoint_dir)
         self._save_fn = config.save_fn
         self._run_calls = 0
+        self._restore()  # before SIGTERM is taken over: a restore that fails leaves it alone
         self._coordinator = PreemptionCoordinator(strategy, config, "PreemptionCheckpointHandler")
-        self._restore()
 
     # ------------------------------------------------------------------ state
     @property
     def total_run_calls(self) -> int:
         """How many times `run` was called, counting those before the restart that the restored
-        checkpoint holds (TF deprecates it for its own steps counters: keep a `Counter` in the
-        checkpoint for epochs and steps of your own)."""
+        checkpoint holds. (TF deprecates it in favour of counters saved in the checkpoint: keep a
+        `phalanx.checkpoint.Counter` there for epochs and steps of your own.)"""
         return self._run_calls
 
     @property

@@ -167,8 +167,10 @@ def test_a_foreign_state_file_is_refused(one_device, tmp_path, content):
     with one_device.scope():
         CheckpointManager(Checkpoint(model=model, optimizer=optimizer), str(tmp_path)).save()
     (tmp_path / STATE_FILE).write_text(content)
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(ValueError, match="is not a PreemptionCheckpointHandler state file"):
         _handler(one_device, model, optimizer, tmp_path)
+    assert signal.getsignal(signal.SIGTERM) is before  # refused before SIGTERM was taken over
 
 
 def test_a_checkpoint_needs_a_directory(one_device):
