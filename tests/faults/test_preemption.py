@@ -60,11 +60,18 @@ def _interrupt(folder: Path, mode: str, interrupt) -> tuple:
         return cluster.wait(GRACE)  # ClusterTimeout unless both exited within the grace period
 
 
+def _saved_steps(run) -> list[int]:
+    """The run calls after which each worker saved, checked to be the same on both."""
+    found = re.findall(r"\[(worker-\d)\].*saved a checkpoint after (\d+) run calls\.", run.output)
+    saves = {name: [int(n) for task, n in found if task == name] for name in ("worker-0", "worker-1")}
+    assert saves["worker-0"], run.output
+    assert saves["worker-0"] == saves["worker-1"], run.output  # the same steps on both
+    return saves["worker-0"]
+
+
 def _saved_step(run) -> int:
-    saved = dict(re.findall(r"\[(worker-\d)\].*saved a checkpoint after (\d+) run calls", run.output))
-    assert sorted(saved) == ["worker-0", "worker-1"], run.output
-    assert saved["worker-0"] == saved["worker-1"], run.output  # the same step on both
-    return int(saved["worker-0"])
+    (step,) = _saved_steps(run)
+    return step
 
 
 def _resume_and_compare(folder: Path, step: int, expected: dict, mode: str) -> None:
@@ -84,6 +91,14 @@ def test_sigterm_to_one_worker_saves_both_at_one_step_and_the_restart_matches(tm
     assert run.returncodes == {"worker-0": 42, "worker-1": 42}, run.output  # TF's restart code
     assert "received SIGTERM: saving a checkpoint with every worker" in run["worker-1"].output
     _resume_and_compare(tmp_path / "run", _saved_step(run), uninterrupted, "sigterm")
+
+
+def test_with_a_grace_period_both_save_at_once_train_on_and_save_again(tmp_path, uninterrupted):
+    run = _interrupt(tmp_path / "run", "grace", lambda c: os.kill(c.pid("worker-1"), signal.SIGTERM))
+    assert run.returncodes == {"worker-0": 42, "worker-1": 42}, run.output
+    first, last = _saved_steps(run)  # worker-1's time, running out, ends it on both
+    assert first < last, run.output
+    _resume_and_compare(tmp_path / "run", last, uninterrupted, "grace")
 
 
 def test_a_termination_watcher_fn_notice_does_the_same(tmp_path, uninterrupted):
