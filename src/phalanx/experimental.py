@@ -8,8 +8,8 @@ spellings keep working. ``CollectiveCommunication`` is TF's deprecated name of
 form of `CommunicationOptions`.
 
 The rest of tf.distribute.experimental: ``ValueContext``, the preemption handling
-(``PreemptionCheckpointHandler``, ``TerminationConfig``, ``PreemptionWatcher``, which is
-refused), and the submodules ``coordinator`` (`phalanx.coordinator`), ``partitioners``
+(``PreemptionCheckpointHandler``, ``TerminationConfig``, ``PreemptionWatcher``), and the
+submodules ``coordinator`` (`phalanx.coordinator`), ``partitioners``
 (`phalanx.partitioners`) and ``rpc`` (`phalanx.rpc`).
 """
 
@@ -19,7 +19,11 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from phalanx import coordinator, partitioners, rpc
-from phalanx.checkpoint.preemption import PreemptionCheckpointHandler, PreemptionWatcher, TerminationConfig
+from phalanx.checkpoint.failure_handling import (
+    PreemptionCheckpointHandler,
+    PreemptionWatcher,
+    TerminationConfig,
+)
 from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
 from phalanx.strategies import CentralStorageStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy
 from phalanx.strategies.strategy import ValueContext

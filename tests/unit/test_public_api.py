@@ -109,3 +109,22 @@ def test_unknown_name_raises_attribute_error():
         phalanx.NoSuchStrategy  # noqa: B018
     with pytest.raises(ImportError):
         exec("from phalanx import NoSuchStrategy")
+
+
+def test_experimental_names_are_frozen():
+    import phalanx.experimental
+
+    assert sorted(phalanx.experimental.__all__) == [
+        "CentralStorageStrategy",
+        "CommunicationImplementation",
+        "CommunicationOptions",
+        "MultiWorkerMirroredStrategy",
+        "ParameterServerStrategy",
+        "PreemptionCheckpointHandler",
+        "PreemptionWatcher",
+        "TerminationConfig",
+        "ValueContext",
+        "coordinator",
+        "partitioners",
+        "rpc",
+    ]

@@ -10,6 +10,9 @@ import torch
 
 from phalanx.callbacks.callback import Callback
 from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
+from phalanx.checkpoint.failure_handling.coordination import PreemptionCoordinator
+from phalanx.checkpoint.failure_handling.policy import Decision
+from phalanx.checkpoint.failure_handling.termination import TerminationConfig
 
 __all__ = ["BackupAndRestore"]
 
@@ -31,13 +34,23 @@ class BackupAndRestore(Callback):
         backup_dir: Where the backup lives; must not be shared with other runs.
         save_freq: ``"epoch"`` or a number of batches.
         delete_checkpoint: Remove the backup when training finishes.
+        save_before_preemption: When any worker receives SIGTERM, every worker backs up after
+            the same batch and exits with code 42 (`phalanx.experimental.TerminationConfig`'s
+            default), so that the restarted ``fit`` resumes from the next batch. Costs one
+            small all-reduce per batch with several workers. Must be set on every worker.
 
     Raises:
         ValueError: ``save_freq`` is neither "epoch" nor a positive integer; no backup_dir.
+        NotImplementedError: ``save_before_preemption`` under ParameterServerStrategy (at
+            ``fit``).
     """
 
     def __init__(
-        self, backup_dir: str, save_freq: str | int = "epoch", delete_checkpoint: bool = True
+        self,
+        backup_dir: str,
+        save_freq: str | int = "epoch",
+        delete_checkpoint: bool = True,
+        save_before_preemption: bool = False,
     ) -> None:
         super().__init__()
         if not backup_dir:
@@ -49,7 +62,11 @@ class BackupAndRestore(Callback):
         self.backup_dir = backup_dir
         self.save_freq = save_freq
         self.delete_checkpoint = delete_checkpoint
+        self.save_before_preemption = save_before_preemption
         self._batches_seen = 0
+        self._preemption: PreemptionCoordinator | None = (
+            None  # a coordinator during fit, with save_before_preemption
+        )
 
     @property
     def _path(self) -> str:
@@ -57,6 +74,10 @@ class BackupAndRestore(Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._batches_seen = 0
+        if self.save_before_preemption:
+            self._preemption = PreemptionCoordinator(
+                self.model.strategy, TerminationConfig(), "BackupAndRestore"
+            )
         if not os.path.exists(self._path):
             return
         state = safe_load(self._path)
@@ -73,11 +94,19 @@ class BackupAndRestore(Callback):
         model._resume = (epoch + 1, 0) if step < 0 else (epoch, step + 1)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._backup_if_preempted(batch)
         if self.save_freq == "epoch":
             return
         self._batches_seen += 1
         if self._batches_seen % int(self.save_freq) == 0:
             self._save(self.model._epoch, batch)
+
+    def _backup_if_preempted(self, batch: int) -> None:
+        """Backs up after this batch and exits when any worker was told to terminate (all workers)."""
+        if self._preemption is None or self._preemption.check() is Decision.CONTINUE:
+            return
+        self._save(self.model._epoch, batch)
+        self._preemption.exit(f"a backup after batch {batch} of epoch {self.model._epoch}")
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.save_freq == "epoch":
@@ -99,5 +128,8 @@ class BackupAndRestore(Callback):
             atomic_save(state, target)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._preemption is not None:
+            self._preemption.close()
+            self._preemption = None
         if self.delete_checkpoint and self.model.strategy.is_chief:
             shutil.rmtree(self.backup_dir, ignore_errors=True)

@@ -1,17 +1,15 @@
-"""tf.train.Checkpoint/CheckpointManager/CheckpointOptions members and preemption handling."""
+"""tf.train.Checkpoint/CheckpointManager/CheckpointOptions members.
+
+The preemption handler has its own tests in tests/unit/checkpoint/failure_handling.
+"""
 
 from __future__ import annotations
-
-import os
-import signal
-import threading
 
 import pytest
 import torch
 
 import phalanx
 from phalanx.checkpoint import Checkpoint, CheckpointManager, CheckpointOptions, Counter
-from phalanx.checkpoint.preemption import RESTART_CODE, _SigtermWatch
 
 
 def _model(seed=0):
@@ -112,91 +110,3 @@ def test_manager_interval_checkpoint_and_init_fn(tmp_path):
         CheckpointManager(checkpoint, str(tmp_path), checkpoint_interval=2)
     with pytest.raises(ValueError, match="positive integer or None"):
         CheckpointManager(checkpoint, str(tmp_path), step_counter=step, checkpoint_interval=0)
-
-
-# ------------------------------------------------------------------ preemption
-
-
-class _Exited(Exception):
-    pass
-
-
-def _exit():
-    raise _Exited
-
-
-def test_a_notice_saves_at_the_step_boundary_and_a_restart_continues(tmp_path):
-    notice = threading.Event()
-    model = _model()
-    config = phalanx.experimental.TerminationConfig(termination_watcher_fn=notice.is_set, exit_fn=_exit)
-    handler = phalanx.experimental.PreemptionCheckpointHandler(
-        None, Checkpoint(model=model), str(tmp_path), config
-    )
-    ran = []
-    for step in range(3):
-        handler.run(ran.append, step)
-    notice.set()
-    with pytest.raises(_Exited):
-        handler.run(ran.append, 3)
-    assert ran == [0, 1, 2]
-    assert handler.total_run_calls == 3
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint.json", "ckpt-3.pt"]
-    restarted_model = _model(1)
-    restarted = phalanx.experimental.PreemptionCheckpointHandler(
-        None, CheckpointManager(Checkpoint(model=restarted_model), str(tmp_path)), None, config
-    )
-    assert restarted.total_run_calls == 3
-    torch.testing.assert_close(restarted_model.weight, model.weight)
-
-
-def test_sigterm_is_the_default_notice_and_the_default_exit_asks_for_a_restart(tmp_path):
-    handler = phalanx.experimental.PreemptionCheckpointHandler(
-        None, Checkpoint(model=_model()), str(tmp_path)
-    )
-    watch = handler._notice
-    assert isinstance(watch, _SigtermWatch)
-    try:
-        handler.save_checkpoint_if_preempted()  # no notice: nothing happens
-        assert os.listdir(tmp_path) == []
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert watch.received.wait(10)
-        with handler.watch_preemption_scope(), pytest.raises(SystemExit) as exited:
-            handler.save_checkpoint_if_preempted(checkpoint_number=7)
-        assert exited.value.code == RESTART_CODE
-        assert "ckpt-7.pt" in os.listdir(tmp_path)
-    finally:
-        watch.uninstall()
-
-
-def test_save_fn_replaces_the_manager_and_arguments_are_checked(tmp_path):
-    saved = []
-    config = phalanx.experimental.TerminationConfig(
-        termination_watcher_fn=lambda: True, exit_fn=_exit, save_fn=lambda: saved.append(1), grace_period=30
-    )
-    handler = phalanx.experimental.PreemptionCheckpointHandler(
-        None, Checkpoint(model=_model()), str(tmp_path), config
-    )
-    with pytest.raises(_Exited):
-        handler.run(lambda: None)
-    assert saved == [1]
-    assert os.listdir(tmp_path) == []
-    with pytest.raises(ValueError, match="needs checkpoint_dir"):
-        phalanx.experimental.PreemptionCheckpointHandler(None, Checkpoint(model=_model()))
-    manager = CheckpointManager(Checkpoint(model=_model()), str(tmp_path))
-    with pytest.raises(ValueError, match="not with a CheckpointManager"):
-        phalanx.experimental.PreemptionCheckpointHandler(None, manager, str(tmp_path))
-    two_workers = phalanx.cluster_resolver.SimpleClusterResolver(
-        {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task_type="worker", task_id=0
-    )
-    with pytest.raises(ValueError, match=r"HINT: create it inside `with strategy.scope\(\):`"):
-        phalanx.experimental.PreemptionCheckpointHandler(two_workers, manager, None, config)
-
-
-def test_preemption_watcher_is_refused_with_the_replacement():
-    with pytest.raises(
-        NotImplementedError, match="HINT: use phalanx.experimental.PreemptionCheckpointHandler"
-    ):
-        phalanx.experimental.PreemptionWatcher()
-    with pytest.raises(NotImplementedError, match="coordination service"):
-        phalanx.experimental.PreemptionWatcher.block_until_worker_exit(None)
-    assert phalanx.experimental.PreemptionWatcher.preemption_message is None

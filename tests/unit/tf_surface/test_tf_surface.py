@@ -98,26 +98,16 @@ def test_every_listed_tensorflow_name_exists_in_phalanx():
 
 # Names that cannot mean anything on PyTorch: they exist and raise NotImplementedError saying
 # so and what to use instead (docs/migration.md states how many).
-REFUSED = sorted(
-    [name for name in SURFACE["names"] if name.endswith(".configure")]
-    + [name for name in SURFACE["names"] if ".PreemptionWatcher" in name]
-)
+REFUSED = sorted(name for name in SURFACE["names"] if name.endswith(".configure"))
 MIGRATION = Path(__file__).resolve().parents[3] / "docs" / "migration.md"
 
 
 def test_refused_names_raise_and_name_what_to_use(one_device):
-    assert len(REFUSED) == 11
+    assert len(REFUSED) == 8
     for tf_path in REFUSED:
-        value = resolve(phalanx_path(tf_path))
-        if tf_path.endswith(".configure"):
-            call = lambda value=value: value(one_device)  # noqa: E731
-        elif tf_path.endswith("block_until_worker_exit"):
-            call = lambda value=value: value(None)  # noqa: E731
-        else:  # the class, or preemption_message: a watcher never exists to carry one
-            assert value is None or isinstance(value, type)
-            call = resolve("phalanx.experimental.PreemptionWatcher")
+        configure = resolve(phalanx_path(tf_path))
         with pytest.raises(NotImplementedError, match="HINT"):
-            call()
+            configure(one_device)
 
 
 def test_the_migration_guide_states_the_coverage_and_the_refusals():
