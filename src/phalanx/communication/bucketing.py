@@ -49,7 +49,6 @@ what ``.grad`` holds):
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -58,6 +57,7 @@ from typing import Any
 import torch
 
 from phalanx.communication._bucket import Bucket
+from phalanx.communication._rounds import Round, Rounds
 from phalanx.communication._sparse import SPARSE, empty_sparse, plus
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "SOLO_BYTES", "GradientBuckets"]
@@ -109,7 +109,6 @@ class GradientBuckets:
         self._layout: list[tuple[torch.Size, torch.dtype, torch.device]] = []  # of each, kept after it dies
         self._is_sparse: list[bool] = []  # of each: its gradients are sparse (not in a bucket)
         self._sparse_deltas: dict[int, torch.Tensor] = {}  # id(param) -> its sparse delta this round
-        self._accumulated = False  # this round accumulated into some parameter
         self._frozen: list[weakref.ref[torch.nn.Parameter]] = []  # requires_grad=False when added
         # id -> the parameter: a dead one's id may be reused by a new parameter
         self._ids: dict[int, weakref.ref[torch.Tensor]] = {}
@@ -117,9 +116,12 @@ class GradientBuckets:
         self._buckets: list[Bucket] | None = None
         self._where: dict[int, tuple[int, int]] = {}
         self._next_launch = 0
-        self._round_open = False  # hooks fired; the end-of-backward callback is queued
-        self._bases: dict[int, torch.Tensor | None] = {}  # id(param) -> .grad moved aside this round
+        self._bases: dict[int, torch.Tensor | None] = {}  # id(param) -> .grad moved aside (at the end)
         self._lock = threading.RLock()
+        # the round engine of every strategy's gradient sum; a parameter's slot is its id
+        self._rounds = Rounds(
+            1, self._end_round, is_active, on_open=self._start_round, on_delta=self._on_grad
+        )
 
     # ---------------------------------------------------------------- registration
     def add(self, param: torch.nn.Parameter) -> None:
@@ -142,8 +144,7 @@ class GradientBuckets:
         self._params.append(ref)
         self._layout.append((param.shape, param.dtype, param.device))
         self._is_sparse.append(False)
-        self._handles.append(param.register_hook(functools.partial(self._before_accumulate, ref)))
-        self._handles.append(param.register_post_accumulate_grad_hook(self._on_grad))
+        self._handles.extend(self._rounds.hook(param, 0, [id(param)]))
         self._buckets = None  # rebuilt at the next round
 
     def refresh(self) -> None:
@@ -221,30 +222,10 @@ class GradientBuckets:
         return p
 
     # ---------------------------------------------------------------- during backward
-    def _before_accumulate(self, ref: weakref.ref[torch.nn.Parameter], grad: torch.Tensor) -> None:
-        """Opens the round; moves the parameter's ``.grad`` aside as its base (first visit)."""
-        if not self._is_active():
-            return
-        param = ref()
+    def _on_grad(self, index: int, slot: int, param: torch.Tensor) -> None:
+        """Autograd accumulated this pass's delta into ``param``: into its bucket; start the
+        buckets that are complete, in order."""
         with self._lock:
-            buckets = self._ensure_built()
-            if not self._round_open:
-                self._start_round(buckets)
-            if param is None or id(param) in self._bases:
-                return
-            base = param.grad
-            if base is not None:
-                b, _ = self._where[id(param)]
-                if buckets[b].owns(base):  # the last sum: its bucket gets overwritten
-                    base = base.clone()
-            self._bases[id(param)] = base
-            param.grad = None
-
-    def _on_grad(self, param: torch.Tensor) -> None:
-        if not self._is_active() or not self._round_open:
-            return
-        with self._lock:
-            self._accumulated = True
             buckets = self._ensure_built()
             grad = param.grad
             where = self._where.get(id(param))
@@ -272,22 +253,25 @@ class GradientBuckets:
                     f"{tuple(param.shape)} (bucket {b}). HINT: use "
                     "torch.utils.checkpoint.checkpoint(..., use_reentrant=False)."
                 )
+            bases = self._rounds.state(index).bases
+            base = bases.get(slot)
+            if base is not None and bucket.owns(base):  # the last sum: its slot gets overwritten
+                bases[slot] = base.clone()
             bucket.put(i, grad)
             self._launch_ready(buckets)
 
-    def _start_round(self, buckets: list[Bucket]) -> None:
-        """First hook of a backward pass: wait for anything still running, queue the end."""
-        self._flush_running()
-        for bucket in buckets:
-            bucket.ready = [False] * len(bucket.params)
-        self._next_launch = 0
-        self._round_open = True
-        self._accumulated = False
-        self._bases = {}
-        self._sparse_deltas = {}
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_round)
+    def _start_round(self, index: int) -> None:
+        """First hook of a backward pass: wait for anything still running."""
+        with self._lock:
+            buckets = self._ensure_built()
+            self._flush_running()
+            for bucket in buckets:
+                bucket.ready = [False] * len(bucket.params)
+                bucket.tensor = bucket.buffer  # a solo bucket lets go of the last round's gradient
+            self._next_launch = 0
+            self._sparse_deltas = {}
 
-    def _end_round(self) -> None:
+    def _end_round(self, index: int, state: Round) -> None:
         """End of the backward pass: start every bucket, wait, install base + sum (all
         workers; blocks until the all-reduces finish).
 
@@ -295,11 +279,8 @@ class GradientBuckets:
             PeerUnavailableError: (from ``wait``) a worker died or stopped answering.
         """
         with self._lock:
-            self._round_open = False
             buckets = self._ensure_built()
-            if not self._accumulated:  # autograd.grad only
-                self._put_bases_back()
-                return
+            self._bases = state.bases
             for bucket in buckets:
                 for i, ready in enumerate(bucket.ready):
                     if not ready:
@@ -369,20 +350,11 @@ class GradientBuckets:
         self._ids = {i: ref for i, ref in self._ids.items() if ref() is not None}
         self._buckets = None
 
-    def _put_bases_back(self) -> None:
-        for ref in self._params:
-            p = ref()
-            if p is not None and id(p) in self._bases:
-                p.grad = self._bases[id(p)]
-        self._bases = {}
-
     def abort_round(self) -> None:
         """Forgets a round whose backward pass raised (its end-of-backward callback never
         ran): the moved-aside gradients go back."""
         with self._lock:
-            if self._round_open:
-                self._put_bases_back()
-            self._round_open = False
+            self._rounds.abort()
 
     def _launch_ready(self, buckets: list[Bucket]) -> None:
         while self._next_launch < len(buckets) and buckets[self._next_launch].complete():
