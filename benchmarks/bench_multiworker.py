@@ -10,6 +10,11 @@ Run: python benchmarks/bench_multiworker.py [--quick]
    workers x 1 intra-op thread: a phalanx custom loop (experimental_distribute_dataset,
    strategy.run, compute_average_loss, gradient buckets) against DistributedDataParallel
    (gloo) on the same per-worker batches. ratio = phalanx / DDP examples per second (goal >= 1.0).
+3. The gradient engines alone, in a plain torch loop of that MLP (no ``run``, no iterator):
+   phalanx's gradient buckets (`phalanx.communication.bucketing`, over the strategy's own
+   transport) against DDP's C++ reducer as DDP builds it, and as DDP with
+   ``gradient_as_bucket_view`` and a summing communication hook (phalanx's convention).
+   Printed as CPU ms per step of worker 0 above the same loop with no all-reduce at all.
 
 Both sides of each case are timed in alternating rounds in the same processes; the best
 round of each counts. Nothing is asserted: the ratios are printed. Both workers run on this
@@ -143,6 +148,60 @@ def _bench_training(strategy, rank: int, quick: bool) -> str:
     )
 
 
+def _bench_engines(strategy, rank: int, quick: bool) -> str:
+    from phalanx.communication.bucketing import GradientBuckets
+
+    steps = 8 if quick else 20
+    g = torch.Generator().manual_seed(2 + rank)
+    half = GLOBAL_BATCH // 2
+    batches = [(torch.randn(half, 784, generator=g), torch.randint(0, 10, (half,), generator=g))]
+    batches *= steps
+
+    def loop(model: nn.Module) -> Callable[[], None]:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def epoch() -> None:
+            for x, y in batches:
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+
+        return epoch
+
+    def summing_hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket
+        work = dist.all_reduce(bucket.buffer(), async_op=True)
+        assert work is not None
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    group = strategy._group
+    ours = _mlp()
+    buckets = GradientBuckets(group.all_reduce_async, group.wait, workers=2)
+    for p in ours.parameters():
+        buckets.add(p)
+    view = nn.parallel.DistributedDataParallel(_mlp(), gradient_as_bucket_view=True)
+    view.register_comm_hook(None, summing_hook)
+    cases = {
+        "none": loop(_mlp()),
+        "phalanx buckets": loop(ours),
+        "DDP": loop(nn.parallel.DistributedDataParallel(_mlp())),
+        "DDP view+sum hook": loop(view),
+    }
+    cpu = {name: 1e9 for name in cases}
+    for fn in cases.values():
+        fn()  # warm up
+    for _ in range(3 if quick else 5):
+        for name, fn in cases.items():
+            dist.barrier()
+            start = time.process_time()
+            fn()
+            cpu[name] = min(cpu[name], (time.process_time() - start) / steps * 1e3)
+            dist.barrier()
+    buckets.close()
+    extra = "   ".join(f"{name} +{cpu[name] - cpu['none']:4.2f}" for name in cases if name != "none")
+    alone = cpu["none"]
+    return f"gradient engines, CPU ms/step of worker 0 above a loop without all-reduce ({alone:.1f}): {extra}"
+
+
 def worker(quick: bool) -> None:
     import phalanx
 
@@ -152,6 +211,7 @@ def worker(quick: bool) -> None:
     rank = strategy.cluster_resolver.worker_index
     lines = _bench_all_reduce(strategy, quick)
     lines.append(_bench_training(strategy, rank, quick))
+    lines.append(_bench_engines(strategy, rank, quick))
     if rank == 0:
         group = strategy._group
         transport = "shared memory (same machine)" if group.uses_shared_memory else "gloo"

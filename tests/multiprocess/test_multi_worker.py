@@ -124,9 +124,11 @@ def test_collectives_and_gradient_buckets_with_one_replica_per_worker(tmp_path, 
         assert result["uses_shared_memory"] == (transport == "shared_memory")
         assert result["plain_parameters"]
         assert result["initial_values_from_chief"]
-        # reverse creation order in 4 KB buckets (the 1 MB first-bucket cap does not bind)
+        # reverse creation order in 4 KB buckets (the 1 MB first-bucket cap does not bind);
+        # a gradient of 4 KB or more is all-reduced alone, in place
         assert result["buckets"] == [
-            [[2], [2, 30], [3], [3, 3], [4], [4, 30], [30]],
+            [[40, 30]],
+            [[2], [2, 30], [3], [3, 3], [40], [30]],
             [[30, 30], [30]],
             [[30, 20]],
         ]

@@ -6,6 +6,11 @@ buckets in *reverse registration order* (about the order backward produces their
 and the same on every worker because every worker builds the same model): the first bucket
 holds about ``first_bucket_bytes`` (1 MiB, so the last layers' gradients start moving early),
 the others about ``bucket_bytes`` (25 MiB), one dtype and device per bucket, as DDP does.
+A gradient of at least ``solo_bytes`` (1 MiB) is a bucket of its own, all-reduced where
+autograd put it: DDP's reducer copies every gradient into its bucket and (without
+``gradient_as_bucket_view``) back out; here the large ones, nearly all the bytes of a
+model, are copied neither way, and the small ones are copied in once and their ``.grad``
+is a view of the bucket afterwards.
 
 One backward pass is one *round*; at its end every parameter's ``.grad`` holds the sum over
 workers (DDP's contract: reads and in-place edits between ``backward()`` and
@@ -16,21 +21,22 @@ what ``.grad`` holds):
   moved aside as the round's *base*, so autograd writes this pass's contribution (the
   *delta*) into a fresh tensor.
 * When a parameter's delta has been accumulated (``register_post_accumulate_grad_hook``),
-  it is copied into its bucket; when every delta of a bucket is in, the bucket's
-  all-reduce starts asynchronously. Buckets start strictly in index order on every worker,
-  so the collectives match across workers.
+  it is copied into its bucket (a solo bucket takes it as it is); when every delta of a
+  bucket is in, the bucket's all-reduce starts asynchronously. Buckets start strictly in
+  index order on every worker, so the collectives match across workers.
 * At the end of the backward pass (an autograd-engine callback, as DDP's) each parameter
   this pass did not reach contributes zeros, every remaining bucket starts, and the pass
   waits for all of them: each parameter's ``.grad`` becomes its base plus the sum of the
   deltas (a view of its bucket when there was no base). So each round issues exactly one
   all-reduce per bucket on every worker, whatever the data did, and gradient accumulation
   (several backward passes before one step) sums deltas: ``sum(d1) + sum(d2)``.
-* Each bucket also carries one "has a delta" flag per parameter; after the sum, a
+* The last bucket of the launch order (always a packed one, if need be of flags alone)
+  also carries one "has a delta" flag per parameter of every bucket; after the sum, a
   parameter that no worker has a delta for keeps its ``.grad`` untouched (None after
   ``zero_grad()``), as on one device. A pass that accumulated nothing
   (``torch.autograd.grad``) puts the bases back and starts no all-reduce.
 * A parameter that died (its model was dropped) keeps its slot, as zeros, until every
-  worker has dropped it: each bucket also carries one "dead here" flag per parameter, and
+  worker has dropped it: the last bucket also carries one "dead here" flag per parameter, and
   once their sum says every worker's copy is dead, every worker forgets the slot at the
   same round and the buckets are rebuilt without it. So a process that builds model after
   model under one strategy does not all-reduce the dead ones' zeros forever.
@@ -43,7 +49,6 @@ what ``.grad`` holds):
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -52,12 +57,15 @@ from typing import Any
 import torch
 
 from phalanx.communication._bucket import Bucket
+from phalanx.communication._rounds import Round, Rounds
 from phalanx.communication._sparse import SPARSE, empty_sparse, plus
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "GradientBuckets"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "SOLO_BYTES", "GradientBuckets"]
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 FIRST_BUCKET_BYTES = 1024 * 1024
+SOLO_BYTES = 1024 * 1024  # a gradient this large is all-reduced where autograd put it
+_FLAG_DTYPES = (torch.float32, torch.float64)  # hold the flags' counts exactly
 
 Launch = Callable[[torch.Tensor], Any]  # starts an async in-place SUM all-reduce, returns its work
 Wait = Callable[[Any, str], None]  # waits for that work (raises on failure)
@@ -76,6 +84,8 @@ class GradientBuckets:
             hooks of other backward passes do nothing.
         bucket_bytes: Bucket size (0: 25 MiB).
         first_bucket_bytes: Size of the first bucket (default 1 MiB, capped at ``bucket_bytes``).
+        solo_bytes: A gradient of at least this size (default 1 MiB, capped at
+            ``bucket_bytes``) is its own bucket, all-reduced in place: no copy.
     """
 
     def __init__(
@@ -87,17 +97,18 @@ class GradientBuckets:
         first_bucket_bytes: int = FIRST_BUCKET_BYTES,
         sum_sparse: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
         workers: int = 1,
+        solo_bytes: int = SOLO_BYTES,
     ) -> None:
         self._launch, self._wait, self._is_active = launch, wait, is_active
         self._sum_sparse = sum_sparse
         self._workers = workers
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
         self._first_bytes = min(first_bucket_bytes, self._bucket_bytes)
+        self._solo_bytes = min(solo_bytes, self._bucket_bytes)
         self._params: list[weakref.ref[torch.nn.Parameter]] = []  # trainable, registration order
         self._layout: list[tuple[torch.Size, torch.dtype, torch.device]] = []  # of each, kept after it dies
         self._is_sparse: list[bool] = []  # of each: its gradients are sparse (not in a bucket)
         self._sparse_deltas: dict[int, torch.Tensor] = {}  # id(param) -> its sparse delta this round
-        self._accumulated = False  # this round accumulated into some parameter
         self._frozen: list[weakref.ref[torch.nn.Parameter]] = []  # requires_grad=False when added
         # id -> the parameter: a dead one's id may be reused by a new parameter
         self._ids: dict[int, weakref.ref[torch.Tensor]] = {}
@@ -105,9 +116,12 @@ class GradientBuckets:
         self._buckets: list[Bucket] | None = None
         self._where: dict[int, tuple[int, int]] = {}
         self._next_launch = 0
-        self._round_open = False  # hooks fired; the end-of-backward callback is queued
-        self._bases: dict[int, torch.Tensor | None] = {}  # id(param) -> .grad moved aside this round
+        self._bases: dict[int, torch.Tensor | None] = {}  # id(param) -> .grad moved aside (at the end)
         self._lock = threading.RLock()
+        # the round engine of every strategy's gradient sum; a parameter's slot is its id
+        self._rounds = Rounds(
+            1, self._end_round, is_active, on_open=self._start_round, on_delta=self._on_grad
+        )
 
     # ---------------------------------------------------------------- registration
     def add(self, param: torch.nn.Parameter) -> None:
@@ -130,8 +144,7 @@ class GradientBuckets:
         self._params.append(ref)
         self._layout.append((param.shape, param.dtype, param.device))
         self._is_sparse.append(False)
-        self._handles.append(param.register_hook(functools.partial(self._before_accumulate, ref)))
-        self._handles.append(param.register_post_accumulate_grad_hook(self._on_grad))
+        self._handles.extend(self._rounds.hook(param, 0, [id(param)]))
         self._buckets = None  # rebuilt at the next round
 
     def refresh(self) -> None:
@@ -157,7 +170,7 @@ class GradientBuckets:
     def buckets(self) -> list[list[torch.Tensor]]:
         """The parameters of each bucket, in launch order (built on first use)."""
         with self._lock:
-            return [b.params for b in self._ensure_built()]
+            return [b.params for b in self._ensure_built() if b.params]
 
     def _ensure_built(self) -> list[Bucket]:
         if self._buckets is None:
@@ -167,58 +180,52 @@ class GradientBuckets:
         return self._buckets
 
     def _build(self) -> list[Bucket]:
-        closed: list[tuple[list[torch.Tensor], list[int], torch.device, torch.dtype]] = []
+        """Buckets in launch order; the last one is packed and carries every bucket's flags."""
+        groups: list[tuple[list[torch.Tensor], list[int], torch.device, torch.dtype, bool]] = []
         open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int], int]] = {}
         started: set[tuple[torch.device, torch.dtype]] = set()
         for k in reversed(range(len(self._params))):
             if self._is_sparse[k]:
                 continue
-            p: torch.Tensor | None = self._params[k]()
-            if p is None:
-                shape, dtype, device = self._layout[k]
-                p = torch.empty(shape, dtype=dtype, device="meta")
-            else:  # live: its layout now (model.double() or .to() may have run since it was added)
-                self._layout[k] = (p.shape, p.dtype, p.device)
-                dtype, device = p.dtype, p.device
-            key = (device, dtype)
+            p = self._member(k)
+            key = (self._layout[k][2], p.dtype)
+            nbytes = p.numel() * p.element_size()
+            if nbytes >= self._solo_bytes:
+                groups.append(([p], [k], *key, True))
+                continue
             members, slots, size = open_.get(key, ([], [], 0))
             limit = self._bucket_bytes if key in started else self._first_bytes
-            nbytes = p.numel() * p.element_size()
             if members and size + nbytes > limit:
-                closed.append((members, slots, *key))
+                groups.append((members, slots, *key, False))
                 started.add(key)
                 members, slots, size = [], [], 0
             open_[key] = ([*members, p], [*slots, k], size + nbytes)
-        closed.extend((members, slots, *key) for key, (members, slots, _) in open_.items() if members)
-        buckets = [Bucket(members, slots, dtype, device) for members, slots, device, dtype in closed]
+        groups.extend((members, slots, *key, False) for key, (members, slots, _) in open_.items() if members)
+        if groups and (groups[-1][4] or groups[-1][3] not in _FLAG_DTYPES):
+            groups.append(([], [], groups[-1][2], torch.float32, False))  # the flags alone
+        flags = 2 * sum(len(group[0]) for group in groups)
+        buckets = [
+            Bucket(members, slots, dtype, device, solo, flags if b == len(groups) - 1 else 0)
+            for b, (members, slots, device, dtype, solo) in enumerate(groups)
+        ]
         self._where = {id(p): (b, i) for b, bucket in enumerate(buckets) for i, p in enumerate(bucket.params)}
         return buckets
 
-    # ---------------------------------------------------------------- during backward
-    def _before_accumulate(self, ref: weakref.ref[torch.nn.Parameter], grad: torch.Tensor) -> None:
-        """Opens the round; moves the parameter's ``.grad`` aside as its base (first visit)."""
-        if not self._is_active():
-            return
-        param = ref()
-        with self._lock:
-            buckets = self._ensure_built()
-            if not self._round_open:
-                self._start_round(buckets)
-            if param is None or id(param) in self._bases:
-                return
-            base = param.grad
-            if base is not None:
-                b, _ = self._where[id(param)]
-                if _aliases(base, buckets[b].buffer):  # the last sum: its bucket gets overwritten
-                    base = base.clone()
-            self._bases[id(param)] = base
-            param.grad = None
+    def _member(self, k: int) -> torch.Tensor:
+        """Slot ``k``'s parameter, or a "meta" placeholder of its layout once it died."""
+        p: torch.Tensor | None = self._params[k]()
+        if p is None:
+            shape, dtype, device = self._layout[k]
+            return torch.empty(shape, dtype=dtype, device="meta")
+        # live: its layout now (model.double() or .to() may have run since it was added)
+        self._layout[k] = (p.shape, p.dtype, p.device)
+        return p
 
-    def _on_grad(self, param: torch.Tensor) -> None:
-        if not self._is_active() or not self._round_open:
-            return
+    # ---------------------------------------------------------------- during backward
+    def _on_grad(self, index: int, slot: int, param: torch.Tensor) -> None:
+        """Autograd accumulated this pass's delta into ``param``: into its bucket; start the
+        buckets that are complete, in order."""
         with self._lock:
-            self._accumulated = True
             buckets = self._ensure_built()
             grad = param.grad
             where = self._where.get(id(param))
@@ -246,22 +253,25 @@ class GradientBuckets:
                     f"{tuple(param.shape)} (bucket {b}). HINT: use "
                     "torch.utils.checkpoint.checkpoint(..., use_reentrant=False)."
                 )
+            bases = self._rounds.state(index).bases
+            base = bases.get(slot)
+            if base is not None and bucket.owns(base):  # the last sum: its slot gets overwritten
+                bases[slot] = base.clone()
             bucket.put(i, grad)
             self._launch_ready(buckets)
 
-    def _start_round(self, buckets: list[Bucket]) -> None:
-        """First hook of a backward pass: wait for anything still running, queue the end."""
-        self._flush_running()
-        for bucket in buckets:
-            bucket.ready = [False] * len(bucket.params)
-        self._next_launch = 0
-        self._round_open = True
-        self._accumulated = False
-        self._bases = {}
-        self._sparse_deltas = {}
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_round)
+    def _start_round(self, index: int) -> None:
+        """First hook of a backward pass: wait for anything still running."""
+        with self._lock:
+            buckets = self._ensure_built()
+            self._flush_running()
+            for bucket in buckets:
+                bucket.ready = [False] * len(bucket.params)
+                bucket.tensor = bucket.buffer  # a solo bucket lets go of the last round's gradient
+            self._next_launch = 0
+            self._sparse_deltas = {}
 
-    def _end_round(self) -> None:
+    def _end_round(self, index: int, state: Round) -> None:
         """End of the backward pass: start every bucket, wait, install base + sum (all
         workers; blocks until the all-reduces finish).
 
@@ -269,16 +279,15 @@ class GradientBuckets:
             PeerUnavailableError: (from ``wait``) a worker died or stopped answering.
         """
         with self._lock:
-            self._round_open = False
             buckets = self._ensure_built()
-            if not self._accumulated:  # autograd.grad only
-                self._put_bases_back()
-                return
+            self._bases = state.bases
             for bucket in buckets:
                 for i, ready in enumerate(bucket.ready):
                     if not ready:
                         self._not_reached(bucket, i)
             self._launch_ready(buckets)
+            self._flush_running()
+            _read_flags(buckets)
             newly_sparse: set[int] = set()
             dead: set[int] = set()
             for bucket in buckets:
@@ -299,18 +308,15 @@ class GradientBuckets:
         if id(p) in self._bases:
             p.grad = self._bases.pop(id(p))
         g = p.grad
-        if g is not None and _aliases(g, bucket.buffer):
+        if g is not None and bucket.owns(g):
             p.grad = g.clone()  # the buffer is about to carry this round's deltas
         bucket.put(i, None)
 
     def _install(self, bucket: Bucket, dead: set[int]) -> set[int]:
-        """Waits for a bucket and installs base + sum; returns the ids of its parameters
-        some worker found sparse, and adds to ``dead`` the slots that died on every worker."""
-        work, bucket.work = bucket.work, None
-        if work is not None:
-            self._wait(work, "the gradient all-reduce")
-        had = bucket.flags.tolist()
-        dead.update(k for k, n in zip(bucket.slots, bucket.dead.tolist(), strict=True) if n >= self._workers)
+        """Installs a summed bucket's base + sum; returns the ids of its parameters some
+        worker found sparse, and adds to ``dead`` the slots that died on every worker."""
+        had = bucket.summed_had
+        dead.update(k for k, n in zip(bucket.slots, bucket.summed_dead, strict=True) if n >= self._workers)
         sparse = set()
         for i, p in enumerate(bucket.params):
             if had[i] >= SPARSE:
@@ -344,20 +350,11 @@ class GradientBuckets:
         self._ids = {i: ref for i, ref in self._ids.items() if ref() is not None}
         self._buckets = None
 
-    def _put_bases_back(self) -> None:
-        for ref in self._params:
-            p = ref()
-            if p is not None and id(p) in self._bases:
-                p.grad = self._bases[id(p)]
-        self._bases = {}
-
     def abort_round(self) -> None:
         """Forgets a round whose backward pass raised (its end-of-backward callback never
         ran): the moved-aside gradients go back."""
         with self._lock:
-            if self._round_open:
-                self._put_bases_back()
-            self._round_open = False
+            self._rounds.abort()
 
     def _launch_ready(self, buckets: list[Bucket]) -> None:
         while self._next_launch < len(buckets) and buckets[self._next_launch].complete():
@@ -366,15 +363,17 @@ class GradientBuckets:
                 # A .grad that is a view of this buffer (installed at the last step) must not be
                 # written by autograd while the buffer is being reduced: give it its own memory.
                 g = p.grad
-                if g is not None and _aliases(g, bucket.buffer):
+                if g is not None and bucket.owns(g):
                     p.grad = g.clone()
-            bucket.flags.copy_(torch.tensor(bucket.had, dtype=bucket.flags.dtype))
-            bucket.dead.copy_(bucket.dead_here)
-            bucket.work = self._launch(bucket.buffer)
+            if self._next_launch == len(buckets) - 1:  # the last: every bucket's flags are known
+                _write_flags(buckets)
+            assert bucket.tensor is not None
+            bucket.work = self._launch(bucket.tensor)
             self._next_launch += 1
 
     def _flush_running(self) -> None:
-        """Waits for the all-reduces still running (their result is superseded)."""
+        """Waits for the all-reduces still running (the round's sums at its end; otherwise
+        superseded ones)."""
         for bucket in self._buckets or []:
             if bucket.work is not None:
                 work, bucket.work = bucket.work, None
@@ -389,8 +388,24 @@ class GradientBuckets:
             self._flush_running()
 
 
-def _aliases(tensor: torch.Tensor, buffer: torch.Tensor) -> bool:
-    """Whether ``tensor`` shares ``buffer``'s memory (a view of it)."""
-    if tensor.layout != torch.strided:  # a sparse gradient has its own memory
-        return False
-    return tensor.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+def _write_flags(buckets: list[Bucket]) -> None:
+    """Puts this worker's flags of every bucket after the last bucket's gradients."""
+    flags = buckets[-1].flags
+    assert flags is not None
+    had = [f for bucket in buckets for f in bucket.had]
+    dead = [f for bucket in buckets for f in bucket.dead_here]
+    flags.copy_(torch.tensor(had + dead, dtype=flags.dtype))
+
+
+def _read_flags(buckets: list[Bucket]) -> None:
+    """Hands each bucket its summed flags (after every bucket's all-reduce finished)."""
+    flags = buckets[-1].flags if buckets else None
+    if flags is None:
+        return
+    summed = flags.tolist()
+    half = len(summed) // 2
+    start = 0
+    for bucket in buckets:
+        end = start + len(bucket.params)
+        bucket.summed_had, bucket.summed_dead = summed[start:end], summed[half + start : half + end]
+        start = end

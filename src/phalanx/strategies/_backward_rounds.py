@@ -1,59 +1,31 @@
-"""Backward rounds: the end of each backward pass is where in-process replicas sum gradients.
+"""The in-process stage of the backward rounds: local replicas sum at the end of each pass.
 
-See docs/architecture.md, "The optimizer step".
+See docs/architecture.md, "The optimizer step", and `phalanx.communication._rounds` (the
+round engine every strategy's gradient sum runs on: base/delta, the end-of-backward
+callback, abort).
 
-DDP's contract, which phalanx keeps under every synchronous strategy: once ``backward()`` has
-returned, every replica's ``.grad`` holds the summed gradient, so reads and in-place edits
-between backward and ``optimizer.step()`` (clipping, unscaling, logging) act on the sum and
-the step applies what ``.grad`` holds.
-
-One backward pass of one replica is one *round*. Two tensor hooks on every replica leaf of
-the strategy's parameters drive it:
-
-* the pre-hook (before autograd accumulates into ``.grad``), at a leaf's first visit in the
-  round, moves the leaf's current ``.grad`` aside as its *base* (``.grad`` becomes None, so
-  autograd writes this pass's contribution, the *delta*, into a fresh tensor), and at the
-  round's first visit queues an end-of-backward callback in autograd's engine (as DDP does);
-* the post-accumulate hook records that the leaf really accumulated (``torch.autograd.grad``
-  fires pre-hooks but accumulates nothing).
-
-At the end of the pass the callback hands every tracked leaf's (base, delta) to ``merge``,
-which sums the deltas over the replicas and sets ``.grad = base + sum``. Summing deltas, not
-whole gradients, keeps gradient accumulation right: two backward passes before one step give
-``sum(d1) + sum(d2)``, not the first sum counted once per replica. A round that accumulated
-nothing (``torch.autograd.grad`` only) puts the bases back and meets nobody; replicas run the
-same program, so all of them decide alike.
-
-The hooks act only while the strategy's ``run`` is active (``active``), so a backward pass
-outside ``run`` (replica 0's leaves are the variables' cross-replica values under Mirrored)
-changes nothing.
+This module tracks the replica leaves of a strategy's distributed variables as the rounds'
+slots (one slot per variable, the same on every replica and worker) and, at the end of a
+replica's round, hands every slot's (base, delta) to ``merge``, which sums the deltas over
+the replicas and sets ``.grad = base + sum``. The hooks act only while the strategy's
+``run`` is active (``active``), so a backward pass outside ``run`` (replica 0's leaves are
+the variables' cross-replica values under Mirrored) changes nothing.
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
+from phalanx.communication._rounds import Round, Rounds
 from phalanx.variables import DistributedVariable
 
 __all__ = ["BackwardRounds", "Merge"]
 
 _HOOKED = "_phalanx_round_hooks"  # attribute on a leaf: the rounds object that hooked it
-
-
-class _Round:
-    """One replica's state during one backward pass."""
-
-    __slots__ = ("accumulated", "bases", "open")
-
-    def __init__(self) -> None:
-        self.open = False
-        self.bases: dict[int, torch.Tensor | None] = {}  # slot -> the .grad moved aside
-        self.accumulated: set[int] = set()  # slots whose leaf accumulated this round
 
 
 # merge(index, leaves, bases, deltas): sums ``deltas`` over the replicas (None: no
@@ -90,7 +62,7 @@ class BackwardRounds:
         self._slot_of: dict[int, int] = {}  # id(variable) -> slot (check: ids of dead ones are reused)
         # slots whose every replica leaf is hooked: `track` skips them (leaves never change)
         self._complete: set[int] = set()
-        self._rounds = [_Round() for _ in range(num_replicas)]
+        self._rounds = Rounds(num_replicas, self._end_round, lambda: self.active)
         self._completed = [0] * num_replicas
         self.active = False
 
@@ -161,42 +133,13 @@ class BackwardRounds:
                 complete = False
                 continue
             cell = [slot]  # the leaf's slot; `_compact` renumbers it in place
-            ref = weakref.ref(leaf)
-            leaf.register_hook(functools.partial(self._before_accumulate, cell, i, ref))
-            leaf.register_post_accumulate_grad_hook(functools.partial(self._after_accumulate, cell, i))
+            self._rounds.hook(leaf, i, cell)
             setattr(leaf, _HOOKED, (self, cell))
         return complete
 
-    # ---------------------------------------------------------------- during backward
-    def _before_accumulate(
-        self, cell: list[int], index: int, ref: weakref.ref[torch.Tensor], grad: torch.Tensor
-    ) -> None:
-        if not self.active:
-            return
-        state = self._rounds[index]
-        if not state.open:
-            state.open = True
-            torch.autograd.Variable._execution_engine.queue_callback(
-                functools.partial(self._end_round, index)
-            )
-        slot = cell[0]
-        if slot not in state.bases:
-            leaf = ref()
-            if leaf is not None:
-                state.bases[slot] = leaf.grad
-                leaf.grad = None
-
-    def _after_accumulate(self, cell: list[int], index: int, leaf: torch.Tensor) -> None:
-        if self.active and self._rounds[index].open:
-            self._rounds[index].accumulated.add(cell[0])
-
-    def _end_round(self, index: int) -> None:
-        """End of a replica's backward pass: merge its deltas (see module docstring)."""
-        state = self._rounds[index]
-        self._rounds[index] = _Round()
-        if not state.accumulated:
-            _restore(self._leaves(index), state)
-            return
+    # ---------------------------------------------------------------- end of a round
+    def _end_round(self, index: int, state: Round) -> None:
+        """End of a replica's backward pass that accumulated: merge its deltas."""
         leaves, bases, deltas = [], [], []
         for slot, leaf in enumerate(self._leaves(index)):
             leaves.append(leaf)
@@ -208,8 +151,7 @@ class BackwardRounds:
                     leaf.grad = state.bases[slot]
                 bases.append(leaf.grad)
                 deltas.append(None)
-        with torch.no_grad():
-            self._merge(index, leaves, bases, deltas)
+        self._merge(index, leaves, bases, deltas)
         self._completed[index] += 1
 
     def _leaves(self, index: int) -> list[torch.Tensor]:
@@ -224,17 +166,8 @@ class BackwardRounds:
     def abort(self) -> None:
         """Ends the rounds left open by a backward pass that raised (its end-of-backward
         callback never ran): every moved-aside gradient goes back (after ``run``)."""
-        for index, state in enumerate(self._rounds):
-            if state.open:
-                _restore(self._leaves(index), state)
-            self._rounds[index] = _Round()
+        self._rounds.abort()
 
 
 def _zeros(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.zeros((), dtype=dtype, device=device).expand(shape)
-
-
-def _restore(leaves: list[torch.Tensor], state: _Round) -> None:
-    for slot, base in state.bases.items():
-        if slot < len(leaves):
-            leaves[slot].grad = base

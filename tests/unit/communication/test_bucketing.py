@@ -273,3 +273,40 @@ def test_a_dead_parameter_leaves_the_buckets_once_it_died_on_every_worker(dead_o
     keep.grad, new.grad = None, None
     (keep.sum() + new.sum()).backward()  # the next round still sums right
     torch.testing.assert_close(keep.grad, torch.full((3,), float(WORKERS)))
+
+
+class Keeper(Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tensors: list[torch.Tensor] = []
+
+    def launch(self, buffer: torch.Tensor) -> FakeWork:
+        self.tensors.append(buffer)
+        return super().launch(buffer)
+
+
+def test_a_large_gradient_is_summed_in_place_alone_and_the_flags_ride_in_the_last_bucket():
+    small, big, unused = (nn.Parameter(torch.ones(n)) for n in (4, 64, 64))
+    recorder = Keeper()
+    buckets = _buckets([small, unused, big], recorder, solo_bytes=256)  # 64 floats: 256 B, solo
+    assert [[p.numel() for p in b] for b in buckets.buckets] == [[64], [64], [4]]
+    (big * 2).sum().add(small.sum()).backward()
+    # big alone, unused alone (zeros: no worker had a gradient), then small and 3 x 2 flags
+    assert recorder.launched == [64, 64, 4 + 6]
+    assert big.grad.data_ptr() == recorder.tensors[0].data_ptr()  # autograd's tensor, summed in place
+    torch.testing.assert_close(big.grad, torch.full((64,), 2.0 * WORKERS))
+    torch.testing.assert_close(small.grad, torch.full((4,), 1.0 * WORKERS))
+    assert unused.grad is None
+    for _ in range(2):  # accumulated: base + the pass's sum
+        (big * 3).sum().backward()
+    torch.testing.assert_close(big.grad, torch.full((64,), 8.0 * WORKERS))
+
+
+def test_when_the_last_bucket_is_solo_the_flags_travel_alone():
+    big = nn.Parameter(torch.ones(64))
+    recorder = Recorder()
+    buckets = _buckets([big], recorder, solo_bytes=256)
+    (big * 2).sum().backward()
+    assert recorder.launched == [64, 2]  # the gradient, then its two flags
+    assert [[p.numel() for p in b] for b in buckets.buckets] == [[64]]
+    torch.testing.assert_close(big.grad, torch.full((64,), 2.0 * WORKERS))
