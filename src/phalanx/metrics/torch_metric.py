@@ -37,6 +37,10 @@ def is_torchmetrics_metric(obj: Any) -> bool:
     return module is not None and isinstance(obj, module.Metric)
 
 
+# Module-level: a metric stays picklable (parameter-server workers receive the model pickled).
+_copies_lock = threading.Lock()
+
+
 def _sum_reduction() -> Any:
     from torchmetrics.utilities.data import dim_zero_sum
 
@@ -71,7 +75,11 @@ class TorchMetric(Metric):
             self._defaults[state] = default.detach().clone()
             self.add_state(_buffer_name(state), tuple(default.shape), dtype=_total_dtype(default))
         self._copies: dict[Any, Any] = {}
-        self._copies_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_copies"] = {}  # the replicas' working copies are made again where it runs
+        return state
 
     def _check_states(self, template: Any) -> None:
         total = _sum_reduction()
@@ -94,7 +102,7 @@ class TorchMetric(Metric):
         key = (ctx.local_replica_index if ctx is not None else None, threading.get_ident(), device)
         found = self._copies.get(key)
         if found is None:
-            with self._copies_lock:
+            with _copies_lock:
                 found = self._copies.setdefault(key, copy.deepcopy(self._template).to(device))
         return found
 
@@ -131,7 +139,8 @@ class TorchMetric(Metric):
 
         with metric.sync_context(dist_sync_fn=gathered, distributed_available=lambda: True):
             value = metric.compute.__wrapped__()  # the metric's compute, without syncing again
-        return torch.as_tensor(value, dtype=torch.float64).detach()
+        value = torch.as_tensor(value, dtype=torch.float64).detach()
+        return value.reshape(()) if value.numel() == 1 else value  # a scalar, as torchmetrics gives it
 
     def get_config(self) -> dict[str, Any]:
         """Name, dtype and the torchmetrics class (saved with a model; not rebuildable)."""
