@@ -44,7 +44,9 @@ def test_torch_losses_and_metrics_under_multi_worker_mirrored_equal_one_device(m
     for got in results:
         for key in want:
             assert got[key]["loss"] == pytest.approx(want[key]["loss"], abs=1e-4), key
-        assert got["module"]["multiclass_accuracy"] == pytest.approx(want["module"]["multiclass_accuracy"], abs=1e-6)
+        assert got["module"]["multiclass_accuracy"] == pytest.approx(
+            want["module"]["multiclass_accuracy"], abs=1e-6
+        )
 
 
 def test_torch_cross_entropy_equals_the_keras_loss_under_multi_worker_mirrored(mwms_2workers):

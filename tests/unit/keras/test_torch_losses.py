@@ -27,7 +27,9 @@ def fit_history(strategy, loss, metrics=None, epochs=3, batch_size=8, y=None, lr
         torch.manual_seed(1)
         model = phalanx.Model(nn.Linear(5, 3))
         model.compile(optimizer=torch.optim.SGD(model.parameters(), lr=lr), loss=loss, metrics=metrics)
-    history = model.fit(x, labels if y is None else y, batch_size=batch_size, epochs=epochs, verbose=0, shuffle=False)
+    history = model.fit(
+        x, labels if y is None else y, batch_size=batch_size, epochs=epochs, verbose=0, shuffle=False
+    )
     return history.history, [p.detach().clone() for p in model.module.parameters()]
 
 
@@ -95,7 +97,9 @@ def test_a_torch_loss_trains_as_plain_torch_does_on_the_global_batch(runner, cas
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
     last_epoch = steps[-(len(steps) // 3) :]
-    logged = sum(v * n for v, n in last_epoch) / sum(n for _, n in last_epoch)  # Keras: weighted by batch size
+    logged = sum(v * n for v, n in last_epoch) / sum(
+        n for _, n in last_epoch
+    )  # Keras: weighted by batch size
     assert history["loss"][-1] == pytest.approx(logged, rel=1e-4, abs=1e-5)
 
 

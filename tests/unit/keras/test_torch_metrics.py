@@ -24,14 +24,18 @@ def _model(strategy, metrics):
     with strategy.scope():
         torch.manual_seed(1)
         model = phalanx.Model(nn.Linear(5, 3))
-        model.compile(optimizer=torch.optim.SGD(model.parameters(), lr=0.5), loss=nn.CrossEntropyLoss(), metrics=metrics)
+        model.compile(
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.5), loss=nn.CrossEntropyLoss(), metrics=metrics
+        )
     return model
 
 
 @pytest.mark.parametrize("runner", STRATEGIES, indirect=True)
 def test_multiclass_accuracy_logs_what_accuracy_logs_in_fit(runner):
     x, y = _data()
-    model = _model(runner.strategy, ["accuracy", classification.MulticlassAccuracy(num_classes=3, average="micro")])
+    model = _model(
+        runner.strategy, ["accuracy", classification.MulticlassAccuracy(num_classes=3, average="micro")]
+    )
     history = model.fit(x, y, batch_size=8, epochs=3, verbose=0, shuffle=False).history
     assert history["multiclass_accuracy"] == pytest.approx(history["accuracy"], abs=1e-6)
     assert len(set(history["accuracy"])) > 1  # the values move: the comparison is not of constants
@@ -73,7 +77,9 @@ def test_a_binned_metric_works():
     metric = TorchMetric(classification.BinaryAUROC(thresholds=11))
     pred, target = torch.rand(20), torch.randint(0, 2, (20,))
     metric.update_state(target, pred)
-    torch.testing.assert_close(metric.result().float(), classification.BinaryAUROC(thresholds=11)(pred, target))
+    torch.testing.assert_close(
+        metric.result().float(), classification.BinaryAUROC(thresholds=11)(pred, target)
+    )
 
 
 def test_sample_weight_is_refused_with_the_fix():

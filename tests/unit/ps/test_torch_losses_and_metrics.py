@@ -28,9 +28,15 @@ def _fit(strategy, loss, metrics):
 
 def test_torch_losses_and_metrics_give_the_values_of_the_whole_data(ps_2workers_1ps):
     strategy = ps_2workers_1ps.strategy()
-    metrics = ["accuracy", MulticlassAccuracy(num_classes=3, average="micro"), MulticlassF1Score(num_classes=3)]
+    metrics = [
+        "accuracy",
+        MulticlassAccuracy(num_classes=3, average="micro"),
+        MulticlassF1Score(num_classes=3),
+    ]
     torch_history, logits, y = _fit(strategy, nn.CrossEntropyLoss(), metrics)
-    keras_history, _, _ = _fit(strategy, phalanx.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
+    keras_history, _, _ = _fit(
+        strategy, phalanx.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"]
+    )
     assert torch_history["loss"] == pytest.approx(keras_history["loss"], abs=1e-4)
     assert torch_history["loss"][0] == pytest.approx(nn.functional.cross_entropy(logits, y).item(), abs=1e-4)
     assert torch_history["multiclass_accuracy"] == pytest.approx(torch_history["accuracy"], abs=1e-6)
