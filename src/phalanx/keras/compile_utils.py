@@ -127,6 +127,16 @@ class LossContainer:
         assert total is not None
         return total
 
+    def tracked(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> tuple[torch.Tensor, Any]:
+        """What the loss tracker adds for a batch, ``(values, weights)`` (replica context).
+
+        The per-example losses for Keras losses; see `replica_loss` with a PyTorch loss.
+        """
+        if not self._has_torch_loss:
+            return self.per_example(y_true, y_pred, sample_weight), None
+        _, values, weights = self.replica_loss(y_true, y_pred, sample_weight)
+        return values, weights
+
     def replica_loss(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> ReplicaLoss:
         """This replica's share of the step's loss, and the loss tracker's update (replica context).
 

@@ -150,7 +150,7 @@ class Model(nn.Module):
     def _test_step(self, x: Any, y: Any, sample_weight: Any = None) -> None:
         assert self._losses is not None
         y_pred = self._forward(x)
-        _, tracked, tracked_weight = self._losses.replica_loss(y, y_pred, sample_weight)
+        tracked, tracked_weight = self._losses.tracked(y, y_pred, sample_weight)
         self._update_metrics(y, y_pred, sample_weight, tracked, tracked_weight)
 
     def _predict_step(self, x: Any, y: Any = None, sample_weight: Any = None) -> Any:

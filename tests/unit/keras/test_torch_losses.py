@@ -178,3 +178,47 @@ def test_sample_weight_scales_each_example_of_a_torch_loss(one_device):
     got = model.evaluate(x, y, sample_weight=weights, batch_size=len(x), verbose=0)
     want = (F.cross_entropy(model(x), y, reduction="none") * weights).mean()
     assert got == pytest.approx(want.item(), rel=1e-5)
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(5, 4)
+
+    def forward(self, x):
+        out = self.body(x)
+        return out[:, :3], out[:, 3:]
+
+
+def _two_heads_fit(strategy, x, labels, targets):
+    with strategy.scope():
+        torch.manual_seed(2)
+        model = phalanx.Model(_TwoHeads())
+        model.compile(
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.3),
+            loss=[nn.CrossEntropyLoss(reduction="sum"), "mse"],
+            loss_weights=[1.0, 0.5],
+        )
+    history = model.fit(x, (labels, targets), batch_size=8, epochs=2, verbose=0, shuffle=False).history
+    return history, [p.detach().clone() for p in model.module.parameters()]
+
+
+@pytest.mark.parametrize("runner", STRATEGIES, indirect=True)
+def test_a_torch_loss_beside_a_keras_loss_trains_as_plain_torch(runner):
+    x, labels = _data()
+    targets = torch.randn(len(x), 1)
+    torch.manual_seed(2)
+    model = _TwoHeads()
+    opt = torch.optim.SGD(model.parameters(), lr=0.3)
+    for _ in range(2):
+        for start in range(0, len(x), 8):
+            head, value = model(x[start : start + 8])
+            loss = F.cross_entropy(head, labels[start : start + 8], reduction="sum") + 0.5 * F.mse_loss(
+                value, targets[start : start + 8]
+            )
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    _, got = runner.run(_two_heads_fit, x, labels, targets)[0]
+    for g, w in zip(got, model.parameters(), strict=True):
+        torch.testing.assert_close(g, w.detach(), rtol=1e-4, atol=1e-5)
