@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from phalanx.data import structure
 from phalanx.data.cardinality import INFINITE, is_known
 from phalanx.data.op import Op
 from phalanx.data.rows import Order, Rows, indices
@@ -105,6 +106,9 @@ class Shard(Op):
         self._num_shards, self._index, self._block = num_shards, index, block
 
     def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+        rows = self.rows(inputs)
+        if rows is not None:  # read only this shard's rows of the source tensors
+            return (structure.index(rows.data, i) for i in indices(rows.order))
         if self._block == 1:
             return itertools.islice(inputs[0], self._index, None, self._num_shards)
         return (e for i, e in enumerate(inputs[0]) if self._keeps(i))

@@ -87,6 +87,20 @@ def test_a_block_shard_counts_its_elements():
     assert [b.tolist() for b in shares[2]] == [[8, 9, 10, 11], [20, 21, 22]]
 
 
+def test_a_worker_s_share_of_tensor_slices_reads_only_its_rows(monkeypatch):
+    from phalanx.data import structure
+
+    reads = []
+    index = structure.index
+    monkeypatch.setattr(structure, "index", lambda data, i: reads.append(i) or index(data, i))
+    def made():  # a fresh pipeline: each is at its first epoch, as in a fresh DataLoader worker
+        return Dataset.from_tensor_slices(torch.arange(23)).shuffle(23, seed=1).map(lambda v: v * 10)
+
+    share = [v.item() for v in made()._worker_share(2, 1)]
+    assert len(reads) == 11  # its rows only
+    assert share == [v.item() for v in made()][1::2]
+
+
 def test_as_numpy_iterator_keeps_structure_and_dtype():
     ds = Dataset.from_tensor_slices({"x": np.ones((2, 3), np.float64), "name": ["a", "b"]})
     first = next(ds.as_numpy_iterator())
