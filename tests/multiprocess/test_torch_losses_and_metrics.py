@@ -72,3 +72,33 @@ def keras_and_torch(strategy):
             model.compile(optimizer=torch.optim.SGD(model.parameters(), lr=0.5), loss=loss, metrics=metrics)
         out.append(model.fit(x, y, batch_size=8, epochs=3, verbose=0, shuffle=False).history)
     return tuple(out)
+
+
+_kept = []
+
+
+def one_worker_keeps_a_dead_model(strategy):
+    """Worker 0 keeps the first model (as a garbage collector that has not run yet would),
+    worker 1 frees it; then both train a second one. Reading the kept model's metric states
+    before each step (a cross-worker aggregate) gave worker 0 collectives worker 1 never
+    joined."""
+    import gc
+
+    x, y = torch.randn(16, 5), torch.randint(0, 3, (16,))
+    with strategy.scope():
+        first = phalanx.Model(nn.Linear(5, 3))
+        first.compile(optimizer="sgd", loss=nn.CrossEntropyLoss(), metrics=["accuracy"])
+    first.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    if strategy.cluster_resolver.task_id == 0:
+        _kept.append(first)
+    del first
+    gc.collect()
+    with strategy.scope():
+        second = phalanx.Model(nn.Linear(5, 3))
+        second.compile(optimizer="sgd", loss=nn.CrossEntropyLoss(), metrics=["accuracy"])
+    return second.fit(x, y, batch_size=8, epochs=2, verbose=0).history["loss"]
+
+
+def test_a_model_alive_on_one_worker_only_does_not_change_the_collectives(mwms_2workers):
+    first, second = mwms_2workers.run(one_worker_keeps_a_dead_model)
+    assert first == pytest.approx(second)
