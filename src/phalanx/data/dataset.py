@@ -263,8 +263,8 @@ class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         whose output depends on elements another worker reads (shuffle, filter, repeat, ...):
         the chain below that runs in every worker."""
         below = self._op.shard_block_below(block) if len(self._inputs) == 1 else None
-        if below is None:
-            return Dataset(Shard(num_shards, index, block), (self,))
+        if below is None:  # a copy of this node: the loader's own dataset would shard itself again
+            return Dataset(Shard(num_shards, index, block), (Dataset(self._op, self._inputs),))
         return Dataset(self._op, (self._inputs[0]._worker_share(num_shards, index, below),))
 
     def as_numpy_iterator(self) -> Iterator[Any]:

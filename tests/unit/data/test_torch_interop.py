@@ -74,10 +74,20 @@ def test_dataloader_workers_map_each_element_once_in_all_and_keep_the_order(name
     assert counter.value.value == 23  # before: 23 per worker
 
 
-def test_dataloader_workers_still_split_a_chain_that_cannot_shard_at_the_source():
-    # filter changes which elements follow which: the share is taken after it, in order
-    ds = Dataset.range(23).map(lambda x: x * 10).filter(lambda x: x % 3 != 0).batch(2)
-    assert _loaded(ds, 2) == _loaded(ds, 0)
+@pytest.mark.parametrize(
+    "made",
+    [
+        # filter changes which elements follow which: the share is taken after it, in order
+        lambda: Dataset.range(23).map(lambda x: x * 10).filter(lambda x: x % 3 != 0).batch(2),
+        lambda: Dataset.range(23).map(lambda x: x * 10).filter(lambda x: x % 3 != 0),
+        lambda: Dataset.range(23).shuffle(23, seed=0, reshuffle_each_iteration=False),
+        lambda: Dataset.range(23),
+        lambda: Dataset.from_tensor_slices(torch.arange(23)),
+    ],
+    ids=["filter_batch", "filter_last", "shuffle_last", "range", "tensor_slices"],
+)
+def test_dataloader_workers_split_any_chain_in_order(made):
+    assert _loaded(made(), 2) == _loaded(made(), 0)
 
 
 def test_a_block_shard_counts_its_elements():
