@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[test,models]"  # models: transformers for tests/models
+# The versions CI tests (torch, and test-only pins such as transformers) are in one constraints file.
+python -m pip install -q -c scripts/test-constraints.txt torch
+python -m pip install -q -c scripts/test-constraints.txt -e ".[test,models]"  # models: transformers
 ruff check src tests benchmarks examples
 mypy
 python -m pytest -q "$@"

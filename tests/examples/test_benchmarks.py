@@ -30,7 +30,9 @@ def test_benchmark_runner_prints_ratios():
 def test_input_benchmark_compares_with_dataloader():
     done = run_python(BENCHMARKS / "bench_input.py", "--quick", timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("DataLoader") == 2
+    assert done.stdout.count("   DataLoader ") == 2  # the two comparisons with a plain DataLoader
+    # 2 DataLoader workers map each element once in all (the benchmark also exits non-zero otherwise)
+    assert "0 workers 4096, 2 workers 4096 " in done.stdout
 
 
 def test_scaling_benchmark_compares_both_transports_with_ddp(tmp_path):

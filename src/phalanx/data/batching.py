@@ -41,6 +41,10 @@ class Batch(Op):
             return n
         return n // self._size if self._drop else -(-n // self._size)
 
+    def shard_block_below(self, block: int) -> int | None:
+        # Blocks of whole batches: each worker cuts the same batches (the partial last one too).
+        return block * self._size
+
     def describe(self) -> str:
         return f"batch({self._size}{', drop_remainder=True' if self._drop else ''})"
 

@@ -9,7 +9,6 @@ which is how the distribution layer shards by FILE.
 from __future__ import annotations
 
 import builtins
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -44,8 +43,9 @@ class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     Build one with a static constructor (`from_tensor_slices`, `list_files`, ...), then chain
     transformations; each returns a new Dataset and leaves this one unchanged. A Dataset is a
     torch ``IterableDataset``: ``DataLoader(ds, batch_size=None)`` yields its elements, and
-    with ``num_workers=n`` each worker process keeps every n-th element, so the loader gives
-    each element once, in order (the workers need the fork start method: ops hold lambdas).
+    with ``num_workers=n`` each worker process reads its share, taken at the source where
+    the order allows, so the loader gives each element once, in order, and each map runs
+    once per element in all (the workers need the fork start method: ops hold lambdas).
 
     Args:
         op: The source or transformation (internal: use the constructors).
@@ -240,14 +240,32 @@ class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         return True  # as tf.data: truth does not depend on a length that may be unknown
 
     def __iter__(self) -> Iterator[Any]:
-        """A fresh pass over the elements, from the beginning."""
-        elements = self._op.iterate(self._inputs)
+        """A fresh pass over the elements, from the beginning.
+
+        In a DataLoader worker (``num_workers`` > 1), the dataset the loader holds yields its
+        share: the elements ``id, id + n, ...``, so that the loader, which takes one element
+        from each worker in turn, gives each element once and in order. The share is taken as
+        near the source as the order allows (`_worker_share`): every map above it runs once
+        per element in all, not once per worker.
+        """
         worker = torch.utils.data.get_worker_info()
-        # In a DataLoader worker, the dataset the loader holds (not the inner ones it reads)
-        # keeps every n-th element, so the loader yields each element once, in order.
         if worker is not None and worker.num_workers > 1 and worker.dataset is self:
-            return itertools.islice(elements, worker.id, None, worker.num_workers)
-        return elements
+            return self._worker_share(worker.num_workers, worker.id)._op_iterate()
+        return self._op_iterate()
+
+    def _op_iterate(self) -> Iterator[Any]:
+        return self._op.iterate(self._inputs)
+
+    def _worker_share(self, num_shards: int, index: int, block: int = 1) -> Dataset:
+        """This chain keeping blocks ``index, index + num_shards, ...`` of ``block`` elements, with
+        the shard moved below every op that allows it (`Op.shard_block_below`): map, prefetch,
+        with_options and batch (whose blocks become whole batches). It stops at the first op
+        whose output depends on elements another worker reads (shuffle, filter, repeat, ...):
+        the chain below that runs in every worker."""
+        below = self._op.shard_block_below(block) if len(self._inputs) == 1 else None
+        if below is None:  # a copy of this node: the loader's own dataset would shard itself again
+            return Dataset(Shard(num_shards, index, block), (Dataset(self._op, self._inputs),))
+        return Dataset(self._op, (self._inputs[0]._worker_share(num_shards, index, below),))
 
     def as_numpy_iterator(self) -> Iterator[Any]:
         """The elements with every tensor converted to a NumPy array."""

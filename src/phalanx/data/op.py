@@ -58,6 +58,16 @@ class Op(abc.ABC):
         """The options this op sets (only `with_options` sets any)."""
         return None
 
+    def shard_block_below(self, block: int) -> int | None:
+        """Where a shard of ``block``-element blocks taken after this op can be taken before it.
+
+        Keeping blocks ``index, index + n, ...`` of this op's output equals keeping blocks of
+        the returned size of its input and applying the op to them: the size, or None when
+        no such shard exists (the op's output depends on elements it would not see). This is
+        how a DataLoader worker shards at the source (`Dataset.__iter__`). Default: None.
+        """
+        return None
+
     def fresh(self) -> Op:
         """This op with empty state, for a rebuilt chain; stateless ops return themselves."""
         return self

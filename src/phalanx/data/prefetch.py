@@ -147,5 +147,8 @@ class Prefetch(Op):
     def cardinality(self, inputs: Sequence[int]) -> int:
         return inputs[0]
 
+    def shard_block_below(self, block: int) -> int | None:
+        return block  # the same elements, read ahead
+
     def describe(self) -> str:
         return f"prefetch({self._size})"

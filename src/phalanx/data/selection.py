@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from phalanx.data import structure
 from phalanx.data.cardinality import INFINITE, is_known
 from phalanx.data.op import Op
 from phalanx.data.rows import Order, Rows, indices
@@ -92,27 +93,46 @@ def _drain(it: Iterator[Any]) -> Iterator[Any]:
 
 
 class Shard(Op):
-    """Every ``num_shards``-th element, starting at ``index``."""
+    """Every ``num_shards``-th element (or block of ``block`` elements), starting at ``index``.
+
+    With ``block`` > 1 the blocks ``index, index + num_shards, ...`` of ``block`` consecutive
+    elements are kept: how a DataLoader worker takes its share below a ``batch`` (see
+    `Op.shard_block_below`).
+    """
 
     name = "shard"
 
-    def __init__(self, num_shards: int, index: int) -> None:
-        self._num_shards, self._index = num_shards, index
+    def __init__(self, num_shards: int, index: int, block: int = 1) -> None:
+        self._num_shards, self._index, self._block = num_shards, index, block
 
     def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
-        return itertools.islice(inputs[0], self._index, None, self._num_shards)
+        rows = self.rows(inputs)
+        if rows is not None:  # read only this shard's rows of the source tensors
+            return (structure.index(rows.data, i) for i in indices(rows.order))
+        if self._block == 1:
+            return itertools.islice(inputs[0], self._index, None, self._num_shards)
+        return (e for i, e in enumerate(inputs[0]) if self._keeps(i))
+
+    def _keeps(self, position: int) -> bool:
+        return (position // self._block) % self._num_shards == self._index
 
     def cardinality(self, inputs: Sequence[int]) -> int:
         n = inputs[0]
         if not is_known(n):
             return n
-        return n // self._num_shards + (1 if self._index < n % self._num_shards else 0)
+        cycle = self._block * self._num_shards
+        rest = n % cycle - self._index * self._block
+        return n // cycle * self._block + min(max(rest, 0), self._block)
 
     def rows(self, inputs: Sequence[Dataset]) -> Rows | None:
         rows = inputs[0]._rows()
         if rows is None:
             return None
-        return Rows(rows.data, _select(rows.order, self._index, None, self._num_shards))
+        if self._block == 1:
+            return Rows(rows.data, _select(rows.order, self._index, None, self._num_shards))
+        order = rows.order
+        return Rows(rows.data, lambda: (r for i, r in enumerate(indices(order)) if self._keeps(i)))
 
     def describe(self) -> str:
-        return f"shard({self._num_shards}, {self._index})"
+        block = f", block={self._block}" if self._block > 1 else ""
+        return f"shard({self._num_shards}, {self._index}{block})"

@@ -39,6 +39,9 @@ class Map(Op):
     def cardinality(self, inputs: Sequence[int]) -> int:
         return inputs[0]
 
+    def shard_block_below(self, block: int) -> int | None:
+        return block  # one output per input, in order
+
 
 class Filter(Op):
     """Only the elements for which the predicate is true."""
@@ -96,6 +99,9 @@ class WithOptions(Op):
     @property
     def options(self) -> Options | None:
         return self._options
+
+    def shard_block_below(self, block: int) -> int | None:
+        return block
 
 
 class Cache(Op):

@@ -12,7 +12,6 @@ from phalanx.keras import optimizers
 from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch
 from phalanx.keras.compile_utils import LossContainer, identifier_config, resolve_metrics
 from phalanx.keras.data_adapter import DataHandler, float_dtype_of, split_validation
-from phalanx.losses.averaging import compute_average_loss
 
 __all__ = ["Model"]
 
@@ -135,8 +134,7 @@ class Model(nn.Module):
         assert self._losses is not None
         assert self.optimizer is not None
         y_pred = self._forward(x)
-        per_example = self._losses.per_example(y, y_pred, sample_weight)
-        loss = compute_average_loss(per_example)
+        loss, tracked, tracked_weight = self._losses.replica_loss(y, y_pred, sample_weight)
         scaler = self._loss_scale
         if scaler is None:
             loss.backward()
@@ -147,19 +145,21 @@ class Model(nn.Module):
             scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
-            self._update_metrics(y, _detach(y_pred), sample_weight, per_example.detach())
+            self._update_metrics(y, _detach(y_pred), sample_weight, tracked.detach(), tracked_weight)
 
     def _test_step(self, x: Any, y: Any, sample_weight: Any = None) -> None:
         assert self._losses is not None
         y_pred = self._forward(x)
-        per_example = self._losses.per_example(y, y_pred, sample_weight)
-        self._update_metrics(y, y_pred, sample_weight, per_example)
+        tracked, tracked_weight = self._losses.tracked(y, y_pred, sample_weight)
+        self._update_metrics(y, y_pred, sample_weight, tracked, tracked_weight)
 
     def _predict_step(self, x: Any, y: Any = None, sample_weight: Any = None) -> Any:
         return self._forward(x)
 
-    def _update_metrics(self, y: Any, y_pred: Any, sample_weight: Any, per_example: torch.Tensor) -> None:
-        self._loss_tracker.update_state(per_example)
+    def _update_metrics(
+        self, y: Any, y_pred: Any, sample_weight: Any, tracked: torch.Tensor, tracked_weight: Any = None
+    ) -> None:
+        self._loss_tracker.update_state(tracked, sample_weight=tracked_weight)
         for metric in self._compiled_metrics:
             metric.update_state(y, y_pred, sample_weight=sample_weight)
 

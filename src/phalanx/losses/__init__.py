@@ -3,7 +3,9 @@
 Every loss reduces like Keras when called (``sum_over_batch_size`` by default: the mean
 over the batch) and exposes ``per_example(y_true, y_pred, sample_weight)`` — weighted
 losses of shape ``[batch]`` — which `Model.fit` sums and divides by the *global* batch
-size, TensorFlow's distributed convention (see ``phalanx.compute_average_loss``).
+size, TensorFlow's distributed convention (see ``phalanx.compute_average_loss``). PyTorch's
+own losses (``torch.nn.CrossEntropyLoss()``, ``torch.nn.functional.cross_entropy``) are taken
+as they are (`TorchLoss`): torch's argument order and reduction, on the global batch.
 """
 
 from phalanx.losses._resolve import get
@@ -26,6 +28,7 @@ from phalanx.losses.functions import (
     sparse_categorical_crossentropy,
 )
 from phalanx.losses.loss import Loss
+from phalanx.losses.torch_loss import TorchLoss
 
 __all__ = [
     "BinaryCrossentropy",
@@ -36,6 +39,7 @@ __all__ = [
     "MeanAbsoluteError",
     "MeanSquaredError",
     "SparseCategoricalCrossentropy",
+    "TorchLoss",
     "binary_crossentropy",
     "categorical_crossentropy",
     "compute_average_loss",

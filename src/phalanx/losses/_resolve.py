@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from phalanx.losses import builtin, functions
 from phalanx.losses._utils import to_snake_case
 from phalanx.losses.loss import Loss
+from phalanx.losses.torch_loss import TorchLoss, is_torch_loss
 
 __all__ = ["get"]
 
@@ -45,21 +48,29 @@ def _by_name() -> dict[str, type[Loss]]:
 BY_NAME = _by_name()
 
 
-def get(identifier: Any) -> Loss:
-    """A Loss from any of Keras' ways to name one.
+def get(identifier: Any) -> Loss | TorchLoss:
+    """A Loss from any of Keras' ways to name one, or a PyTorch loss in torch's argument order.
 
     Args:
         identifier: A name ("mse", "mae", "bce", "huber", "binary_crossentropy",
             "categorical_crossentropy", "sparse_categorical_crossentropy", or a class name in
             CamelCase or snake_case), a ``{"class_name": ..., "config": {...}}`` dict, a Loss
-            object (returned as is), a Loss class (instantiated), or a plain function
-            ``fn(y_true, y_pred)`` returning per-example values (wrapped).
+            object (returned as is), a Loss class (instantiated), a PyTorch loss (a
+            ``torch.nn`` loss module such as ``torch.nn.CrossEntropyLoss()``, or one of
+            `phalanx.losses.torch_loss.TORCH_FUNCTIONAL_LOSSES` such as
+            ``torch.nn.functional.cross_entropy``, possibly in a ``functools.partial``:
+            wrapped in `TorchLoss`, called ``(y_pred, y_true)`` with its own reduction), or a
+            plain function ``fn(y_true, y_pred)`` returning per-example values (wrapped).
 
     Raises:
         ValueError: Unknown name or class, or an identifier of another kind.
     """
-    if isinstance(identifier, Loss):
+    if isinstance(identifier, (Loss, TorchLoss)):
         return identifier
+    if is_torch_loss(identifier):
+        return TorchLoss(identifier)
+    if isinstance(identifier, type) and issubclass(identifier, torch.nn.modules.loss._Loss):
+        return TorchLoss(identifier())
     if isinstance(identifier, str):
         return _class_named(identifier)()
     if isinstance(identifier, dict) and "class_name" in identifier:

@@ -62,7 +62,7 @@ def compute_average_loss(
         loss = loss * weight
     total = loss.sum()
     if global_batch_size is None:
-        global_batch_size = _default_global_batch_size(loss.shape[0])
+        global_batch_size = default_global_batch_size(loss.shape[0])
     elif (
         type(global_batch_size) is not int
         and (isinstance(global_batch_size, bool) or int(global_batch_size) != global_batch_size)
@@ -74,7 +74,12 @@ def compute_average_loss(
     return total / global_batch_size
 
 
-def _default_global_batch_size(local_batch_size: int) -> int:
+def default_global_batch_size(local_batch_size: int) -> int:
+    """The global batch size of the running step (replica context), as `compute_average_loss` uses it.
+
+    Raises:
+        RuntimeError: Called in cross-replica context.
+    """
     if context.in_cross_replica_context():
         raise RuntimeError(
             "compute_average_loss was called in cross-replica context without a "

@@ -3,6 +3,7 @@
 Every metric keeps additive totals (registered with `Metric.add_state`). Created inside a
 strategy scope they become SUM sync-on-read variables, so ``result()`` is the global,
 count-weighted value however the batches were split over replicas and workers.
+A ``torchmetrics.Metric`` is taken as it is (`TorchMetric`), its states summed the same way.
 """
 
 from phalanx.metrics._resolve import get
@@ -25,6 +26,7 @@ from phalanx.metrics.metric import Metric
 from phalanx.metrics.precision_recall import Precision, Recall
 from phalanx.metrics.reduction import Mean, MeanMetricWrapper, Sum
 from phalanx.metrics.regression import MeanAbsoluteError, MeanSquaredError, RootMeanSquaredError
+from phalanx.metrics.torch_metric import TorchMetric
 
 __all__ = [
     "AUC",
@@ -43,6 +45,7 @@ __all__ = [
     "SparseTopKCategoricalAccuracy",
     "Sum",
     "TopKCategoricalAccuracy",
+    "TorchMetric",
     "accuracy",
     "binary_accuracy",
     "categorical_accuracy",

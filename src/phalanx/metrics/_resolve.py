@@ -17,6 +17,7 @@ from phalanx.metrics.metric import Metric
 from phalanx.metrics.precision_recall import Precision, Recall
 from phalanx.metrics.reduction import Mean, MeanMetricWrapper, Sum
 from phalanx.metrics.regression import MeanAbsoluteError, MeanSquaredError, RootMeanSquaredError
+from phalanx.metrics.torch_metric import TorchMetric, is_torchmetrics_metric
 
 __all__ = ["BY_NAME", "FUNCTIONS", "accuracy_by_shapes", "accuracy_for", "get"]
 
@@ -114,8 +115,10 @@ def get(identifier: Any, loss: Any = None) -> Metric:
             or a class name ("AUC", "Precision", "TopKCategoricalAccuracy") — a
             ``{"class_name": ..., "config": {...}}`` dict, a Metric (returned as is), a
             Metric class (instantiated), or a function ``fn(y_true, y_pred)`` returning
-            per-example values (wrapped in MeanMetricWrapper). A name becomes the metric's
-            name in the logs, as in Keras' compile.
+            per-example values (wrapped in MeanMetricWrapper), or a ``torchmetrics.Metric``
+            (wrapped in `TorchMetric`: its own update/compute, called ``(y_pred, y_true)``,
+            its states summed over replicas and workers). A name becomes the metric's name in
+            the logs, as in Keras' compile.
         loss: The compiled loss, to resolve "accuracy".
 
     Raises:
@@ -123,6 +126,8 @@ def get(identifier: Any, loss: Any = None) -> Metric:
     """
     if isinstance(identifier, Metric):
         return identifier
+    if is_torchmetrics_metric(identifier):
+        return TorchMetric(identifier)
     if isinstance(identifier, str):
         if identifier.lower() in ("accuracy", "acc"):
             return accuracy_for(loss, name=identifier)

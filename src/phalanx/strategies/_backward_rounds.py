@@ -82,7 +82,10 @@ class BackwardRounds:
             if slot is not None and slot in complete and self._vars[slot]() is var:
                 continue
             if slot is None or self._vars[slot]() is not var:
-                if not var.requires_grad:
+                # The plain leaf's flag: reading the variable's would aggregate a sync-on-read
+                # variable (a cross-worker all-reduce), and a variable that is dead but not yet
+                # collected on one worker only would give the workers different collectives.
+                if not var.primary.requires_grad:
                     continue  # picked up at a later run if it is unfrozen
                 if not compacted:
                     self._compact()
