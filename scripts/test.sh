@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
+python -m pip install -q --upgrade pip "setuptools>=77"  # tests/unit/test_packaging.py builds the wheel without isolation
 # The versions CI tests (torch, and test-only pins such as transformers) are in one constraints file.
 python -m pip install -q -c scripts/test-constraints.txt torch
 python -m pip install -q -c scripts/test-constraints.txt -e ".[test,models]"  # models: transformers
