@@ -1,0 +1,63 @@
+"""A MultiWorkerMirrored program that calls torch.distributed itself, with no
+init_process_group of its own: the default group is phalanx's (`phalanx.communication.process_group`).
+
+Writes ``torch-<rank>.json`` to OUT_DIR: the backend torch reports, the transport used and the
+results of the user's own collectives, DDP and a DCP save/load.
+
+usage: torch_collectives.py OUT_DIR
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+import phalanx
+
+out_dir = Path(sys.argv[1])
+strategy = phalanx.MultiWorkerMirroredStrategy()
+rank, world = dist.get_rank(), dist.get_world_size()
+group = strategy._group
+result = {"backend": dist.get_backend(), "uses_tls": group.uses_tls, "uses_shm": group.uses_shared_memory}
+
+x = torch.full((5,), float(rank + 1))
+dist.all_reduce(x)
+result["all_reduce"] = x.tolist()
+y = torch.tensor([rank + 1.0])
+dist.all_reduce(y, op=dist.ReduceOp.MAX)
+result["all_reduce_max"] = y.item()
+parts = [torch.empty(2, dtype=torch.int64) for _ in range(world)]
+dist.all_gather(parts, torch.tensor([rank, 10 * rank]))
+result["all_gather"] = [p.tolist() for p in parts]
+flat = torch.empty(2 * world)
+dist.all_gather_into_tensor(flat, torch.tensor([rank + 0.5, -rank - 0.5]))
+result["all_gather_into_tensor"] = flat.tolist()
+mine = torch.empty(2)
+dist.reduce_scatter_tensor(mine, torch.arange(2.0 * world) + rank)
+result["reduce_scatter_tensor"] = mine.tolist()
+b = torch.tensor([float(rank), 7.0])
+dist.broadcast(b, src=world - 1)
+result["broadcast"] = b.tolist()
+objects = [None] * world
+dist.all_gather_object(objects, {"rank": rank})
+result["all_gather_object"] = objects
+work = dist.all_reduce(torch.ones(3), async_op=True)
+result["future"] = work.get_future().wait()[0].tolist()
+dist.barrier()
+
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+torch.manual_seed(1 + rank)
+model(torch.randn(8, 4)).sum().backward()
+result["ddp_grad"] = model.module.weight.grad.reshape(-1).tolist()
+
+state = {"w": torch.full((4,), float(rank + 3))}
+dcp.save(state, checkpoint_id=str(out_dir / "dcp"))
+loaded = {"w": torch.zeros(4)}
+dcp.load(loaded, checkpoint_id=str(out_dir / "dcp"))
+result["dcp"] = loaded["w"].tolist()
+
+(out_dir / f"torch-{rank}.json").write_text(json.dumps(result))
