@@ -42,6 +42,7 @@ __all__ = ["CHECK_ENV", "CollectiveCheck", "Signed", "check_enabled"]
 
 CHECK_ENV = "PHALANX_COLLECTIVE_CHECK"
 REPORT_SECONDS = 3.0  # how long a worker that saw a mismatch waits for the others' signatures
+_RECENT = 64  # collectives remembered for a peer's report
 _KEY = "phalanx-mismatch/"
 
 
@@ -92,6 +93,7 @@ class CollectiveCheck:
         self._store: Any = None
         self._lock = threading.Lock()
         self._report: CollectiveMismatchError | None = None
+        self._recent: dict[int, Signed] = {}  # the last collectives, for a peer's report
 
     def attach_store(self, store: Any) -> None:
         """The chief's store, where a mismatch's signatures are exchanged."""
@@ -114,7 +116,27 @@ class CollectiveCheck:
             return Signed(self._seq, 0, signature)
         if signature is None:
             signature = Signature(self._seq, kind, what, call_site(), shapes_of((tensor,)))
-        return Signed(self._seq, code_of(self._seq, kind, tensor), signature)
+        signed = Signed(self._seq, code_of(self._seq, kind, tensor), signature)
+        self._recent[self._seq] = signed
+        self._recent.pop(self._seq - _RECENT, None)
+        return signed
+
+    def peer_report(self) -> CollectiveMismatchError | None:
+        """The report of a mismatch a peer saw (it published it in the store), joined by this
+        worker's side; None when no peer reported one. Called once a collective failed (a
+        peer that saw a mismatch closed its connections): a few store round trips."""
+        if self._report is not None:
+            return self._report
+        if self._store is None or not self.enabled:
+            return None
+        try:
+            if not self._store.check([_KEY + "first"]):
+                return None
+            seq = int(self._store.get(_KEY + "first"))
+        except Exception:  # noqa: BLE001 (a store gone with its chief: nothing to join)
+            return None
+        signed = self._recent.get(seq)
+        return None if signed is None else self.mismatch(signed)
 
     # ---------------------------------------------------------------- the report (failure path)
     def mismatch(self, signed: Signed, peer: int | None = None) -> CollectiveMismatchError:
@@ -160,6 +182,8 @@ class CollectiveCheck:
         found: dict[int, Signature] = {}
         try:
             self._store.set(key + str(self._rank), json.dumps(asdict(signed.signature)))
+            if not self._store.check([_KEY + "first"]):  # for peers that did not see it
+                self._store.set(_KEY + "first", str(signed.seq))
             self._wait_for([key + str(r) for r in peers])
             for rank in peers:
                 if self._store.check([key + str(rank)]):

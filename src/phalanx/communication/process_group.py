@@ -405,12 +405,16 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         return self._gloo_only("recv").recv_anysource(tensors, tag)
 
 
+def _default_group() -> Any:
+    return dist.group.WORLD if dist.is_initialized() else None
+
+
 def _create(options: Any, engine: Engine | None) -> Any:
     """torch's factory for ``"phalanx"`` groups (extended API: ``pg_options`` is the engine)."""
     store, rank, size, timeout = options.store, options.group_rank, options.group_size, options.timeout
     if engine is not None:
         return PhalanxProcessGroup(store, rank, size, timeout, engine)
-    default = dist.group.WORLD if dist.is_initialized() else None
+    default = _default_group()
     if isinstance(default, PhalanxProcessGroup) and default._engine.uses_tls:
         raise RuntimeError(
             "A new group on the phalanx backend would be plain gloo, in plaintext between machines, and "

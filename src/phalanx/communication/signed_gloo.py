@@ -73,9 +73,7 @@ def _reduce_op(op: Any) -> Any:
     return getattr(op, "op", op)
 
 
-def _first_message(
-    group: Any, rank: int, world: int, signed: Signed, dtype: torch.dtype, op: Any, mismatch: Mismatch
-) -> torch.Tensor:
+def _first_message(rank: int, world: int, signed: Signed, dtype: torch.dtype, op: Any) -> torch.Tensor:
     """An empty first message of ``dtype``, its header filled (the caller fills the payload)."""
     total = first_bytes(world) // torch.empty((), dtype=dtype).element_size()
     message = torch.zeros(total, dtype=dtype)
@@ -85,13 +83,12 @@ def _first_message(
     return message
 
 
-def _verify(message: torch.Tensor, rank: int, world: int, signed: Signed, mismatch: Mismatch) -> None:
+def _verify(message: torch.Tensor, world: int, signed: Signed, mismatch: Mismatch) -> None:
     """Raises the mismatch report if any worker's code differs from this one's."""
     codes = _codes(message[message.numel() - PIECES * world :], world)
     for peer, code in enumerate(codes):
         if code != signed.code:
             raise mismatch(signed, peer if code is not None else None)
-    del rank
 
 
 def _all_reduce_once(group: Any, tensor: torch.Tensor, op: Any) -> None:
@@ -118,21 +115,21 @@ def signed_all_reduce(
         )
         flat.copy_(staged.bool())
         return
-    message = _first_message(group, rank, world, signed, flat.dtype, op, mismatch)
+    message = _first_message(rank, world, signed, flat.dtype, op)
     capacity = message.numel() - PIECES * world
     head = min(flat.numel(), capacity)
     message[:head].copy_(flat[:head])
     _all_reduce_once(group, message, op)
-    _verify(message, rank, world, signed, mismatch)
+    _verify(message, world, signed, mismatch)
     flat[:head].copy_(message[:head])
     if flat.numel() > capacity:
         _all_reduce_once(group, flat[capacity:], op)
 
 
 def _header_only(group: Any, rank: int, world: int, signed: Signed, mismatch: Mismatch) -> None:
-    message = _first_message(group, rank, world, signed, torch.float32, dist.ReduceOp.SUM, mismatch)
+    message = _first_message(rank, world, signed, torch.float32, dist.ReduceOp.SUM)
     _all_reduce_once(group, message, dist.ReduceOp.SUM)
-    _verify(message, rank, world, signed, mismatch)
+    _verify(message, world, signed, mismatch)
 
 
 def signed_broadcast(

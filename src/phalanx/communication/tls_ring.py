@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import socket
 import ssl
 import struct
 import threading
@@ -246,6 +247,7 @@ class TlsRing:
         got_number, got_bytes, got_code = _FRAME.unpack(header)
         if (got_number, got_bytes, got_code) != (number.number, nbytes, number.signed.code):
             if self._mismatch is not None and number.signed.code:  # before any byte reaches a tensor
+                self._cut()  # a neighbour waiting on this worker fails now and joins the report
                 raise self._mismatch(number.signed, self._prev)
             raise CollectivesDifferError(
                 f"{self._name(self._prev)} sent {got_bytes} bytes for collective #{got_number} where this "
@@ -322,6 +324,12 @@ class TlsRing:
         failure = self._failure()
         if failure is not None:
             raise PeerGoneError(failure)
+
+    def _cut(self) -> None:
+        """Shuts both connections down (no more bytes either way), without closing the ring."""
+        for sock in (self._send_sock, self._recv_sock):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     # ---------------------------------------------------------------- closing
     def close(self) -> None:

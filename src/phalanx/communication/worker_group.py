@@ -278,6 +278,9 @@ class WorkerGroup:
     def _blame(self, exc: RuntimeError, what: str) -> None:
         """A collective failed inside torch.distributed: name the task responsible."""
         text = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        reported = self._check.peer_report()  # a peer saw a mismatch and left
+        if reported is not None and self.failure is None:
+            self._failure = str(reported)
         suspicion = self._watch.suspicion()  # a peer that raised on a mismatch and exited
         if suspicion is not None and self.failure is None:
             self._failure = suspicion
@@ -325,24 +328,33 @@ class WorkerGroup:
                 if self._wait_some(work, min(POLL_SECONDS, max(remaining, 0.001))):
                     return
             except RuntimeError as exc:
-                if isinstance(exc, CollectiveMismatchError):  # a transport saw another code
-                    self._failure = self._failure or str(exc)
-                    raise CollectiveMismatchError(self._failure) from exc
-                if isinstance(exc, CollectivesDifferError):  # the TLS ring saw another collective
-                    verdict = self._verdict_soon()
-                    self._failure = self._failure or verdict or exc.failure
-                    raise CollectiveMismatchError(self._failure) from exc
-                if isinstance(exc, PeerGoneError):  # our own transports name the peer
-                    # a peer that raised on a mismatch and exited first is explained as one
-                    self._failure = self.failure or self._watch.suspicion() or exc.failure
-                    self._raise(what, exc)
-                if work.is_completed():  # finished with an error: a peer's socket closed
-                    self._blame(exc, what)
+                self._on_error(exc, work, what)
             if self.failure is not None:
                 self._raise(what)
             if time.monotonic() >= deadline:
                 self._failure = f"no answer within {limit:g}s"
                 self._raise(what)
+
+    def _on_error(self, exc: RuntimeError, work: Any, what: str) -> None:
+        """Raises the error of a wait that failed (a timed wait that ran out returns)."""
+        if isinstance(exc, CollectiveMismatchError):  # a transport saw another code
+            self._failure = self._failure or str(exc)
+            raise CollectiveMismatchError(self._failure) from exc
+        if isinstance(exc, PeerGoneError):  # a peer that saw a mismatch closed its connections
+            reported = self._check.peer_report()
+            if reported is not None:
+                self._failure = self._failure or str(reported)
+                raise CollectiveMismatchError(self._failure) from exc
+        if isinstance(exc, CollectivesDifferError):  # the TLS ring saw another collective (unsigned)
+            verdict = self._verdict_soon()
+            self._failure = self._failure or verdict or exc.failure
+            raise CollectiveMismatchError(self._failure) from exc
+        if isinstance(exc, PeerGoneError):  # our own transports name the peer
+            # a peer that raised on a mismatch and exited first is explained as one
+            self._failure = self.failure or self._watch.suspicion() or exc.failure
+            self._raise(what, exc)
+        if work.is_completed():  # finished with an error: a peer's socket closed
+            self._blame(exc, what)
 
     def _verdict_soon(self) -> str | None:
         """The mismatch the stall inspector proves within a gossip round (it names where each
