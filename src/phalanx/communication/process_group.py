@@ -31,10 +31,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from phalanx.communication._pg_work import (
+    Engine,
+    Work,
+    check_cpu,
+    copy_into,
+    end_to_end,
+    op_of,
+    unflatten_into,
+)
 
 __all__ = ["BACKEND", "PhalanxProcessGroup", "register_backend"]
 
@@ -43,124 +53,6 @@ _UNSUPPORTED_HINT = (
     "HINT: unset PHALANX_COLLECTIVES=tls only on a network where every host is trusted, or express "
     "the exchange with all_reduce/all_gather/broadcast (docs/security.md)."
 )
-
-
-class Engine(Protocol):
-    """What the group runs its collectives on (`WorkerGroup`; all workers, same order)."""
-
-    rank: int
-    world_size: int
-
-    @property
-    def uses_tls(self) -> bool: ...
-
-    def all_reduce_async(self, tensor: torch.Tensor, op: Any = ...) -> Any: ...
-
-    def broadcast_async(self, tensor: torch.Tensor, src: int) -> Any: ...
-
-    def all_gather_async(self, tensor: torch.Tensor) -> tuple[Any, list[torch.Tensor]]: ...
-
-    def wait(self, work: Any, what: str, timeout: float | None = None) -> None: ...
-
-
-class _Work(dist.Work):
-    """A collective of this group: ``wait`` is the engine's watched wait (deadline, health,
-    mismatch naming); ``get_future`` completes with the output tensors once the transport
-    finished and the results were copied into place (DDP's communication hooks chain on it)."""
-
-    def __init__(
-        self, engine: Engine, inner: Any, what: str, finish: Callable[[], list[torch.Tensor]]
-    ) -> None:
-        super().__init__()
-        self._engine, self._inner, self._what, self._finish = engine, inner, what, finish
-        self._future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
-        _on_done(inner, self._complete)
-
-    def _complete(self, error: BaseException | None) -> None:
-        if error is None:
-            try:
-                self._future.set_result(self._finish())
-            except BaseException as exc:  # a failed copy fails the collective
-                self._future.set_exception(exc)  # type: ignore[arg-type]
-        else:
-            self._future.set_exception(error)  # type: ignore[arg-type]
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        seconds = None if timeout is None or timeout.total_seconds() <= 0 else timeout.total_seconds()
-        self._engine.wait(self._inner, self._what, seconds)
-        self._future.wait()  # the results are in place (raises the collective's error)
-        return True
-
-    def is_completed(self) -> bool:
-        return bool(self._future.done())
-
-    def is_success(self) -> bool:
-        return self.is_completed() and self.exception() is None
-
-    def exception(self) -> BaseException | None:
-        if not self._future.done():
-            return None
-        try:
-            self._future.value()
-        except BaseException as exc:
-            return exc
-        return None
-
-    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
-        return self._future
-
-
-def _on_done(work: Any, callback: Callable[[BaseException | None], None]) -> None:
-    """Calls ``callback(error or None)`` once ``work`` (ours or a gloo work) finished."""
-    if hasattr(work, "add_done_callback"):  # QueuedWork of phalanx's own transports
-        work.add_done_callback(callback)
-        return
-
-    def relay(future: torch.futures.Future[Any]) -> None:
-        try:
-            future.value()
-        except BaseException as exc:
-            callback(exc)
-        else:
-            callback(None)
-
-    work.get_future().add_done_callback(relay)
-
-
-def _op(opts: Any) -> Any:
-    """The ``ReduceOp.RedOpType`` of reduce options (SUM when none), as the transports key it."""
-    op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
-    return getattr(op, "op", op)
-
-
-def _check_cpu(tensors: Sequence[torch.Tensor], what: str) -> None:
-    for tensor in tensors:
-        if tensor.device.type != "cpu":
-            raise ValueError(
-                f"The phalanx process group carries CPU tensors. Received: {what} of a tensor on "
-                f"{tensor.device}. HINT: on GPUs MultiWorkerMirroredStrategy uses NCCL; move the "
-                "tensor to the CPU or make a NCCL group of your own."
-            )
-
-
-def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The tensors laid end to end (a copy, except a lone contiguous tensor's own view)."""
-    if len(tensors) == 1 and tensors[0].is_contiguous():
-        return tensors[0].view(-1)
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def _copy(target: torch.Tensor, source: torch.Tensor) -> None:
-    target.copy_(source.view_as(target))
-
-
-def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    offset = 0
-    for tensor in tensors:
-        n = tensor.numel()
-        if flat.data_ptr() != tensor.data_ptr() or n != flat.numel():
-            tensor.copy_(flat[offset : offset + n].view_as(tensor))
-        offset += n
 
 
 class PhalanxProcessGroup(dist.ProcessGroup):
@@ -192,23 +84,23 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     # ---------------------------------------------------------------- helpers
     def _all_reduce(
         self, tensors: Sequence[torch.Tensor], op: Any, what: str, keep: Callable[[torch.Tensor], None]
-    ) -> _Work:
-        _check_cpu(tensors, what)
-        flat = _flat(tensors)
+    ) -> Work:
+        check_cpu(tensors, what)
+        flat = end_to_end(tensors)
         inner = self._engine.all_reduce_async(flat, op)
 
         def finish() -> list[torch.Tensor]:
             keep(flat)
             return list(tensors)
 
-        return _Work(self._engine, inner, what, finish)
+        return Work(self._engine, inner, what, finish)
 
     def _all_gather(
         self, tensor: torch.Tensor, what: str, keep: Callable[[list[torch.Tensor]], list[torch.Tensor]]
-    ) -> _Work:
-        _check_cpu([tensor], what)
+    ) -> Work:
+        check_cpu([tensor], what)
         inner, parts = self._engine.all_gather_async(tensor.contiguous())
-        return _Work(self._engine, inner, what, lambda: keep(parts))
+        return Work(self._engine, inner, what, lambda: keep(parts))
 
     def _gloo_only(self, what: str) -> Any:
         if self._engine.uses_tls:
@@ -220,54 +112,56 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         return self.gloo
 
     # ---------------------------------------------------------------- all-reduce
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:  # type: ignore[override]
-        op = _op(opts)
-        return self._all_reduce(tensors, op, "all_reduce", lambda flat: _unflatten_into(flat, tensors))
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
+        op = op_of(opts)
+        return self._all_reduce(tensors, op, "all_reduce", lambda flat: unflatten_into(flat, tensors))
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
-        op = _op(opts)
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        op = op_of(opts)
         return self._all_reduce(
-            tensors, op, "all_reduce_coalesced", lambda flat: _unflatten_into(flat, tensors)
+            tensors, op, "all_reduce_coalesced", lambda flat: unflatten_into(flat, tensors)
         )
 
-    def barrier(self, opts: Any = None) -> _Work:
+    def barrier(self, opts: Any = None) -> Work:
         return self._all_reduce([torch.zeros(1)], dist.ReduceOp.SUM, "barrier", lambda flat: None)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> _Work:  # type: ignore[override]
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Work:  # type: ignore[override]
         staged = [t.clone() for t in tensors]
 
         def keep(flat: torch.Tensor) -> None:
             if self.rank() == opts.rootRank:
-                _unflatten_into(flat, tensors)
+                unflatten_into(flat, tensors)
 
-        return self._all_reduce(staged, _op(opts), "reduce", keep)
+        return self._all_reduce(staged, op_of(opts), "reduce", keep)
 
     # ---------------------------------------------------------------- reduce-scatter
-    def _reduce_scatter_one(self, output: torch.Tensor, stacked: torch.Tensor, op: Any, what: str) -> _Work:
+    def _reduce_scatter_one(self, output: torch.Tensor, stacked: torch.Tensor, op: Any, what: str) -> Work:
         """All-reduces ``stacked`` (W parts laid end to end) and keeps this worker's part."""
         staged = stacked.reshape(-1).clone()
         n = output.numel()
         me = self.rank()
-        return self._all_reduce([staged], op, what, lambda flat: _copy(output, flat[me * n : (me + 1) * n]))
+        return self._all_reduce(
+            [staged], op, what, lambda flat: copy_into(output, flat[me * n : (me + 1) * n])
+        )
 
     def reduce_scatter(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
-    ) -> _Work:
-        op = _op(opts)
+    ) -> Work:
+        op = op_of(opts)
         if len(outputs) != 1:
-            return self.reduce_scatter_tensor_coalesced(outputs, [_flat(i) for i in inputs], opts)
-        return self._reduce_scatter_one(outputs[0], _flat(inputs[0]), op, "reduce_scatter")
+            return self.reduce_scatter_tensor_coalesced(outputs, [end_to_end(i) for i in inputs], opts)
+        return self._reduce_scatter_one(outputs[0], end_to_end(inputs[0]), op, "reduce_scatter")
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:  # noqa: A002
-        op = _op(opts)
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
+        op = op_of(opts)
         return self._reduce_scatter_one(output, input, op, "reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> _Work:
-        op = _op(opts)
+    ) -> Work:
+        op = op_of(opts)
         staged = [i.reshape(self.size(), -1) for i in inputs]  # (W, numel / W) each
         flat = torch.cat(staged, dim=1).reshape(-1)
         widths = [s.shape[1] for s in staged]
@@ -281,21 +175,21 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         return self._all_reduce([flat], op, "reduce_scatter_coalesced", keep)
 
     # ---------------------------------------------------------------- broadcast, all-gather
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:  # type: ignore[override]
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         root = 0 if opts is None else opts.rootRank
-        _check_cpu(tensors, "broadcast")
-        flat = _flat(tensors)  # a view of a lone contiguous tensor, else a copy
+        check_cpu(tensors, "broadcast")
+        flat = end_to_end(tensors)  # a view of a lone contiguous tensor, else a copy
         inner = self._engine.broadcast_async(flat, root)
 
         def finish() -> list[torch.Tensor]:
-            _unflatten_into(flat, tensors)
+            unflatten_into(flat, tensors)
             return list(tensors)
 
-        return _Work(self._engine, inner, "broadcast", finish)
+        return Work(self._engine, inner, "broadcast", finish)
 
     def allgather(  # type: ignore[override]
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
-    ) -> _Work:
+    ) -> Work:
         if len(inputs) != 1:
             return self.allgather_coalesced(outputs, inputs, opts)
         targets = outputs[0]
@@ -309,7 +203,7 @@ class PhalanxProcessGroup(dist.ProcessGroup):
 
     def allgather_coalesced(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
-    ) -> _Work:
+    ) -> Work:
         sizes = [t.numel() for t in inputs]
 
         def keep(parts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -318,9 +212,9 @@ class PhalanxProcessGroup(dist.ProcessGroup):
                     out_list[rank].copy_(piece.view_as(out_list[rank]))
             return [t for out_list in outputs for t in out_list]
 
-        return self._all_gather(_flat(inputs), "all_gather_coalesced", keep)
+        return self._all_gather(end_to_end(inputs), "all_gather_coalesced", keep)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:  # noqa: A002
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
         def keep(parts: list[torch.Tensor]) -> list[torch.Tensor]:
             torch.cat([p.reshape(-1) for p in parts], out=output.view(-1))
             return [output]
@@ -331,7 +225,7 @@ class PhalanxProcessGroup(dist.ProcessGroup):
 
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> _Work:
+    ) -> Work:
         sizes = [t.numel() for t in inputs]
 
         def keep(parts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -341,9 +235,9 @@ class PhalanxProcessGroup(dist.ProcessGroup):
                 torch.cat(list(pieces), out=output.view(-1))
             return outputs
 
-        return self._all_gather(_flat(inputs), "all_gather_into_tensor_coalesced", keep)
+        return self._all_gather(end_to_end(inputs), "all_gather_into_tensor_coalesced", keep)
 
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> _Work:  # type: ignore[override]
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Work:  # type: ignore[override]
         root = opts.rootRank
 
         def keep(parts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -355,21 +249,21 @@ class PhalanxProcessGroup(dist.ProcessGroup):
 
         return self._all_gather(inputs[0], "gather", keep)
 
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> _Work:  # type: ignore[override]
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Work:  # type: ignore[override]
         root, me, output = opts.rootRank, self.rank(), outputs[0]
         n = output.numel()
         if me == root:
             flat = torch.cat([t.reshape(-1) for t in inputs[0]])
         else:
             flat = torch.empty(n * self.size(), dtype=output.dtype)
-        _check_cpu([output], "scatter")
+        check_cpu([output], "scatter")
         inner = self._engine.broadcast_async(flat, root)
 
         def finish() -> list[torch.Tensor]:
             output.copy_(flat[me * n : (me + 1) * n].view_as(output))
             return [output]
 
-        return _Work(self._engine, inner, "scatter", finish)
+        return Work(self._engine, inner, "scatter", finish)
 
     # ---------------------------------------------------------------- gloo only (never under TLS)
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:

@@ -30,9 +30,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.communication._work import Lane
 from phalanx.communication.collective_check import Signed
 
-__all__ = ["PIECES", "first_bytes", "signed_all_gather", "signed_all_reduce", "signed_broadcast"]
+__all__ = [
+    "PIECES",
+    "GlooTransport",
+    "first_bytes",
+    "signed_all_gather",
+    "signed_all_reduce",
+    "signed_broadcast",
+]
 
 PIECES = 5  # 7-bit pieces of a 31-bit code
 _BASE_BYTES = 4096
@@ -154,3 +162,70 @@ def signed_all_gather(
     """Gathers every worker's tensor into ``out`` (rank order), verified first (all workers; blocks)."""
     _header_only(group, rank, world, signed, mismatch)
     group.allgather([out], [tensor]).wait()
+
+
+class GlooTransport:
+    """A gloo group as a `WorkerGroup` transport: its collectives verified first, in order on
+    a thread of their own (two gloo calls each at most), or gloo's own works when codes are
+    off (``checked`` False, or an unsigned collective).
+
+    Args:
+        group: The gloo group (a ``ProcessGroup`` or a gloo backend).
+        rank, world: This worker and the number of workers.
+        mismatch: The error of a collective whose code differs (`CollectiveCheck.mismatch`).
+        keep: Holds gloo's own works until the group is torn down (`RecentWorks.add`).
+        checked: Whether every worker signs its collectives.
+    """
+
+    def __init__(
+        self, group: Any, rank: int, world: int, mismatch: Mismatch, keep: Callable[[Any], Any], checked: bool
+    ) -> None:
+        self.group, self._rank, self._world = group, rank, world
+        self._mismatch, self._keep = mismatch, keep
+        self._lane = Lane("phalanx-gloo") if checked else None
+
+    def _run(self, what: str, signed: Signed, checked: Callable[[], None], direct: Callable[[], Any]) -> Any:
+        if self._lane is None or not signed.code:
+            return self._keep(direct())
+        return self._lane.submit(f"gloo {what}", checked)
+
+    def all_reduce_async(self, tensor: torch.Tensor, op: Any, signed: Signed) -> Any:
+        """Starts an in-place all-reduce of a contiguous tensor (all workers, same order)."""
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        mine = self._rank, self._world
+        return self._run(
+            "all_reduce",
+            signed,
+            lambda: signed_all_reduce(self.group, *mine, tensor, op, signed, self._mismatch),
+            lambda: self.group.allreduce([tensor], options),
+        )
+
+    def broadcast_async(self, tensor: torch.Tensor, src: int, signed: Signed) -> Any:
+        """Starts an in-place broadcast from worker ``src``."""
+        options = dist.BroadcastOptions()
+        options.rootRank = src
+        mine = self._rank, self._world
+        return self._run(
+            "broadcast",
+            signed,
+            lambda: signed_broadcast(self.group, *mine, tensor, src, signed, self._mismatch),
+            lambda: self.group.broadcast([tensor], options),
+        )
+
+    def all_gather_async(self, tensor: torch.Tensor, signed: Signed) -> tuple[Any, list[torch.Tensor]]:
+        """Starts gathering every worker's contiguous tensor: the work and the list it fills."""
+        out = [torch.empty_like(tensor) for _ in range(self._world)]
+        mine = self._rank, self._world
+        work = self._run(
+            "all_gather",
+            signed,
+            lambda: signed_all_gather(self.group, *mine, tensor, out, signed, self._mismatch),
+            lambda: self.group.allgather([out], [tensor]),
+        )
+        return work, out
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stops the thread (after what was queued, at most ``timeout``)."""
+        if self._lane is not None:
+            self._lane.close(timeout)

@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx import timeline
-from phalanx.communication._work import Lane, PeerGoneError
+from phalanx.communication._work import PeerGoneError
 from phalanx.communication.collective_check import CollectiveCheck, Signed, check_enabled
 from phalanx.communication.collective_watch import CollectiveWatch
 from phalanx.communication.group_transports import Transports, open_transports
@@ -67,7 +67,7 @@ from phalanx.communication.leaving import LEAVE_TIMEOUT, leave_together
 from phalanx.communication.process_group import BACKEND, PhalanxProcessGroup, register_backend
 from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
-from phalanx.communication.signed_gloo import signed_all_gather, signed_all_reduce, signed_broadcast
+from phalanx.communication.signed_gloo import GlooTransport
 from phalanx.communication.stall_inspector import CollectiveMismatchError, StallSettings
 from phalanx.communication.tls_ring import CollectivesDifferError
 from phalanx.communication.transport_choice import check_settings
@@ -202,8 +202,14 @@ class WorkerGroup:
         # transports do not (the phalanx group's gloo, or the user's group).
         self._pg, self._ownership = self._init_group(backend)
         self._group: Any = self._pg.gloo if isinstance(self._pg, PhalanxProcessGroup) else self._pg
-        # signed gloo collectives run in order on a thread of their own (two messages each)
-        self._lane = Lane("phalanx-gloo") if checked and backend == "gloo" and self._shm is None else None
+        self._gloo = GlooTransport(
+            self._group,
+            rank,
+            world_size,
+            self._check.mismatch,
+            self._works.add,
+            checked and backend == "gloo",
+        )
         atexit.register(self._at_exit)
 
     def _init_group(self, backend: str) -> tuple[Any, str]:
@@ -389,15 +395,6 @@ class WorkerGroup:
         signature = self._watch.issue(kind, (tensor,), what)
         return signature, self._check.sign(kind, tensor, what, signature)
 
-    def _on_gloo(
-        self, what: str, signed: Signed, run: Callable[[Callable[..., Any]], None], direct: Any
-    ) -> Any:
-        """A collective of the gloo group: verified first on its lane when codes are on
-        (``run(mismatch)``), else ``direct()``, gloo's own work."""
-        if self._lane is None or not signed.code:
-            return self._works.add(direct())
-        return self._lane.submit(f"gloo {what}", lambda: run(self._check.mismatch))
-
     def all_reduce_async(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> Any:
         """Starts an in-place all-reduce and returns its work; pass it to `wait` (all workers).
 
@@ -405,20 +402,8 @@ class WorkerGroup:
         """
         self._check_usable("all_reduce")
         signature, signed = self._sign(f"all_reduce({_op_name(op)})", tensor, "all_reduce")
-        if self._shm is not None:
-            return self._watch.attach(self._shm.all_reduce_async(tensor, op, signed), signature)
-        if self._ring is not None:
-            return self._watch.attach(self._ring.all_reduce_async(tensor, op, signed), signature)
-        options = dist.AllreduceOptions()
-        options.reduceOp = op
-        rank, world, group = self.rank, self.world_size, self._group
-        work = self._on_gloo(
-            "all_reduce",
-            signed,
-            lambda mismatch: signed_all_reduce(group, rank, world, tensor, op, signed, mismatch),
-            lambda: group.allreduce([tensor], options),
-        )
-        return self._watch.attach(work, signature)
+        transport = self._shm or self._ring or self._gloo
+        return self._watch.attach(transport.all_reduce_async(tensor, op, signed), signature)
 
     def all_reduce(
         self,
@@ -440,20 +425,8 @@ class WorkerGroup:
         work; pass it to `wait` (all workers; same shape and dtype)."""
         self._check_usable("broadcast")
         signature, signed = self._sign(f"broadcast(from {src})", tensor, "broadcast")
-        if self._ring is not None:
-            return self._watch.attach(self._ring.broadcast_async(tensor, src, signed), signature)
-        if self._shm is not None:
-            return self._watch.attach(self._shm.broadcast_async(tensor, src, signed), signature)
-        options = dist.BroadcastOptions()
-        options.rootRank = src
-        rank, world, group = self.rank, self.world_size, self._group
-        work = self._on_gloo(
-            "broadcast",
-            signed,
-            lambda mismatch: signed_broadcast(group, rank, world, tensor, src, signed, mismatch),
-            lambda: group.broadcast([tensor], options),
-        )
-        return self._watch.attach(work, signature)
+        transport = self._ring or self._shm or self._gloo
+        return self._watch.attach(transport.broadcast_async(tensor, src, signed), signature)
 
     def broadcast(
         self, tensor: torch.Tensor, src: int = 0, what: str = "broadcast", timeout: float | None = None
@@ -468,19 +441,8 @@ class WorkerGroup:
         the list, in rank order, it fills (all workers; same shape and dtype everywhere)."""
         self._check_usable("all_gather")
         signature, signed = self._sign("all_gather", tensor, "all_gather")
-        if self._ring is not None:
-            work, out = self._ring.all_gather_async(tensor, signed)
-        elif self._shm is not None:
-            work, out = self._shm.all_gather_async(tensor, signed)
-        else:
-            out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-            rank, world, group = self.rank, self.world_size, self._group
-            work = self._on_gloo(
-                "all_gather",
-                signed,
-                lambda mismatch: signed_all_gather(group, rank, world, tensor, out, signed, mismatch),
-                lambda: group.allgather([out], [tensor]),
-            )
+        transport = self._ring or self._shm or self._gloo
+        work, out = transport.all_gather_async(tensor, signed)
         return self._watch.attach(work, signature), out
 
     def all_gather(
@@ -524,8 +486,7 @@ class WorkerGroup:
             self._leave()
         if self._ring is not None:  # after leaving: a peer may still read this worker's last bytes
             self._ring.close()
-        if self._lane is not None:
-            self._lane.close(timeout=0.5 if self.failure else 5.0)
+        self._gloo.close(timeout=0.5 if self.failure else 5.0)
         self._health.stop()
         # A peer seen waiting in a collective this closing worker never issued is a mismatch
         # even before the bound: the peer may have raised and exited (taking the store) first.
