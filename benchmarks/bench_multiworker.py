@@ -75,14 +75,14 @@ def _mlp() -> nn.Module:
     )
 
 
-def _bench_all_reduce(strategy, quick: bool) -> list[str]:
+def _bench_all_reduce(strategy, reference, quick: bool) -> list[str]:
     lines = []
     for name, numel in SIZES.items():
         repeats = max(3, (10 if quick else 50) * (1 << 16) // max(numel, 1 << 16))
         ours_buf, raw_buf = torch.ones(numel), torch.ones(numel)
         ours, raw = _best_alternating(
             lambda b=ours_buf: strategy._cross_worker_all_reduce(b, "sum"),
-            lambda b=raw_buf: dist.all_reduce(b),
+            lambda b=raw_buf: dist.all_reduce(b, group=reference),
             repeats,
             3 if quick else 5,
         )
@@ -93,7 +93,7 @@ def _bench_all_reduce(strategy, quick: bool) -> list[str]:
     return lines
 
 
-def _bench_training(strategy, rank: int, quick: bool) -> str:
+def _bench_training(strategy, reference, rank: int, quick: bool) -> str:
     import phalanx
 
     steps = 8 if quick else 25
@@ -105,7 +105,7 @@ def _bench_training(strategy, rank: int, quick: bool) -> str:
     half = GLOBAL_BATCH // 2
     mine = [(x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]) for x, y in data]
 
-    ddp_model = nn.parallel.DistributedDataParallel(_mlp())
+    ddp_model = nn.parallel.DistributedDataParallel(_mlp(), process_group=reference)
     ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
 
     def ddp_epoch() -> None:
@@ -150,8 +150,10 @@ def worker(quick: bool) -> None:
     warnings.filterwarnings("ignore", message="Auto-sharding found no files")  # DATA is intended
     strategy = phalanx.MultiWorkerMirroredStrategy()
     rank = strategy.cluster_resolver.worker_index
-    lines = _bench_all_reduce(strategy, quick)
-    lines.append(_bench_training(strategy, rank, quick))
+    # the references on plain gloo: the default group is phalanx's own (process_group.py)
+    reference = dist.new_group(backend="gloo")
+    lines = _bench_all_reduce(strategy, reference, quick)
+    lines.append(_bench_training(strategy, reference, rank, quick))
     if rank == 0:
         group = strategy._group
         transport = "shared memory (same machine)" if group.uses_shared_memory else "gloo"

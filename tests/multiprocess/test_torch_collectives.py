@@ -39,4 +39,12 @@ def test_user_collectives_ddp_and_dcp_run_on_the_jobs_group(tmp_path, transport)
         assert result["all_gather_object"] == [{"rank": 0}, {"rank": 1}]
         assert result["future"] == [2.0, 2.0, 2.0]
         assert result["dcp"] == [3.0] * 4  # a replicated tensor: the chief's copy is saved
+        if transport == "tls":  # every one of the user's collectives went around the TLS ring
+            assert result["ring_carried"] >= 10, result
+            assert (
+                "cannot carry send over its TLS ring" in result["p2p"] or "cannot carry recv" in result["p2p"]
+            )
+        else:
+            assert result["ring_carried"] == 0
+            assert result["p2p"] == ["sent", [5.0]][rank]
     assert results[0]["ddp_grad"] == pytest.approx(results[1]["ddp_grad"])

@@ -23,6 +23,8 @@ rank, world = dist.get_rank(), dist.get_world_size()
 group = strategy._group
 result = {"backend": dist.get_backend(), "uses_tls": group.uses_tls, "uses_shm": group.uses_shared_memory}
 
+ring = group._ring
+carried_before = ring._count if ring is not None else 0
 x = torch.full((5,), float(rank + 1))
 dist.all_reduce(x)
 result["all_reduce"] = x.tolist()
@@ -47,6 +49,17 @@ result["all_gather_object"] = objects
 work = dist.all_reduce(torch.ones(3), async_op=True)
 result["future"] = work.get_future().wait()[0].tolist()
 dist.barrier()
+result["ring_carried"] = (ring._count - carried_before) if ring is not None else 0
+try:  # point-to-point: the gloo group underneath, refused under TLS
+    if rank == 0:
+        dist.send(torch.tensor([5.0]), dst=1)
+        result["p2p"] = "sent"
+    else:
+        got = torch.zeros(1)
+        dist.recv(got, src=0)
+        result["p2p"] = got.tolist()
+except RuntimeError as exc:
+    result["p2p"] = str(exc).splitlines()[0]
 
 torch.manual_seed(0)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
