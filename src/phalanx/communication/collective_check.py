@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from phalanx.communication.call_sites import call_site
-from phalanx.communication.signatures import Signature, shapes_of
-from phalanx.communication.stall_inspector import MISMATCH_HINT, CollectiveMismatchError
+from phalanx.communication.signatures import Signature, WorkerState, shapes_of
+from phalanx.communication.stall_inspector import CollectiveMismatchError
 
 __all__ = ["CHECK_ENV", "CollectiveCheck", "Signed", "check_enabled"]
 
@@ -44,6 +44,13 @@ CHECK_ENV = "PHALANX_COLLECTIVE_CHECK"
 REPORT_SECONDS = 3.0  # how long a worker that saw a mismatch waits for the others' signatures
 _RECENT = 64  # collectives remembered for a peer's report
 _KEY = "phalanx-mismatch/"
+_HINT = (
+    "HINT: make each collective on every worker or on none, with the same dtypes and sizes. The usual "
+    "causes: a collective on some workers only (a rank-conditional strategy.reduce, log line, evaluation "
+    "or torch.distributed call: call it everywhere, use the result on the chief), a step or backward "
+    "skipped or repeated on one worker (decide together: reduce the flag first), a model built "
+    "differently on one worker (docs/multi_worker.md, 'Mismatched collectives')."
+)
 
 
 def check_enabled() -> bool:
@@ -84,10 +91,20 @@ class CollectiveCheck:
         rank, world_size: This worker and the number of workers.
         name: ``name(rank) -> "worker:1 (host:port)"``, for messages.
         enabled: Whether collectives carry codes (`check_enabled`).
+        peer_state: A peer's last state from the stall inspector's gossip (names a peer that
+            did not publish its side of a mismatch in time).
     """
 
-    def __init__(self, rank: int, world_size: int, name: Callable[[int], str], enabled: bool = True) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        name: Callable[[int], str],
+        enabled: bool = True,
+        peer_state: Callable[[int], WorkerState | None] = lambda peer: None,
+    ) -> None:
         self._rank, self._world, self._name = rank, world_size, name
+        self._peer_state = peer_state
         self.enabled = enabled
         self._seq = 0
         self._store: Any = None
@@ -139,28 +156,33 @@ class CollectiveCheck:
         return None if signed is None else self.mismatch(signed)
 
     # ---------------------------------------------------------------- the report (failure path)
-    def mismatch(self, signed: Signed, peer: int | None = None) -> CollectiveMismatchError:
+    def mismatch(
+        self, signed: Signed, peer: int | None = None, then: Callable[[], None] | None = None
+    ) -> CollectiveMismatchError:
         """The error of a collective whose codes differ (called by the transport that saw it,
         on every worker that saw it): names every worker's collective #seq and call site.
 
         Args:
             signed: This worker's collective.
             peer: A worker whose code differed, if the transport knows which.
+            then: Called once this worker's side is in the store, before it waits for the
+                others' (the TLS ring cuts its connections there, so that a neighbour blocked
+                on this worker fails and joins the report).
         """
         with self._lock:
             if self._report is None:
-                self._report = CollectiveMismatchError(self._describe(signed, peer))
+                self._report = CollectiveMismatchError(self._describe(signed, peer, then))
             return self._report
 
-    def _describe(self, signed: Signed, peer: int | None) -> str:
+    def _describe(self, signed: Signed, peer: int | None, then: Callable[[], None] | None) -> str:
         mine = signed.signature
-        theirs = self._exchange(signed)
+        theirs = self._exchange(signed, then)
         own = mine.describe() if mine else f"collective #{signed.seq}"
         lines = [f"{self._name(self._rank)} issued {own}"]
         for rank in range(self._world):
             if rank == self._rank:
                 continue
-            other = theirs.get(rank)
+            other = theirs.get(rank) or self._gossiped(rank, signed.seq)
             if other is not None:
                 lines.append(f"{self._name(rank)} issued {other.describe()}")
             elif peer is None or rank == peer:
@@ -168,14 +190,25 @@ class CollectiveCheck:
         return (
             "Every worker must call the same collectives, with the same dtypes and sizes, in the same "
             f"order, but collective #{signed.seq} differs between workers; no result of it was used. "
-            f"Received: {'; '.join(lines)}. {MISMATCH_HINT}"
+            f"Received: {'; '.join(lines)}. {_HINT}"
         )
 
-    def _exchange(self, signed: Signed) -> dict[int, Signature]:
+    def _gossiped(self, peer: int, seq: int) -> Signature | None:
+        state = self._peer_state(peer)
+        if state is None:
+            return None
+        for signature in (state.waiting.signature if state.waiting else None, state.last):
+            if signature is not None and signature.seq == seq:
+                return signature
+        return None
+
+    def _exchange(self, signed: Signed, then: Callable[[], None] | None = None) -> dict[int, Signature]:
         """Publishes this worker's signature of #seq and reads the others' (within
         `REPORT_SECONDS`); the chief then waits (as long) until every worker has read, since
         the store lives in the chief's process."""
         if self._store is None or signed.signature is None:
+            if then is not None:
+                then()
             return {}
         key = f"{_KEY}{signed.seq}/"
         peers = [r for r in range(self._world) if r != self._rank]
@@ -184,6 +217,8 @@ class CollectiveCheck:
             self._store.set(key + str(self._rank), json.dumps(asdict(signed.signature)))
             if not self._store.check([_KEY + "first"]):  # for peers that did not see it
                 self._store.set(_KEY + "first", str(signed.seq))
+            if then is not None:
+                then()
             self._wait_for([key + str(r) for r in peers])
             for rank in peers:
                 if self._store.check([key + str(rank)]):

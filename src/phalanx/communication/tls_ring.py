@@ -99,7 +99,7 @@ class TlsRing:
         links: RingLinks,
         failure: Callable[[], str | None],
         timeout: float,
-        mismatch: Callable[[Signed, int | None], BaseException] | None = None,
+        mismatch: Callable[..., BaseException] | None = None,
     ) -> None:
         self.rank, self.world_size = links.rank, links.world_size
         self._name, self._failure = links.name, failure
@@ -247,8 +247,9 @@ class TlsRing:
         got_number, got_bytes, got_code = _FRAME.unpack(header)
         if (got_number, got_bytes, got_code) != (number.number, nbytes, number.signed.code):
             if self._mismatch is not None and number.signed.code:  # before any byte reaches a tensor
-                self._cut()  # a neighbour waiting on this worker fails now and joins the report
-                raise self._mismatch(number.signed, self._prev)
+                # once this side is published, cut the connections: a neighbour blocked on
+                # this worker fails at once and joins the report
+                raise self._mismatch(number.signed, self._prev, self._cut)
             raise CollectivesDifferError(
                 f"{self._name(self._prev)} sent {got_bytes} bytes for collective #{got_number} where this "
                 f"worker expects {nbytes} bytes for collective #{number.number}: the workers called "

@@ -159,7 +159,7 @@ class WorkerGroup:
         rendezvous.check_in(self._store, deadline, join_timeout)
         # the codes are on when every worker has them on (a first message must match its peer's)
         checked = all(v == b"1" for v in self._store.multi_get([f"check/{r}" for r in range(world_size)]))
-        self._check = CollectiveCheck(rank, world_size, task_name, checked)
+        self._check = CollectiveCheck(rank, world_size, task_name, checked, self._watch.inspector.peer_state)
         self._check.attach_store(self._store)
         self._works = RecentWorks()
         if backend == "gloo":
