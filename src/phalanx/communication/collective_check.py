@@ -146,6 +146,14 @@ class CollectiveCheck:
             return self._report
         if self._store is None or not self.enabled:
             return None
+        # on a thread: a store cut off with its chief blocks, and a failure must never wait on it
+        found: list[CollectiveMismatchError | None] = []
+        reader = threading.Thread(target=lambda: found.append(self._read_peer_report()), daemon=True)
+        reader.start()
+        reader.join(2 * REPORT_SECONDS + 1)
+        return found[0] if found else None
+
+    def _read_peer_report(self) -> CollectiveMismatchError | None:
         try:
             if not self._store.check([_KEY + "first"]):
                 return None

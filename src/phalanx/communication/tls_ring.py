@@ -20,9 +20,12 @@ this transport's one thread):
   arrives (a pipeline);
 * **all-gather**: ``n - 1`` steps, each worker forwarding the piece it received last.
 
-Every message is framed by (collective number, payload bytes); a frame that does not match
-what this worker expects (workers calling different collectives) fails the collective with an
-error saying so. Each blocking socket call waits in short slices and checks the group's health
+Every message is framed by (collective number, payload bytes, signature code); a frame that
+does not match what this worker expects (workers calling different collectives) fails the
+collective before any of its bytes reaches a tensor: with the job's `CollectiveCheck` report
+naming both sides (this worker cuts its connections once its side is published, so the
+neighbour blocked on it fails at once and joins the report), else with an error saying so.
+Each blocking socket call waits in short slices and checks the group's health
 and whether the ring was closed, so a collective never outlives its deadline in
 `WorkerGroup.wait`; a peer that closes its connection fails it at once, naming that peer.
 
@@ -88,6 +91,8 @@ class TlsRing:
         links: This worker's place in the ring, not yet connected.
         failure: The group's health: a reason once a peer is known dead (stops waits).
         timeout: Seconds to connect the ring (and for each TLS handshake within it).
+        mismatch: ``mismatch(signed, peer, then)``: the error of a frame whose signature
+            differs (`CollectiveCheck.mismatch`); None: `CollectivesDifferError`.
 
     Raises:
         PeerGoneError: A neighbour failed the TLS handshake or did not connect within
