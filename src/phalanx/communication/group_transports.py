@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from phalanx.communication._work import PeerGoneError
 from phalanx.communication.health import PeerUnavailableError
-from phalanx.communication.shared_memory import SharedMemoryAllReduce, probe_machines
+from phalanx.communication.same_machine import probe_machines
+from phalanx.communication.shared_memory import SharedMemoryAllReduce
 from phalanx.communication.signed_gloo import Mismatch
 from phalanx.communication.tls_ring import TlsRing
 from phalanx.communication.transport_choice import ring_if_needed

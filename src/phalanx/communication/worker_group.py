@@ -155,10 +155,12 @@ class WorkerGroup:
         self._watch = CollectiveWatch(rank, world_size, task_name, stall or StallSettings.from_env())
         if self._watch.enabled:
             self._watch.publish_initial(self._store)  # before check-in: every key exists after it
-        self._store.set(f"check/{rank}", "1" if check_enabled() else "0")
+        self._store.set(f"collective-check/{rank}", "1" if check_enabled() else "0")
         rendezvous.check_in(self._store, deadline, join_timeout)
         # the codes are on when every worker has them on (a first message must match its peer's)
-        checked = all(v == b"1" for v in self._store.multi_get([f"check/{r}" for r in range(world_size)]))
+        checked = all(
+            v == b"1" for v in self._store.multi_get([f"collective-check/{r}" for r in range(world_size)])
+        )
         self._check = CollectiveCheck(rank, world_size, task_name, checked, self._watch.inspector.peer_state)
         self._check.attach_store(self._store)
         self._works = RecentWorks()
