@@ -21,7 +21,7 @@ TRANSPORTS = {
 
 
 @pytest.mark.parametrize("transport", list(TRANSPORTS))
-def test_user_collectives_ddp_and_dcp_run_on_the_jobs_group(tmp_path, transport):
+def test_user_collectives_ddp_dcp_and_fsdp2_run_on_the_jobs_group(tmp_path, transport):
     run_cluster(
         SCRIPTS / "torch_collectives.py", tmp_path, workers=2, env=TRANSPORTS[transport], timeout=240
     ).check()
@@ -48,3 +48,5 @@ def test_user_collectives_ddp_and_dcp_run_on_the_jobs_group(tmp_path, transport)
             assert result["ring_carried"] == 0
             assert result["p2p"] == ["sent", [5.0]][rank]
     assert results[0]["ddp_grad"] == pytest.approx(results[1]["ddp_grad"])
+    assert results[0]["fsdp2"] == pytest.approx(results[1]["fsdp2"])  # one model, sharded
+    assert len(results[0]["fsdp2"]) == 4

@@ -19,9 +19,11 @@ How each torch collective is carried (W workers, r this one):
   under TLS, where gloo would carry them in plaintext between machines.
 
 Ops that torch's C++ code sends to the group's registered device backend without asking the
-Python object (e.g. the functional ``all_gather_into_tensor`` of DTensor) reach that gloo
-group too; under TLS no gloo is registered, so they fail with torch's "No backend type
-associated with device type cpu" instead of leaving the machine in plaintext.
+Python object reach that gloo group too; under TLS no gloo is registered, so such a path
+fails with torch's "No backend type associated with device type cpu" instead of leaving the
+machine in plaintext (FSDP2, DTensor's ``full_tensor`` and DCP take the Python methods:
+tests/multiprocess/test_torch_collectives.py). ``AVG`` (FSDP2's reduce-scatter) is a sum
+divided here.
 
 Why our own Python backend: no upstream transport does same-host shared memory and TLS between
 machines (docs/architecture.md). NCCL stays NCCL on GPUs: this group is made for ``gloo`` jobs.
@@ -87,9 +89,14 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     ) -> Work:
         check_cpu(tensors, what)
         flat = end_to_end(tensors)
-        inner = self._engine.all_reduce_async(flat, op)
+        mean = op == dist.ReduceOp.AVG  # FSDP2's reduce-scatter: a sum, divided here
+        if mean and not flat.is_floating_point():
+            raise ValueError(f"AVG needs a floating-point tensor. Received: {what} of {flat.dtype}.")
+        inner = self._engine.all_reduce_async(flat, dist.ReduceOp.SUM if mean else op)
 
         def finish() -> list[torch.Tensor]:
+            if mean:
+                flat.div_(self.size())
             keep(flat)
             return list(tensors)
 
@@ -299,6 +306,27 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         return self._gloo_only("recv").recv_anysource(tensors, tag)
 
 
+class _TlsProcessGroup(PhalanxProcessGroup):
+    """The group under TLS: no device backend is registered (see the module doc), so it keeps
+    the name torch gives it itself (torch stores a group's name in its backends)."""
+
+    def __init__(self, store: Any, rank: int, world_size: int, timeout: timedelta, engine: Engine) -> None:
+        super().__init__(store, rank, world_size, timeout, engine)
+        self._names = {"name": "", "desc": ""}
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802 (torch's C++ name)
+        self._names["name"] = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._names["name"]
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._names["desc"] = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._names["desc"]
+
+
 def _default_group() -> Any:
     return dist.group.WORLD if dist.is_initialized() else None
 
@@ -307,7 +335,8 @@ def _create(options: Any, engine: Engine | None) -> Any:
     """torch's factory for ``"phalanx"`` groups (extended API: ``pg_options`` is the engine)."""
     store, rank, size, timeout = options.store, options.group_rank, options.group_size, options.timeout
     if engine is not None:
-        return PhalanxProcessGroup(store, rank, size, timeout, engine)
+        kind = _TlsProcessGroup if engine.uses_tls else PhalanxProcessGroup
+        return kind(store, rank, size, timeout, engine)
     default = _default_group()
     if isinstance(default, PhalanxProcessGroup) and default._engine.uses_tls:
         raise RuntimeError(

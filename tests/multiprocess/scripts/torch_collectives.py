@@ -2,7 +2,7 @@
 init_process_group of its own: the default group is phalanx's (`phalanx.communication.process_group`).
 
 Writes ``torch-<rank>.json`` to OUT_DIR: the backend torch reports, the transport used and the
-results of the user's own collectives, DDP and a DCP save/load.
+results of the user's own collectives, DDP, a DCP save/load and FSDP2.
 
 usage: torch_collectives.py OUT_DIR
 """
@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 import phalanx
 
@@ -72,5 +74,18 @@ dcp.save(state, checkpoint_id=str(out_dir / "dcp"))
 loaded = {"w": torch.zeros(4)}
 dcp.load(loaded, checkpoint_id=str(out_dir / "dcp"))
 result["dcp"] = loaded["w"].tolist()
+
+mesh = init_device_mesh("cpu", (world,))  # FSDP2 on the same default group
+torch.manual_seed(0)
+sharded = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+for layer in (sharded[0], sharded[2], sharded):
+    fully_shard(layer, mesh=mesh)
+fsdp_optimizer = torch.optim.SGD(sharded.parameters(), lr=0.1)
+torch.manual_seed(1 + rank)
+for _ in range(2):
+    sharded(torch.randn(4, 8)).sum().backward()  # FSDP2 reduce-scatters with AVG
+    fsdp_optimizer.step()
+    fsdp_optimizer.zero_grad()
+result["fsdp2"] = [v.full_tensor().sum().item() for v in sharded.state_dict().values()]
 
 (out_dir / f"torch-{rank}.json").write_text(json.dumps(result))
