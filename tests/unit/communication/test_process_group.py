@@ -98,14 +98,40 @@ def test_under_tls_what_only_gloo_could_carry_is_refused():
         group._get_backend(torch.device("cpu"))  # torch's C++ paths find no gloo behind it
 
 
-def test_a_subgroup_is_plain_gloo_and_refused_when_the_job_uses_tls(monkeypatch):
-    class _Options:
-        store, group_rank, group_size, timeout = dist.HashStore(), 0, 1, timedelta(seconds=5)
+class _Opts:
+    """What torch passes to a backend's factory (one worker)."""
 
-    assert isinstance(_create(_Options(), None), dist.ProcessGroupGloo)
+    def __init__(self):
+        self.store, self.group_rank, self.group_size, self.timeout = (
+            dist.HashStore(),
+            0,
+            1,
+            timedelta(seconds=5),
+        )
+
+
+def test_a_subgroup_is_plain_gloo_and_refused_when_the_job_uses_tls(monkeypatch):
+    assert isinstance(_create(_Opts(), None), dist.ProcessGroupGloo)
     tls_group, _ = _group(uses_tls=True)
     monkeypatch.setattr(process_group, "_default_group", lambda: tls_group)
     with pytest.raises(
         RuntimeError, match="in plaintext between machines, and this job's collectives use TLS"
     ):
-        _create(_Options(), None)
+        _create(_Opts(), None)
+
+
+def test_avg_is_a_sum_divided_and_needs_floating_point():
+    group, engine = _group()
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.AVG
+    value = torch.tensor([3.0, 5.0])
+    group.allreduce([value], options).wait()
+    assert value.tolist() == [3.0, 5.0]  # one worker: the mean of one
+    with pytest.raises(ValueError, match="AVG needs a floating-point tensor"):
+        group.allreduce([torch.tensor([3])], options)
+
+
+def test_under_tls_the_group_keeps_the_name_torch_gives_it():
+    group = _create(_Opts(), _OneWorker(uses_tls=True))
+    group._set_group_name("7")
+    assert group.group_name == "7"
