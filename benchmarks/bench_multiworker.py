@@ -80,14 +80,14 @@ def _mlp() -> nn.Module:
     )
 
 
-def _bench_all_reduce(strategy, quick: bool) -> list[str]:
+def _bench_all_reduce(strategy, reference, quick: bool) -> list[str]:
     lines = []
     for name, numel in SIZES.items():
         repeats = max(3, (10 if quick else 50) * (1 << 16) // max(numel, 1 << 16))
         ours_buf, raw_buf = torch.ones(numel), torch.ones(numel)
         ours, raw = _best_alternating(
             lambda b=ours_buf: strategy._cross_worker_all_reduce(b, "sum"),
-            lambda b=raw_buf: dist.all_reduce(b),
+            lambda b=raw_buf: dist.all_reduce(b, group=reference),
             repeats,
             3 if quick else 5,
         )
@@ -98,7 +98,7 @@ def _bench_all_reduce(strategy, quick: bool) -> list[str]:
     return lines
 
 
-def _bench_training(strategy, rank: int, quick: bool) -> str:
+def _bench_training(strategy, reference, rank: int, quick: bool) -> str:
     import phalanx
 
     steps = 8 if quick else 25
@@ -110,7 +110,7 @@ def _bench_training(strategy, rank: int, quick: bool) -> str:
     half = GLOBAL_BATCH // 2
     mine = [(x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]) for x, y in data]
 
-    ddp_model = nn.parallel.DistributedDataParallel(_mlp())
+    ddp_model = nn.parallel.DistributedDataParallel(_mlp(), process_group=reference)
     ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
 
     def ddp_epoch() -> None:
@@ -148,7 +148,8 @@ def _bench_training(strategy, rank: int, quick: bool) -> str:
     )
 
 
-def _bench_engines(strategy, rank: int, quick: bool) -> str:
+def _bench_engines(strategy, reference, rank: int, quick: bool) -> str:
+    """CPU per step of each gradient engine: phalanx's buckets on the job's transport, DDP's on plain gloo."""
     from phalanx.communication.bucketing import GradientBuckets
 
     steps = 8 if quick else 20
@@ -169,7 +170,7 @@ def _bench_engines(strategy, rank: int, quick: bool) -> str:
         return epoch
 
     def summing_hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket
-        work = dist.all_reduce(bucket.buffer(), async_op=True)
+        work = dist.all_reduce(bucket.buffer(), group=reference, async_op=True)
         assert work is not None
         return work.get_future().then(lambda fut: fut.value()[0])
 
@@ -178,12 +179,12 @@ def _bench_engines(strategy, rank: int, quick: bool) -> str:
     buckets = GradientBuckets(group.all_reduce_async, group.wait, workers=2)
     for p in ours.parameters():
         buckets.add(p)
-    view = nn.parallel.DistributedDataParallel(_mlp(), gradient_as_bucket_view=True)
+    view = nn.parallel.DistributedDataParallel(_mlp(), process_group=reference, gradient_as_bucket_view=True)
     view.register_comm_hook(None, summing_hook)
     cases = {
         "none": loop(_mlp()),
         "phalanx buckets": loop(ours),
-        "DDP": loop(nn.parallel.DistributedDataParallel(_mlp())),
+        "DDP": loop(nn.parallel.DistributedDataParallel(_mlp(), process_group=reference)),
         "DDP view+sum hook": loop(view),
     }
     cpu = {name: 1e9 for name in cases}
@@ -209,9 +210,11 @@ def worker(quick: bool) -> None:
     warnings.filterwarnings("ignore", message="Auto-sharding found no files")  # DATA is intended
     strategy = phalanx.MultiWorkerMirroredStrategy()
     rank = strategy.cluster_resolver.worker_index
-    lines = _bench_all_reduce(strategy, quick)
-    lines.append(_bench_training(strategy, rank, quick))
-    lines.append(_bench_engines(strategy, rank, quick))
+    # the references on plain gloo: the default group is phalanx's own (process_group.py)
+    reference = dist.new_group(backend="gloo")
+    lines = _bench_all_reduce(strategy, reference, quick)
+    lines.append(_bench_training(strategy, reference, rank, quick))
+    lines.append(_bench_engines(strategy, reference, rank, quick))
     if rank == 0:
         group = strategy._group
         transport = "shared memory (same machine)" if group.uses_shared_memory else "gloo"

@@ -57,7 +57,9 @@ def worker(quick: bool) -> None:
     share = GLOBAL_BATCH // workers
     mine = [(x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]) for x, y in data]
 
-    ddp_model = nn.parallel.DistributedDataParallel(_mlp())
+    # DDP on plain gloo: the job's default group is phalanx's own (communication/process_group.py)
+    reference = dist.new_group(backend="gloo")
+    ddp_model = nn.parallel.DistributedDataParallel(_mlp(), process_group=reference)
     ddp_optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
 
     def ddp_epoch() -> None:

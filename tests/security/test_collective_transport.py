@@ -366,3 +366,83 @@ def test_the_choice_of_transport(monkeypatch, caplog):
     monkeypatch.delenv("PHALANX_CLUSTER_TOKEN")
     assert ring_if_needed(*args, False, *rest) is None
     assert "PLAINTEXT gloo: PHALANX_CLUSTER_TOKEN is unset" in caplog.text
+
+
+class _RingEngine:
+    """The part of `WorkerGroup` a phalanx process group runs on: here a bare TLS ring."""
+
+    uses_tls = True
+
+    def __init__(self, ring):
+        self.rank, self.world_size, self._ring = ring.rank, ring.world_size, ring
+
+    def all_reduce_async(self, tensor, op=dist.ReduceOp.SUM):
+        return self._ring.all_reduce_async(tensor, op)
+
+    def broadcast_async(self, tensor, src):
+        return self._ring.broadcast_async(tensor, src)
+
+    def all_gather_async(self, tensor):
+        return self._ring.all_gather_async(tensor)
+
+    def wait(self, work, what, timeout=None):
+        work.wait()
+
+
+def _on_threads(world, run):
+    """``run(rank)`` on ``world`` threads at once; their results by rank (an error re-raised)."""
+    results = [None] * world
+
+    def call(rank):
+        try:
+            results[rank] = run(rank)
+        except Exception as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=call, args=(r,)) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    return results
+
+
+def test_a_users_own_collectives_on_the_phalanx_group_travel_encrypted():
+    # what torch.distributed.all_reduce / all_gather / broadcast call on the default group
+    # of a MultiWorkerMirrored job under TLS (phalanx.communication.process_group)
+    from datetime import timedelta
+
+    from phalanx.communication.process_group import PhalanxProcessGroup
+
+    store = dist.HashStore()
+    relay = _Relay(_real_port(store, 1))
+    rings = _rings(2, store, redirect=lambda: relay.port)
+    try:
+        groups = _on_threads(
+            2,
+            lambda r: PhalanxProcessGroup(
+                dist.PrefixStore("pg", store), r, 2, timedelta(seconds=30), _RingEngine(rings[r])
+            ),
+        )
+        tensors = [torch.full((4096,), MARKER), torch.full((4096,), MARKER)]
+        _on_threads(2, lambda r: groups[r].allreduce([tensors[r]]).wait())
+        gathered = [[torch.empty(1024), torch.empty(1024)] for _ in range(2)]
+        _on_threads(2, lambda r: groups[r].allgather([gathered[r]], [torch.full((1024,), MARKER)]).wait())
+        sent = [torch.full((1024,), 3 * MARKER), torch.zeros(1024)]
+        _on_threads(2, lambda r: groups[r].broadcast([sent[r]]).wait())
+        assert torch.equal(tensors[1], torch.full((4096,), 2 * MARKER))  # through the relay
+        assert torch.equal(gathered[0][1], torch.full((1024,), MARKER))
+        assert torch.equal(sent[1], torch.full((1024,), 3 * MARKER))
+        for value in (MARKER, 2 * MARKER, 3 * MARKER):
+            assert torch.tensor([value]).numpy().tobytes() not in relay.seen
+        # no plaintext gloo behind it: torch's C++ paths find no CPU backend, point-to-point
+        # (which only gloo could carry) is refused saying why
+        with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+            groups[0]._get_backend(torch.device("cpu"))
+        with pytest.raises(RuntimeError, match="cannot carry send over its TLS ring"):
+            groups[0].send([torch.zeros(1)], 1, 0)
+    finally:
+        _close(rings)

@@ -49,6 +49,7 @@ EXPECTED = sorted(
         "compute_average_loss",
         "config",
         "data",
+        "errors",
         "estimator",
         "experimental",
         "experimental_set_strategy",

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import queue
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
-__all__ = ["PeerGoneError", "QueuedWork"]
+__all__ = ["Lane", "PeerGoneError", "QueuedWork"]
 
 
 class PeerGoneError(RuntimeError):
@@ -28,6 +30,8 @@ class QueuedWork:
         self._what = what
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self._callbacks: list[Callable[[BaseException | None], None]] = []
+        self._lock = threading.Lock()
 
     def is_completed(self) -> bool:
         """Whether the collective finished, with or without an error."""
@@ -46,7 +50,77 @@ class QueuedWork:
             raise self._error
         return True
 
+    def add_done_callback(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Calls ``callback(error or None)`` when the collective finishes (at once if it did),
+        on the thread that finishes it."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self._error)
+
     def finish(self, error: BaseException | None = None) -> None:
-        """Marks the collective finished (``error``: it failed)."""
-        self._error = error
-        self._done.set()
+        """Marks the collective finished (``error``: it failed) and runs the callbacks."""
+        with self._lock:
+            self._error = error
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(error)
+
+
+class Lane:
+    """One thread that runs queued calls in the order they were queued, each finishing its
+    `QueuedWork` (how a transport keeps every worker's collectives in the same order). After
+    a call fails, every later one fails with the same error (sticky).
+
+    Args:
+        name: The thread's name.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], QueuedWork] | None] = queue.SimpleQueue()
+        self._broken: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, what: str, run: Callable[[], None]) -> QueuedWork:
+        """Queues ``run`` and returns its work (finished when ``run`` returned or raised)."""
+        work = QueuedWork(what)
+        if self._closed:
+            work.finish(RuntimeError(f"{what} was issued after its transport was closed"))
+        else:
+            self._queue.put((run, work))
+        return work
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            run, work = item
+            if self._broken is not None:
+                work.finish(self._broken)
+                continue
+            try:
+                run()
+            except BaseException as exc:  # every later call fails the same way
+                self._broken = exc
+                work.finish(exc)
+            else:
+                work.finish()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread still runs."""
+        return self._thread.is_alive()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stops the thread after the calls queued so far (waits at most ``timeout``)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)

@@ -5,7 +5,6 @@ else gloo itself (both None)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from datetime import timedelta
@@ -15,7 +14,9 @@ import torch.distributed as dist
 
 from phalanx.communication._work import PeerGoneError
 from phalanx.communication.health import PeerUnavailableError
-from phalanx.communication.shared_memory import SharedMemoryAllReduce, probe_machines
+from phalanx.communication.same_machine import probe_machines
+from phalanx.communication.shared_memory import SharedMemoryAllReduce
+from phalanx.communication.signed_gloo import Mismatch
 from phalanx.communication.tls_ring import TlsRing
 from phalanx.communication.transport_choice import ring_if_needed
 
@@ -42,6 +43,7 @@ def open_transports(
     collective_timeout: float,
     ring_timeout: float,
     keep: Callable[[Any], Any],
+    mismatch: Mismatch | None = None,
 ) -> Transports:
     """Probes where the workers are and opens what they need (all workers, gloo groups only).
 
@@ -55,6 +57,8 @@ def open_transports(
         collective_timeout: The default deadline of a collective, in seconds.
         ring_timeout: Seconds to connect the TLS ring.
         keep: Holds a gloo work until the group is torn down (`RecentWorks.add`).
+        mismatch: The error of a collective whose signature differs from a peer's
+            (`CollectiveCheck.mismatch`).
 
     Raises:
         PeerUnavailableError: The TLS ring could not be made (what was opened is closed).
@@ -64,8 +68,11 @@ def open_transports(
     opened = Transports()
     if pids is not None and shm_allowed:
         # its own gloo group: the transport's thread agrees on segments without interleaving
-        # with the collectives of the training thread
-        opened.shm_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=collective_timeout))
+        # with the collectives of the training thread (made before the job's process group,
+        # on the store: a gloo backend of its own, in no torch.distributed registry)
+        opened.shm_group = dist.ProcessGroupGloo(
+            dist.PrefixStore("phalanx-shm/", store), rank, world_size, timedelta(seconds=collective_timeout)
+        )
         opened.shm = SharedMemoryAllReduce(
             f"{port}-{pids[0]}",
             rank,
@@ -76,16 +83,25 @@ def open_transports(
             task_name,
             collective_timeout,
             keep,
+            mismatch,
         )
     try:
         opened.ring = ring_if_needed(
-            store, rank, world_size, own_host, chief, pids is not None, task_name, failure, ring_timeout
+            store,
+            rank,
+            world_size,
+            own_host,
+            chief,
+            pids is not None,
+            task_name,
+            failure,
+            ring_timeout,
+            mismatch,
         )
     except PeerGoneError as exc:
         if opened.shm is not None:
             opened.shm.close()
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group(opened.shm_group)
+            opened.shm_group = None  # dropping the last reference joins its threads
         raise PeerUnavailableError(
             f"MultiWorkerMirroredStrategy could not connect {task_name(rank)} to its TLS ring: "
             f"{exc.failure}. HINT: every worker needs the same PHALANX_CLUSTER_TOKEN (or certificate "

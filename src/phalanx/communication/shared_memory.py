@@ -45,12 +45,7 @@ order, so this transport is only used there (elsewhere, gloo).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import platform
-import queue
-import secrets
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -59,7 +54,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx.communication._work import PeerGoneError, QueuedWork
+from phalanx.communication._work import Lane, PeerGoneError, QueuedWork
+from phalanx.communication.collective_check import UNCHECKED, Signed
+from phalanx.communication.same_machine import (  # noqa: F401 (re-exported: the transport's switch)
+    SHARED_MEMORY_ENV,
+    SHM_DIR,
+    _pid_namespace,
+    probe_machines,
+    same_machine_pids,
+    shared_memory_supported,
+)
+from phalanx.communication.signed_gloo import Mismatch, signed_all_gather, signed_all_reduce, signed_broadcast
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -71,13 +76,12 @@ __all__ = [
     "shared_memory_supported",
 ]
 
-SHARED_MEMORY_ENV = "PHALANX_SHARED_MEMORY"
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per slot at most
 TWO_SHOT_ELEMENTS = 1 << 18  # from 1 MiB of float32, with 3 or more workers
 TWO_SHOT_ENV = "PHALANX_SHM_TWO_SHOT"
 MIN_CAPACITY = 1 << 10
 CHECK_SECONDS = 0.05
-_DIR = "/dev/shm"  # noqa: S108 (files are opened O_NOFOLLOW, mode 0600: a planted one fails)
+_DIR = SHM_DIR
 _MARKER = -7_000_000
 _OPS: dict[Any, Callable[..., torch.Tensor]] = {
     dist.ReduceOp.SUM: torch.add,
@@ -86,99 +90,12 @@ _OPS: dict[Any, Callable[..., torch.Tensor]] = {
 }
 
 
-def shared_memory_supported() -> bool:
-    """Whether this process may use the transport: Linux on x86-64 with ``/dev/shm``, and
-    ``PHALANX_SHARED_MEMORY`` not set to 0/false/off."""
-    return _shared_memory_allowed() and _platform_supported()
-
-
-def _shared_memory_allowed() -> bool:
-    return os.environ.get(SHARED_MEMORY_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
-
-
-def _platform_supported() -> bool:
-    machine = platform.machine().lower()
-    return sys.platform.startswith("linux") and machine in ("x86_64", "amd64") and os.path.isdir(_DIR)
-
-
 def _wants_two_shot(world: int) -> bool:
     """This worker's view: force (``PHALANX_SHM_TWO_SHOT``), else whether it has a core per worker."""
     forced = os.environ.get(TWO_SHOT_ENV, "").strip()
     if forced in ("0", "1"):
         return forced == "1"
     return world > 2 and len(os.sched_getaffinity(0)) >= world
-
-
-def _pid_namespace() -> str:
-    """This process's PID namespace (``"pid:[4026531836]"``), or '' where /proc does not say."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
-
-
-def _read_probe(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def same_machine_pids(store: Any, rank: int, world_size: int, tag: str) -> list[int] | None:
-    """Every worker's PID (by rank) when all of them may share memory, else None (all workers):
-    `probe_machines`' PIDs when every worker allows the transport."""
-    pids, allowed = probe_machines(store, rank, world_size, tag)
-    return pids if allowed else None
-
-
-def probe_machines(store: Any, rank: int, world_size: int, tag: str) -> tuple[list[int] | None, bool]:
-    """(every worker's PID by rank when all of them are on this machine, else None; whether
-    every worker allows the shared-memory transport) (all workers).
-
-    "The same machine" is decided by what the transport needs, never by host names or boot
-    ids (two containers or network namespaces can share those and still not share memory):
-    every worker writes a random probe file into its ``/dev/shm`` and publishes its name and
-    content in ``store``; a worker that reads every other's probe shares their ``/dev/shm``.
-    The workers must also share a PID namespace (peers are watched by PID). Each worker
-    publishes what it saw, so every worker reaches the same answer. Blocks until every worker
-    published (the store's timeout). ``PHALANX_SHARED_MEMORY=0`` on any worker switches the
-    transport off, not the answer (which also decides whether collectives need TLS).
-
-    Args:
-        store: The job's rendezvous store.
-        rank, world_size: This worker and the number of workers.
-        tag: Unique to this job (names the probe files and store keys).
-    """
-    probe = os.path.join(_DIR, f"phalanx-probe-{tag}-{rank}-{secrets.token_hex(4)}")
-    content = secrets.token_hex(16)
-    ok = _platform_supported()
-    try:
-        if ok:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(content)
-        me = {
-            "ok": ok,
-            "allowed": _shared_memory_allowed(),
-            "probe": probe,
-            "content": content,
-            "pidns": _pid_namespace(),
-            "pid": os.getpid(),
-        }
-        store.set(f"machine/{rank}", json.dumps(me))
-        everyone = [json.loads(v) for v in store.multi_get([f"machine/{r}" for r in range(world_size)])]
-        sees = all(
-            e["ok"] and e["pidns"] == me["pidns"] and _read_probe(e["probe"]) == e["content"]
-            for e in everyone
-        )
-        store.set(f"machine-shared/{rank}", "1" if ok and sees else "0")
-        verdicts = store.multi_get([f"machine-shared/{r}" for r in range(world_size)])
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(probe)
-    allowed = all(e.get("allowed", True) for e in everyone)
-    return ([int(e["pid"]) for e in everyone] if all(v == b"1" for v in verdicts) else None), allowed
 
 
 def _alive(pid: int) -> bool:
@@ -222,6 +139,8 @@ class SharedMemoryAllReduce:
         timeout: Seconds one call may wait for the others.
         keep: Called with every work this transport starts on ``group`` (see
             `phalanx.communication.worker_group.RecentWorks`); returns it.
+        mismatch: ``mismatch(signed, peer)``: the error of a collective whose code differs
+            from a peer's (`CollectiveCheck.mismatch`).
     """
 
     def __init__(
@@ -235,6 +154,7 @@ class SharedMemoryAllReduce:
         name: Callable[[int], str],
         timeout: float,
         keep: Callable[[Any], Any] = lambda work: work,
+        mismatch: Mismatch | None = None,
     ) -> None:
         if world_size < 2:
             raise ValueError(f"A shared-memory all-reduce needs at least 2 workers. Received: {world_size}.")
@@ -247,60 +167,128 @@ class SharedMemoryAllReduce:
         self._segments: dict[tuple[torch.dtype, int], _Segment | None] = {}
         self._paths: list[str] = []
         self._calls = 0
-        self._broken: BaseException | None = None
+        self._mismatch = mismatch or _differ
         self._closing = threading.Event()
-        self._queue: queue.SimpleQueue[tuple[torch.Tensor, Any, QueuedWork] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="phalanx-shm-allreduce", daemon=True)
-        self._thread.start()
+        self._lane = Lane("phalanx-shm-allreduce")  # every call, in order, on one thread
 
     @staticmethod
     def handles(tensor: torch.Tensor, op: Any) -> bool:
         """Whether this transport takes ``tensor`` (a contiguous CPU tensor; SUM, MAX or MIN)."""
         return tensor.device.type == "cpu" and tensor.is_contiguous() and op in _OPS and not tensor.is_sparse
 
-    def all_reduce_async(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> QueuedWork:
-        """Queues an in-place all-reduce of ``tensor`` and returns its work (all workers)."""
-        work = QueuedWork("shared-memory all_reduce")
-        if self._closing.is_set():
-            work.finish(RuntimeError("the shared-memory transport was closed"))
-        else:
-            self._queue.put((tensor, op, work))
-        return work
+    def all_reduce_async(
+        self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, signed: Signed = UNCHECKED
+    ) -> QueuedWork:
+        """Queues an in-place all-reduce of ``tensor`` and returns its work (all workers).
+        ``signed``: its code, compared with every peer's before the sum (`CollectiveCheck`)."""
+        if not self.handles(tensor, op):  # verified here, carried by the gloo group
+            return self._lane.submit(
+                "shared-memory all_reduce", lambda: self._gloo_after_meeting(tensor, op, signed)
+            )
+        return self._lane.submit("shared-memory all_reduce", lambda: self._all_reduce(tensor, op, signed))
+
+    def broadcast_async(self, tensor: torch.Tensor, src: int, signed: Signed = UNCHECKED) -> QueuedWork:
+        """Queues an in-place broadcast from ``src``: verified in the control block, then
+        carried by the transport's gloo group (all workers, in order with the all-reduces)."""
+        return self._lane.submit("shared-memory broadcast", lambda: self._broadcast(tensor, src, signed))
+
+    def all_gather_async(
+        self, tensor: torch.Tensor, signed: Signed = UNCHECKED
+    ) -> tuple[QueuedWork, list[torch.Tensor]]:
+        """Queues gathering every worker's tensor (as `broadcast_async`): the work and the list
+        it fills, in rank order."""
+        out = [torch.empty_like(tensor) for _ in range(self._world)]
+        return self._lane.submit(
+            "shared-memory all_gather", lambda: self._all_gather(tensor, out, signed)
+        ), out
 
     # ---------------------------------------------------------------- the transport's thread
-    def _serve(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            tensor, op, work = item
-            if self._broken is not None:
-                work.finish(self._broken)
-                continue
-            try:
-                self._all_reduce(tensor, op)
-            except BaseException as exc:  # every later call fails the same way (sticky)
-                self._broken = exc
-                work.finish(exc)
-            else:
-                work.finish()
-
-    def _all_reduce(self, tensor: torch.Tensor, op: Any) -> None:
-        flat = tensor.view(-1)
-        if flat.numel() == 0:
-            return
+    def _gloo_after_meeting(self, tensor: torch.Tensor, op: Any, signed: Signed) -> None:
         if not self._ensure_control():
-            self._gloo_all_reduce(tensor, op)
+            signed_all_reduce(self._group, self._rank, self._world, tensor, op, signed, self._mismatch)
+            return
+        self._meet(signed)
+        self._gloo_all_reduce(tensor, op)
+
+    def _broadcast(self, tensor: torch.Tensor, src: int, signed: Signed) -> None:
+        if not self._ensure_control():
+            signed_broadcast(self._group, self._rank, self._world, tensor, src, signed, self._mismatch)
+            return
+        self._meet(signed)
+        options = dist.BroadcastOptions()
+        options.rootRank = src
+        self._keep(self._group.broadcast([tensor], options)).wait()
+
+    def _all_gather(self, tensor: torch.Tensor, out: list[torch.Tensor], signed: Signed) -> None:
+        if not self._ensure_control():
+            signed_all_gather(self._group, self._rank, self._world, tensor, out, signed, self._mismatch)
+            return
+        self._meet(signed)
+        self._keep(self._group.allgather([out], [tensor])).wait()
+
+    def _all_reduce(self, tensor: torch.Tensor, op: Any, signed: Signed) -> None:
+        flat = tensor.view(-1)
+        if not self._ensure_control():
+            signed_all_reduce(self._group, self._rank, self._world, flat, op, signed, self._mismatch)
+            return
+        if flat.numel() == 0:  # still met: the peers' collective may not be empty
+            self._meet(signed)
             return
         for start in range(0, flat.numel(), CHUNK_ELEMENTS):
             chunk = flat[start : start + CHUNK_ELEMENTS]
-            slots = self._slots(chunk.dtype, chunk.numel())
+            self._announce(signed)
+            slots = self._slots(chunk.dtype, chunk.numel(), signed)
             if slots is None:
+                self._meet(signed)
                 self._gloo_all_reduce(chunk, op)
             else:
-                self._reduce_chunk(chunk, slots, op)
+                self._reduce_chunk(chunk, slots, op, signed)
 
-    def _reduce_chunk(self, chunk: torch.Tensor, slots: torch.Tensor, op: Any) -> None:
+    # ---------------------------------------------------------------- signatures (control block)
+    def _announce(self, signed: Signed) -> None:
+        """Publishes the code of this worker's next call (number and code in one int64 cell:
+        a peer reads both or neither), before anything that could wait on a peer."""
+        if signed.code and self._control is not None:
+            self._control.tensor[2 * self._world + self._rank] = ((self._calls + 1) << 32) | signed.code
+
+    def _verify(self, signed: Signed | None, target: int, every: bool) -> None:
+        """Compares the peers' announced codes of call ``target`` with this worker's; ``every``:
+        every peer must have announced it (else only those that did are compared)."""
+        if signed is None or not signed.code or self._control is None:
+            return
+        cells = self._control.tensor[2 * self._world : 3 * self._world].tolist()
+        for peer, cell in enumerate(cells):
+            number, code = cell >> 32, cell & 0xFFFFFFFF
+            if number == target and code != signed.code:
+                raise self._mismatch(signed, peer)
+            if every and number < target:  # cannot be once its call cell passed target
+                raise self._mismatch(signed, None)
+
+    def _wait_announced(self, signed: Signed) -> None:
+        """Waits until every peer announced this worker's next call, and compares: before a
+        new segment is agreed on through gloo, which a peer in another collective never joins."""
+        if not signed.code or self._control is None:
+            return
+        target = self._calls + 1
+        numbers = self._control.tensor[2 * self._world : 3 * self._world]
+        deadline = time.monotonic() + self._timeout
+        while int((numbers >> 32).min()) < target:
+            self._verify(signed, target, every=False)
+            time.sleep(CHECK_SECONDS / 10)
+            self._check_peers(self._control.tensor[: self._world], target, time.monotonic(), deadline)
+        self._verify(signed, target, every=True)
+
+    def _meet(self, signed: Signed) -> None:
+        """A call without data: every worker publishes it, waits for the others, and compares
+        codes (before a broadcast or all-gather on the gloo group, or an empty all-reduce)."""
+        assert self._control is not None
+        self._announce(signed)
+        self._calls += 1
+        cells = self._control.tensor
+        cells[self._rank] = self._calls
+        self._wait_for_peers(cells[: self._world], self._calls, signed)
+
+    def _reduce_chunk(self, chunk: torch.Tensor, slots: torch.Tensor, op: Any, signed: Signed) -> None:
         assert self._control is not None
         n = chunk.numel()
         mine = slots[self._calls % 2]  # (world, capacity)
@@ -308,7 +296,7 @@ class SharedMemoryAllReduce:
         self._calls += 1
         cells = self._control.tensor
         cells[self._rank] = self._calls  # after the slot: x86-64 keeps stores in order
-        self._wait_for_peers(cells[: self._world], self._calls)
+        self._wait_for_peers(cells[: self._world], self._calls, signed)
         combine = _OPS[op]
         if self._use_two_shot and self._world > 2 and n >= TWO_SHOT_ELEMENTS:
             self._two_shot(chunk, mine[:, :n], combine, cells[self._world :])
@@ -339,7 +327,9 @@ class SharedMemoryAllReduce:
             if k != self._rank:
                 chunk.narrow(0, first, size).copy_(rows[k].narrow(0, first, size))
 
-    def _wait_for_peers(self, cells: torch.Tensor, target: int) -> None:
+    def _wait_for_peers(self, cells: torch.Tensor, target: int, signed: Signed | None = None) -> None:
+        """Waits until every peer's cell reached ``target``; with ``signed``, compares the codes
+        of the call (those announced, every ``CHECK_SECONDS``; then all, before any sum)."""
         deadline = time.monotonic() + self._timeout
         next_check = time.monotonic() + CHECK_SECONDS
         pause = 0.0
@@ -349,7 +339,9 @@ class SharedMemoryAllReduce:
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + CHECK_SECONDS
+                self._verify(signed, target, every=False)  # a peer blocked in another collective
                 self._check_peers(cells, target, now, deadline)
+        self._verify(signed, target, every=True)
 
     def _check_peers(self, cells: torch.Tensor, target: int, now: float, deadline: float) -> None:
         late = [r for r in range(self._world) if int(cells[r]) < target]
@@ -377,7 +369,8 @@ class SharedMemoryAllReduce:
         ok = 1
         try:
             # cell r: worker r's slot is written (call number); cell world + r: its two-shot sum
-            self._control = _Segment(self._path("control"), 2 * self._world, torch.int64)
+            # cell 2 world + r: the number and code of worker r's current call (signatures)
+            self._control = _Segment(self._path("control"), 3 * self._world, torch.int64)
             self._paths.append(self._control.path)
             self._control.tensor[self._rank] = _MARKER - self._rank
         except OSError:
@@ -391,13 +384,15 @@ class SharedMemoryAllReduce:
         if self._control is not None:
             self._control.tensor[self._rank] = 0  # nobody reads a cell before the next meeting
             self._control.tensor[self._world + self._rank] = 0
+            self._control.tensor[2 * self._world + self._rank] = 0
         self._unlink_if_chief(self._path("control"))
         return self._shared
 
-    def _slots(self, dtype: torch.dtype, numel: int) -> torch.Tensor | None:
+    def _slots(self, dtype: torch.dtype, numel: int, signed: Signed = UNCHECKED) -> torch.Tensor | None:
         capacity = max(MIN_CAPACITY, 1 << (numel - 1).bit_length())
         key = (dtype, capacity)
         if key not in self._segments:
+            self._wait_announced(signed)  # the gloo agreement below must meet the same call
             path = self._path(f"{str(dtype).removeprefix('torch.')}-{capacity}")
             segment: _Segment | None
             try:
@@ -418,7 +413,9 @@ class SharedMemoryAllReduce:
         return bool(flag.item())
 
     def _gloo_all_reduce(self, tensor: torch.Tensor, op: Any) -> None:
-        self._keep(dist.all_reduce(tensor, op=op, group=self._group, async_op=True)).wait()
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        self._keep(self._group.allreduce([tensor], options)).wait()
 
     def _unlink_if_chief(self, path: str) -> None:
         if self._rank == 0:  # every worker has it mapped (or gave up on it): the name can go
@@ -428,11 +425,14 @@ class SharedMemoryAllReduce:
     def close(self) -> None:
         """Stops the thread (a call still waiting fails) and removes any file left behind."""
         self._closing.set()
-        self._queue.put(None)
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        if not self._thread.is_alive():
+        self._lane.close()
+        if not self._lane.alive:
             self._group = None  # its owner may now tear the group down
         for path in self._paths:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+def _differ(signed: Signed, peer: int | None) -> BaseException:
+    """The error of a mismatch when no `CollectiveCheck` reports it (tests of the transport)."""
+    return PeerGoneError(f"collective #{signed.seq}: worker {peer} called another collective")

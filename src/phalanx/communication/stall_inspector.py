@@ -203,6 +203,10 @@ class StallInspector:
         elif self._peer_waiting_since.get(peer, (None,))[0] != waiting.signature.seq:
             self._peer_waiting_since[peer] = (waiting.signature.seq, now)
 
+    def peer_state(self, peer: int) -> WorkerState | None:
+        """``peer``'s state as last read (at most a heartbeat round old), or None."""
+        return self._peers.get(peer)
+
     def review(self) -> str | None:
         """Warns or decides after a round (see the module doc); returns the verdict, if any."""
         if self.verdict is not None or len(self._peers) < self._world - 1:

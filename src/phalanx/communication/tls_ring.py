@@ -20,9 +20,12 @@ this transport's one thread):
   arrives (a pipeline);
 * **all-gather**: ``n - 1`` steps, each worker forwarding the piece it received last.
 
-Every message is framed by (collective number, payload bytes); a frame that does not match
-what this worker expects (workers calling different collectives) fails the collective with an
-error saying so. Each blocking socket call waits in short slices and checks the group's health
+Every message is framed by (collective number, payload bytes, signature code); a frame that
+does not match what this worker expects (workers calling different collectives) fails the
+collective before any of its bytes reaches a tensor: with the job's `CollectiveCheck` report
+naming both sides (this worker cuts its connections once its side is published, so the
+neighbour blocked on it fails at once and joins the report), else with an error saying so.
+Each blocking socket call waits in short slices and checks the group's health
 and whether the ring was closed, so a collective never outlives its deadline in
 `WorkerGroup.wait`; a peer that closes its connection fails it at once, naming that peer.
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import socket
 import ssl
 import struct
 import threading
@@ -44,18 +48,28 @@ import torch
 import torch.distributed as dist
 
 from phalanx.communication._work import PeerGoneError, QueuedWork
+from phalanx.communication.collective_check import UNCHECKED, Signed
 from phalanx.communication.tls_links import SLICE, RingLinks
 
 __all__ = ["PIECE_BYTES", "CollectivesDifferError", "TlsRing"]
 
 PIECE_BYTES = 1 << 20  # received, reduced and forwarded in pieces of this size
-_FRAME = struct.Struct("!QQ")  # collective number, payload bytes
+_FRAME = struct.Struct("!QQQ")  # collective number, payload bytes, signature code (0: unchecked)
 _OPS: dict[Any, Callable[[torch.Tensor, torch.Tensor], Any]] = {
     dist.ReduceOp.SUM: lambda acc, x: acc.add_(x),
     dist.ReduceOp.PRODUCT: lambda acc, x: acc.mul_(x),
     dist.ReduceOp.MAX: lambda acc, x: torch.maximum(acc, x, out=acc),
     dist.ReduceOp.MIN: lambda acc, x: torch.minimum(acc, x, out=acc),
 }
+
+
+class _Frame:
+    """What every frame of one collective carries: its number and its signature."""
+
+    __slots__ = ("number", "signed")
+
+    def __init__(self, number: int, signed: Signed) -> None:
+        self.number, self.signed = number, signed
 
 
 class CollectivesDifferError(PeerGoneError):
@@ -77,21 +91,30 @@ class TlsRing:
         links: This worker's place in the ring, not yet connected.
         failure: The group's health: a reason once a peer is known dead (stops waits).
         timeout: Seconds to connect the ring (and for each TLS handshake within it).
+        mismatch: ``mismatch(signed, peer, then)``: the error of a frame whose signature
+            differs (`CollectiveCheck.mismatch`); None: `CollectivesDifferError`.
 
     Raises:
         PeerGoneError: A neighbour failed the TLS handshake or did not connect within
             ``timeout`` (named).
     """
 
-    def __init__(self, links: RingLinks, failure: Callable[[], str | None], timeout: float) -> None:
+    def __init__(
+        self,
+        links: RingLinks,
+        failure: Callable[[], str | None],
+        timeout: float,
+        mismatch: Callable[..., BaseException] | None = None,
+    ) -> None:
         self.rank, self.world_size = links.rank, links.world_size
         self._name, self._failure = links.name, failure
         self._next, self._prev = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
         self._closed = links.closed
         self._count = 0  # collectives issued (the frames' numbers)
+        self._mismatch = mismatch
         self._send_sock, self._recv_sock = links.connect(timeout)
         self._outbox: queue.SimpleQueue[tuple[memoryview, QueuedWork] | None] = queue.SimpleQueue()
-        self._inbox: queue.SimpleQueue[tuple[Callable[[int], None], QueuedWork, int] | None] = (
+        self._inbox: queue.SimpleQueue[tuple[Callable[[_Frame], None], QueuedWork, _Frame] | None] = (
             queue.SimpleQueue()
         )
         self._threads = [
@@ -102,7 +125,9 @@ class TlsRing:
             thread.start()
 
     # ---------------------------------------------------------------- collectives (all workers)
-    def all_reduce_async(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> QueuedWork:
+    def all_reduce_async(
+        self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, signed: Signed = UNCHECKED
+    ) -> QueuedWork:
         """Starts an in-place all-reduce of a contiguous tensor (all workers, same order).
 
         Raises:
@@ -114,26 +139,28 @@ class TlsRing:
                 f"The TLS ring reduces with SUM, PRODUCT, MAX or MIN. Received: {op}. HINT: all-reduce "
                 "with SUM and divide for a mean."
             )
-        return self._issue("all_reduce", lambda n: self._all_reduce(tensor.view(-1), reduce, n))
+        return self._issue("all_reduce", lambda n: self._all_reduce(tensor.view(-1), reduce, n), signed)
 
-    def broadcast_async(self, tensor: torch.Tensor, src: int) -> QueuedWork:
+    def broadcast_async(self, tensor: torch.Tensor, src: int, signed: Signed = UNCHECKED) -> QueuedWork:
         """Starts an in-place broadcast of a contiguous tensor from worker ``src``."""
-        return self._issue("broadcast", lambda n: self._broadcast(tensor.view(-1), src, n))
+        return self._issue("broadcast", lambda n: self._broadcast(tensor.view(-1), src, n), signed)
 
-    def all_gather_async(self, tensor: torch.Tensor) -> tuple[QueuedWork, list[torch.Tensor]]:
+    def all_gather_async(
+        self, tensor: torch.Tensor, signed: Signed = UNCHECKED
+    ) -> tuple[QueuedWork, list[torch.Tensor]]:
         """Starts gathering every worker's tensor (same shape and dtype everywhere): the work
         and the list, in rank order, that it fills."""
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
         out[self.rank].copy_(tensor)
-        return self._issue("all_gather", lambda n: self._all_gather(out, n)), out
+        return self._issue("all_gather", lambda n: self._all_gather(out, n), signed), out
 
-    def _issue(self, what: str, run: Callable[[int], None]) -> QueuedWork:
+    def _issue(self, what: str, run: Callable[[_Frame], None], signed: Signed) -> QueuedWork:
         work = QueuedWork(f"TLS ring {what}")
         if self._closed.is_set():
             work.finish(RuntimeError("the TLS ring was closed"))
             return work
         self._count += 1
-        self._inbox.put((run, work, self._count))
+        self._inbox.put((run, work, _Frame(self._count, signed)))
         return work
 
     def _run_loop(self) -> None:
@@ -160,7 +187,7 @@ class TlsRing:
         return [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
 
     def _all_reduce(
-        self, flat: torch.Tensor, reduce: Callable[[torch.Tensor, torch.Tensor], Any], number: int
+        self, flat: torch.Tensor, reduce: Callable[[torch.Tensor, torch.Tensor], Any], number: _Frame
     ) -> None:
         n, r = self.world_size, self.rank
         segments = self._segments(flat)
@@ -177,14 +204,14 @@ class TlsRing:
             self._receive(target.numel() * target.element_size(), number, target)
             self._wait_sent(sent)
 
-    def _broadcast(self, flat: torch.Tensor, src: int, number: int) -> None:
+    def _broadcast(self, flat: torch.Tensor, src: int, number: _Frame) -> None:
         if self.rank == src:
             self._wait_sent(self._send(flat, number))
             return
         forward = self._next != src
         self._receive(flat.numel() * flat.element_size(), number, flat, forward=forward)
 
-    def _all_gather(self, out: list[torch.Tensor], number: int) -> None:
+    def _all_gather(self, out: list[torch.Tensor], number: _Frame) -> None:
         n, r = self.world_size, self.rank
         for step in range(n - 1):
             sent = self._send(out[(r - step) % n], number)
@@ -193,12 +220,14 @@ class TlsRing:
             self._wait_sent(sent)
 
     # ---------------------------------------------------------------- bytes
-    def _send(self, tensor: torch.Tensor, number: int) -> QueuedWork:
+    def _send(self, tensor: torch.Tensor, number: _Frame) -> QueuedWork:
         """Queues a frame with ``tensor``'s bytes for the next worker (the caller keeps the
         tensor unchanged until `_wait_sent`)."""
         done = QueuedWork("TLS ring send")
         payload = _bytes(tensor.contiguous())
-        self._outbox.put((memoryview(_FRAME.pack(number, len(payload))), QueuedWork()))
+        self._outbox.put(
+            (memoryview(_FRAME.pack(number.number, len(payload), number.signed.code)), QueuedWork())
+        )
         self._outbox.put((payload, done))
         return done
 
@@ -210,7 +239,7 @@ class TlsRing:
     def _receive(
         self,
         nbytes: int,
-        number: int,
+        number: _Frame,
         into: torch.Tensor,
         target: torch.Tensor | None = None,
         reduce: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
@@ -220,15 +249,19 @@ class TlsRing:
         piece; each piece is reduced into ``target`` (when given) or forwarded to the next
         worker as it arrives (``forward``)."""
         header = self._read(_FRAME.size)
-        got_number, got_bytes = _FRAME.unpack(header)
-        if (got_number, got_bytes) != (number, nbytes):
+        got_number, got_bytes, got_code = _FRAME.unpack(header)
+        if (got_number, got_bytes, got_code) != (number.number, nbytes, number.signed.code):
+            if self._mismatch is not None and number.signed.code:  # before any byte reaches a tensor
+                # once this side is published, cut the connections: a neighbour blocked on
+                # this worker fails at once and joins the report
+                raise self._mismatch(number.signed, self._prev, self._cut)
             raise CollectivesDifferError(
                 f"{self._name(self._prev)} sent {got_bytes} bytes for collective #{got_number} where this "
-                f"worker expects {nbytes} bytes for collective #{number}: the workers called different "
-                "collectives (or the same one with other shapes or dtypes)"
+                f"worker expects {nbytes} bytes for collective #{number.number}: the workers called "
+                "different collectives (or the same one with other shapes or dtypes)"
             )
         if forward:
-            self._outbox.put((memoryview(_FRAME.pack(number, nbytes)), QueuedWork()))
+            self._outbox.put((memoryview(header), QueuedWork()))
         buffer = _bytes(into)
         item = max(into.element_size(), 1)
         piece = max(PIECE_BYTES // item, 1) * item
@@ -297,6 +330,12 @@ class TlsRing:
         failure = self._failure()
         if failure is not None:
             raise PeerGoneError(failure)
+
+    def _cut(self) -> None:
+        """Shuts both connections down (no more bytes either way), without closing the ring."""
+        for sock in (self._send_sock, self._recv_sock):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     # ---------------------------------------------------------------- closing
     def close(self) -> None:

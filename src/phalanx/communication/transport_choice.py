@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from phalanx.cluster._token import TOKEN_ENV
+from phalanx.communication.collective_check import Signed
 from phalanx.communication.tls_links import RingLinks
 from phalanx.communication.tls_ring import TlsRing
 from phalanx.ps.channel_security import INSECURE_ENV, insecure_transport
@@ -64,9 +65,11 @@ def ring_if_needed(
     task_name: Callable[[int], str],
     failure: Callable[[], str | None],
     timeout: float,
+    mismatch: Callable[[Signed, int | None], BaseException] | None = None,
 ) -> TlsRing | None:
     """The job's TLS ring when its collectives need one (all workers; see the module's
-    ``PHALANX_COLLECTIVES``); None: they go through gloo (and shared memory).
+    ``PHALANX_COLLECTIVES``); None: they go through gloo (and shared memory). ``mismatch``:
+    the error of a frame whose signature differs (`CollectiveCheck.mismatch`).
 
     Raises:
         ValueError: ``PHALANX_COLLECTIVES`` is unknown, or asks for TLS without a token.
@@ -96,7 +99,7 @@ def ring_if_needed(
     if mode == "auto" and same_machine:
         return None
     links = RingLinks(store, rank, world_size, own_host, chief, token, task_name)
-    ring = TlsRing(links, failure, timeout)
+    ring = TlsRing(links, failure, timeout, mismatch)
     if rank == 0:
         log.info("MultiWorkerMirrored collectives go over mutual TLS between the %d workers.", world_size)
     return ring

@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from phalanx import timeline
 from phalanx.communication._work import PeerGoneError
+from phalanx.communication.collective_check import CollectiveCheck, Signed, check_enabled
 from phalanx.communication.collective_watch import CollectiveWatch
 from phalanx.communication.group_transports import Transports, open_transports
 from phalanx.communication.health import (
@@ -63,8 +64,10 @@ from phalanx.communication.health import (
 )
 from phalanx.communication.interfaces import bind_gloo_to, strip_brackets
 from phalanx.communication.leaving import LEAVE_TIMEOUT, leave_together
+from phalanx.communication.process_group import BACKEND, PhalanxProcessGroup, register_backend
 from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
+from phalanx.communication.signed_gloo import GlooTransport
 from phalanx.communication.stall_inspector import CollectiveMismatchError, StallSettings
 from phalanx.communication.tls_ring import CollectivesDifferError
 from phalanx.communication.transport_choice import check_settings
@@ -152,14 +155,17 @@ class WorkerGroup:
         self._watch = CollectiveWatch(rank, world_size, task_name, stall or StallSettings.from_env())
         if self._watch.enabled:
             self._watch.publish_initial(self._store)  # before check-in: every key exists after it
+        self._store.set(f"collective-check/{rank}", "1" if check_enabled() else "0")
         rendezvous.check_in(self._store, deadline, join_timeout)
+        # the codes are on when every worker has them on (a first message must match its peer's)
+        checked = all(
+            v == b"1" for v in self._store.multi_get([f"collective-check/{r}" for r in range(world_size)])
+        )
+        self._check = CollectiveCheck(rank, world_size, task_name, checked, self._watch.inspector.peer_state)
+        self._check.attach_store(self._store)
         self._works = RecentWorks()
         if backend == "gloo":
             bind_gloo_to(own_host)
-        # "world": this object initialised torch.distributed; "subgroup": it made a group of
-        # another backend in the user's; "borrowed": it uses the user's default group
-        self._group, self._ownership = self._init_group(backend)
-        self._shm_group: Any = None  # the gloo group of the shared-memory transport, if any
         self._health = HealthCheck(
             # its own connection, whose operations time out with the heartbeat: a chief that
             # stops answering is reported within the same bound as any other task
@@ -172,7 +178,7 @@ class WorkerGroup:
         )
         self._health.start()
         transports = Transports()
-        if backend == "gloo":
+        if backend == "gloo":  # before the process group: a TLS job registers no plaintext gloo in it
             try:
                 transports = open_transports(
                     self._store,
@@ -185,24 +191,42 @@ class WorkerGroup:
                     collective_timeout,
                     join_timeout,
                     self._works.add,
+                    self._check.mismatch,
                 )
             except PeerUnavailableError as exc:  # close what this group opened, then say why
                 self._failure, self._closed = str(exc), True
                 self._health.stop()
-                self._tear_down()
                 raise
         self._shm, self._shm_group, self._ring = transports.shm, transports.shm_group, transports.ring
+        # "world": this object initialised torch.distributed; "subgroup": it made a group of
+        # another backend in the user's; "borrowed": it uses the user's default group.
+        # ``_pg``: the group torch sees; ``_group``: the one under it that carries what our own
+        # transports do not (the phalanx group's gloo, or the user's group).
+        self._pg, self._ownership = self._init_group(backend)
+        self._group: Any = self._pg.gloo if isinstance(self._pg, PhalanxProcessGroup) else self._pg
+        self._gloo = GlooTransport(
+            self._group,
+            rank,
+            world_size,
+            self._check.mismatch,
+            self._works.add,
+            checked and backend == "gloo",
+        )
         atexit.register(self._at_exit)
 
     def _init_group(self, backend: str) -> tuple[Any, str]:
         timeout = timedelta(seconds=self._collective_timeout)
+        ours = BACKEND if backend == "gloo" else backend  # CPU jobs: phalanx's own backend
+        if ours == BACKEND:
+            register_backend()
         if not dist.is_initialized():
             dist.init_process_group(
-                backend,
+                ours,
                 store=dist.PrefixStore("pg", self._store),
                 rank=self.rank,
                 world_size=self.world_size,
                 timeout=timeout,
+                pg_options=self if ours == BACKEND else None,
             )
             return dist.group.WORLD, "world"
         if (dist.get_rank(), dist.get_world_size()) != (self.rank, self.world_size):
@@ -214,7 +238,9 @@ class WorkerGroup:
             )
         if dist.get_backend() == backend:
             return dist.group.WORLD, "borrowed"
-        return dist.new_group(backend=backend, timeout=timeout), "subgroup"
+        return dist.new_group(
+            backend=ours, timeout=timeout, pg_options=self if ours == BACKEND else None
+        ), "subgroup"
 
     @property
     def uses_tls(self) -> bool:
@@ -231,11 +257,18 @@ class WorkerGroup:
     @property
     def failure(self) -> str | None:
         """Why this group can no longer be used, or None while it is healthy."""
-        return self._failure or self._health.dead_peer() or self._watch.verdict
+        report = self._check.report
+        return (
+            self._failure
+            or (str(report) if report else None)
+            or self._health.dead_peer()
+            or self._watch.verdict
+        )
 
     def _raise(self, what: str, cause: BaseException | None = None) -> None:
         self._failure = self.failure or "it was closed"
-        if self._watch.explains(self._failure):
+        report = self._check.report
+        if self._watch.explains(self._failure) or (report is not None and self._failure == str(report)):
             raise CollectiveMismatchError(self._failure) from cause
         raise PeerUnavailableError(
             f"{what} failed on {self._name(self.rank)}: {self._failure}. {_RESTART_HINT}"
@@ -253,6 +286,9 @@ class WorkerGroup:
     def _blame(self, exc: RuntimeError, what: str) -> None:
         """A collective failed inside torch.distributed: name the task responsible."""
         text = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        reported = self._check.peer_report()  # a peer saw a mismatch and left
+        if reported is not None and self.failure is None:
+            self._failure = str(reported)
         suspicion = self._watch.suspicion()  # a peer that raised on a mismatch and exited
         if suspicion is not None and self.failure is None:
             self._failure = suspicion
@@ -300,21 +336,33 @@ class WorkerGroup:
                 if self._wait_some(work, min(POLL_SECONDS, max(remaining, 0.001))):
                     return
             except RuntimeError as exc:
-                if isinstance(exc, CollectivesDifferError):  # the TLS ring saw another collective
-                    verdict = self._verdict_soon()
-                    self._failure = self._failure or verdict or exc.failure
-                    raise CollectiveMismatchError(self._failure) from exc
-                if isinstance(exc, PeerGoneError):  # our own transports name the peer
-                    # a peer that raised on a mismatch and exited first is explained as one
-                    self._failure = self.failure or self._watch.suspicion() or exc.failure
-                    self._raise(what, exc)
-                if work.is_completed():  # finished with an error: a peer's socket closed
-                    self._blame(exc, what)
+                self._on_error(exc, work, what)
             if self.failure is not None:
                 self._raise(what)
             if time.monotonic() >= deadline:
                 self._failure = f"no answer within {limit:g}s"
                 self._raise(what)
+
+    def _on_error(self, exc: RuntimeError, work: Any, what: str) -> None:
+        """Raises the error of a wait that failed (a timed wait that ran out returns)."""
+        if isinstance(exc, CollectiveMismatchError):  # a transport saw another code
+            self._failure = self._failure or str(exc)
+            raise CollectiveMismatchError(self._failure) from exc
+        if isinstance(exc, PeerGoneError):  # a peer that saw a mismatch closed its connections
+            reported = self._check.peer_report()
+            if reported is not None:
+                self._failure = self._failure or str(reported)
+                raise CollectiveMismatchError(self._failure) from exc
+        if isinstance(exc, CollectivesDifferError):  # the TLS ring saw another collective (unsigned)
+            verdict = self._verdict_soon()
+            self._failure = self._failure or verdict or exc.failure
+            raise CollectiveMismatchError(self._failure) from exc
+        if isinstance(exc, PeerGoneError):  # our own transports name the peer
+            # a peer that raised on a mismatch and exited first is explained as one
+            self._failure = self.failure or self._watch.suspicion() or exc.failure
+            self._raise(what, exc)
+        if work.is_completed():  # finished with an error: a peer's socket closed
+            self._blame(exc, what)
 
     def _verdict_soon(self) -> str | None:
         """The mismatch the stall inspector proves within a gossip round (it names where each
@@ -344,19 +392,20 @@ class WorkerGroup:
         return True
 
     # ---------------------------------------------------------------- collectives (all workers)
+    def _sign(self, kind: str, tensor: torch.Tensor, what: str) -> tuple[Any, Signed]:
+        """The collective's stall-inspector signature (None when off) and its checked code."""
+        signature = self._watch.issue(kind, (tensor,), what)
+        return signature, self._check.sign(kind, tensor, what, signature)
+
     def all_reduce_async(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> Any:
         """Starts an in-place all-reduce and returns its work; pass it to `wait` (all workers).
 
         Precondition: same shape and dtype on every worker, same call order.
         """
         self._check_usable("all_reduce")
-        signature = self._watch.issue(f"all_reduce({_op_name(op)})", (tensor,), "all_reduce")
-        if self._shm is not None and self._shm.handles(tensor, op):
-            return self._watch.attach(self._shm.all_reduce_async(tensor, op), signature)
-        if self._ring is not None:
-            return self._watch.attach(self._ring.all_reduce_async(tensor, op), signature)
-        work = self._works.add(dist.all_reduce(tensor, op=op, group=self._group, async_op=True))
-        return self._watch.attach(work, signature)
+        signature, signed = self._sign(f"all_reduce({_op_name(op)})", tensor, "all_reduce")
+        transport = self._shm or self._ring or self._gloo
+        return self._watch.attach(transport.all_reduce_async(tensor, op, signed), signature)
 
     def all_reduce(
         self,
@@ -373,33 +422,37 @@ class WorkerGroup:
         self._watched_wait(self.all_reduce_async(tensor, op), what, timeout, where_issued=True)
         return tensor
 
+    def broadcast_async(self, tensor: torch.Tensor, src: int) -> Any:
+        """Starts an in-place broadcast of a contiguous tensor from worker ``src`` and returns its
+        work; pass it to `wait` (all workers; same shape and dtype)."""
+        self._check_usable("broadcast")
+        signature, signed = self._sign(f"broadcast(from {src})", tensor, "broadcast")
+        transport = self._ring or self._shm or self._gloo
+        return self._watch.attach(transport.broadcast_async(tensor, src, signed), signature)
+
     def broadcast(
         self, tensor: torch.Tensor, src: int = 0, what: str = "broadcast", timeout: float | None = None
     ) -> torch.Tensor:
         """In-place broadcast from worker ``src`` (all workers; same shape and dtype)."""
         self._check_usable(what)
-        signature = self._watch.issue(f"broadcast(from {src})", (tensor,), what)
-        if self._ring is not None:
-            work = self._ring.broadcast_async(tensor, src)
-        else:
-            work = self._works.add(dist.broadcast(tensor, src, group=self._group, async_op=True))
-        self._watch.attach(work, signature)
-        self._watched_wait(work, what, timeout, where_issued=True)
+        self._watched_wait(self.broadcast_async(tensor, src), what, timeout, where_issued=True)
         return tensor
+
+    def all_gather_async(self, tensor: torch.Tensor) -> tuple[Any, list[torch.Tensor]]:
+        """Starts gathering every worker's contiguous tensor: its work (pass it to `wait`) and
+        the list, in rank order, it fills (all workers; same shape and dtype everywhere)."""
+        self._check_usable("all_gather")
+        signature, signed = self._sign("all_gather", tensor, "all_gather")
+        transport = self._ring or self._shm or self._gloo
+        work, out = transport.all_gather_async(tensor, signed)
+        return self._watch.attach(work, signature), out
 
     def all_gather(
         self, tensor: torch.Tensor, what: str = "all_gather", timeout: float | None = None
     ) -> list[torch.Tensor]:
         """Every worker's tensor, in rank order (all workers; same shape and dtype everywhere)."""
         self._check_usable(what)
-        signature = self._watch.issue("all_gather", (tensor,), what)
-        if self._ring is not None:
-            work, out = self._ring.all_gather_async(tensor.contiguous())
-        else:
-            out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-            gathering = dist.all_gather(out, tensor.contiguous(), group=self._group, async_op=True)
-            work = self._works.add(gathering)
-        self._watch.attach(work, signature)
+        work, out = self.all_gather_async(tensor.contiguous())
         self._watched_wait(work, what, timeout, where_issued=True)
         return out
 
@@ -435,6 +488,7 @@ class WorkerGroup:
             self._leave()
         if self._ring is not None:  # after leaving: a peer may still read this worker's last bytes
             self._ring.close()
+        self._gloo.close(timeout=0.5 if self.failure else 5.0)
         self._health.stop()
         # A peer seen waiting in a collective this closing worker never issued is a mismatch
         # even before the bound: the peer may have raised and exited (taking the store) first.
@@ -469,12 +523,10 @@ class WorkerGroup:
         `RecentWorks`); then lets the works go."""
         with contextlib.suppress(Exception):  # a peer's exit may have broken a group already
             if self._ownership == "world":
-                dist.destroy_process_group()  # every group, the shared-memory one included
-            else:
-                for group in (self._shm_group, self._group if self._ownership == "subgroup" else None):
-                    if group is not None:
-                        dist.destroy_process_group(group)
-        self._shm_group = None
+                dist.destroy_process_group()
+            elif self._ownership == "subgroup":
+                dist.destroy_process_group(self._pg)
+        self._shm_group = None  # a gloo backend of its own: dropping it joins its threads
         if self._ownership != "borrowed":
-            self._group = None
+            self._pg = self._group = None
             self._works.clear()  # else the user's group may still run: hold them to the end

@@ -59,6 +59,7 @@ class Rendezvous:
             StallSettings.from_env() if num_replicas > 1 else StallSettings(enabled=False)
         )
         self._whats: dict[int, str] = {}  # replica -> the meeting point it waits at
+        self._signatures: dict[int, str | None] = {}  # replica -> its value's dtypes and shapes
         self._threads: dict[int, int] = {}  # replica -> its thread's ident (this run)
         self._returned: set[int] = set()  # replicas whose function returned (this run)
         self._meetings = 0  # meetings completed in this run
@@ -75,8 +76,13 @@ class Rendezvous:
         value: Any,
         leader_fn: Callable[[list[Any]], Any] | None = None,
         what: str = "a collective",
+        signature: str | None = None,
     ) -> Any:
         """Deposits ``value`` and blocks until every replica has (all replicas).
+
+        ``signature``: the dtypes and shapes of ``value`` where they must match on every
+        replica (`shapes_of`); replicas that arrive with different ones are a mismatch,
+        raised on every replica before ``leader_fn`` runs.
 
         Returns:
             ``leader_fn(values)`` computed once by the last replica to arrive, or the list of
@@ -94,6 +100,7 @@ class Rendezvous:
             self._values[index] = value
             self._arrived.add(index)
             self._whats[index] = what
+            self._signatures[index] = signature
             self._threads[index] = threading.get_ident()
             self._check_paths()
             if len(self._arrived) == self._n:
@@ -146,6 +153,8 @@ class Rendezvous:
             return
         if len(set(self._whats[i] for i in self._arrived)) > 1:
             self._mismatch("arrived at another meeting point")
+        if len(set(self._signatures.get(i) for i in self._arrived)) > 1:
+            self._mismatch("arrived with other dtypes or shapes")
         if self._returned:
             self._mismatch("returned from the function given to strategy.run without reaching it")
 
@@ -158,17 +167,20 @@ class Rendezvous:
             frame = frames.get(self._threads.get(i, -1))
             where = call_site(frame) if frame is not None else "?"
             if i in self._arrived:
-                places.append(f"replica {i} waits in {self._whats[i]} #{meeting} ({where})")
+                of = f" [{self._signatures[i]}]" if self._signatures.get(i) else ""
+                places.append(f"replica {i} waits in {self._whats[i]} #{meeting} ({where}){of}")
             elif i in self._returned:
                 places.append(
                     f"replica {i} returned from its function (it reached meetings up to #{meeting - 1})"
                 )
             else:
                 places.append(f"replica {i} is elsewhere ({where})")
+        first = min(self._arrived)
         missing = [
             i
             for i in range(self._n)
-            if i not in self._arrived or self._whats[i] != self._whats[min(self._arrived)]
+            if i not in self._arrived
+            or (self._whats[i], self._signatures.get(i)) != (self._whats[first], self._signatures.get(first))
         ]
         error = CollectiveMismatchError(
             "Every replica must reach the same meeting points (all_reduce, merge_call, "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from phalanx.communication.signatures import shapes_of
 from phalanx.values import ReduceOp, flatten
 
 if TYPE_CHECKING:
@@ -43,7 +44,9 @@ def _sum_across_replicas(
             out.append(strategy._cross_worker_all_reduce(total, ReduceOp.SUM, options))
         return out
 
-    reduced = strategy.rendezvous.exchange(index, tensors, lead, what="all_reduce")
+    reduced = strategy.rendezvous.exchange(
+        index, tensors, lead, what="all_reduce", signature=shapes_of(tensors)
+    )
     device = strategy.local_devices[index]
     return [_own_copy(r, device, index) for r in reduced]
 

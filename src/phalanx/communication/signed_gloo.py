@@ -1,0 +1,231 @@
+"""Gloo collectives that verify their partner first (`phalanx.communication.collective_check`).
+
+gloo compares nothing but sizes, and a size mismatch aborts the process from gloo's own
+thread ("Received data size doesn't match expected size"), so no collective may reach gloo
+before its partner is known. Every signed collective therefore starts with the same *first
+message*: an all-reduce of exactly ``first_bytes(W)`` bytes (4 KiB + 80 bytes per worker),
+whatever the collective, dtype or size. Its last ``5 W`` elements are the header: worker r
+writes its 31-bit code as five 7-bit pieces in its own five slots and the op's neutral value
+(0 for SUM/MAX/BOR/BXOR, 1 for PRODUCT, 127 for MIN/BAND) in the others', so after the
+reduction slot r holds worker r's code exactly in every dtype (bfloat16 holds integers up to
+256). Every worker compares every code with its own before anything else happens:
+
+* an all-reduce of at most the first message's payload capacity (1,024 float32) is carried
+  whole in it: one gloo call, as before, plus a copy of at most 4 KiB each way;
+* a larger all-reduce carries its first part in it and the rest in a second all-reduce, made
+  only once the codes agree (so the sizes agree);
+* a broadcast or all-gather sends a header-only first message (float32), then the collective.
+
+A first message between workers that called different collectives still has the same size
+on both (no abort) and shows the difference in its header: `CollectiveCheck.mismatch` names
+both sides. The extra cost is one 4 KiB all-reduce for broadcasts, all-gathers and
+all-reduces over 4 KiB (docs/multi_worker.md, "Mismatched collectives").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from phalanx.communication._work import Lane
+from phalanx.communication.collective_check import Signed
+
+__all__ = [
+    "PIECES",
+    "GlooTransport",
+    "first_bytes",
+    "signed_all_gather",
+    "signed_all_reduce",
+    "signed_broadcast",
+]
+
+PIECES = 5  # 7-bit pieces of a 31-bit code
+_BASE_BYTES = 4096
+_NEUTRAL = {
+    dist.ReduceOp.SUM: 0,
+    dist.ReduceOp.MAX: 0,
+    dist.ReduceOp.BOR: 0,
+    dist.ReduceOp.BXOR: 0,
+    dist.ReduceOp.PRODUCT: 1,
+    dist.ReduceOp.MIN: 127,
+    dist.ReduceOp.BAND: 127,
+}
+Mismatch = Callable[[Signed, "int | None"], BaseException]
+
+
+def first_bytes(world: int) -> int:
+    """Bytes of every signed collective's first message (a multiple of every element size)."""
+    return _BASE_BYTES + 16 * PIECES * world
+
+
+def _pieces(code: int) -> list[int]:
+    return [(code >> (7 * i)) & 0x7F for i in range(PIECES)]
+
+
+def _codes(header: torch.Tensor, world: int) -> list[int | None]:
+    """Every worker's code from a reduced header (None: not a code, the header was garbled)."""
+    values = header.to(torch.float64).round().to(torch.int64).view(world, PIECES).tolist()
+    codes: list[int | None] = []
+    for pieces in values:
+        if any(not 0 <= p <= 0x7F for p in pieces):
+            codes.append(None)
+        else:
+            codes.append(sum(p << (7 * i) for i, p in enumerate(pieces)))
+    return codes
+
+
+def _reduce_op(op: Any) -> Any:
+    return getattr(op, "op", op)
+
+
+def _first_message(rank: int, world: int, signed: Signed, dtype: torch.dtype, op: Any) -> torch.Tensor:
+    """An empty first message of ``dtype``, its header filled (the caller fills the payload)."""
+    total = first_bytes(world) // torch.empty((), dtype=dtype).element_size()
+    message = torch.zeros(total, dtype=dtype)
+    header = message[total - PIECES * world :].view(world, PIECES)
+    header.fill_(_NEUTRAL[op])
+    header[rank] = torch.tensor(_pieces(signed.code), dtype=dtype)
+    return message
+
+
+def _verify(message: torch.Tensor, world: int, signed: Signed, mismatch: Mismatch) -> None:
+    """Raises the mismatch report if any worker's code differs from this one's."""
+    codes = _codes(message[message.numel() - PIECES * world :], world)
+    for peer, code in enumerate(codes):
+        if code != signed.code:
+            raise mismatch(signed, peer if code is not None else None)
+
+
+def _all_reduce_once(group: Any, tensor: torch.Tensor, op: Any) -> None:
+    options = dist.AllreduceOptions()
+    options.reduceOp = op
+    group.allreduce([tensor], options).wait()
+
+
+def signed_all_reduce(
+    group: Any, rank: int, world: int, tensor: torch.Tensor, op: Any, signed: Signed, mismatch: Mismatch
+) -> None:
+    """In-place all-reduce of a contiguous CPU tensor, verified first (all workers; blocks).
+
+    Raises:
+        CollectiveMismatchError: (from ``mismatch``) another worker's collective differs.
+    """
+    op = _reduce_op(op)
+    flat = tensor.view(-1)
+    if flat.dtype == torch.bool:  # gloo's bool reductions are logical: MAX is OR, MIN is AND
+        staged = flat.to(torch.uint8)
+        either = op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.BOR)
+        signed_all_reduce(
+            group, rank, world, staged, dist.ReduceOp.MAX if either else dist.ReduceOp.MIN, signed, mismatch
+        )
+        flat.copy_(staged.bool())
+        return
+    message = _first_message(rank, world, signed, flat.dtype, op)
+    capacity = message.numel() - PIECES * world
+    head = min(flat.numel(), capacity)
+    message[:head].copy_(flat[:head])
+    _all_reduce_once(group, message, op)
+    _verify(message, world, signed, mismatch)
+    flat[:head].copy_(message[:head])
+    if flat.numel() > capacity:
+        _all_reduce_once(group, flat[capacity:], op)
+
+
+def _header_only(group: Any, rank: int, world: int, signed: Signed, mismatch: Mismatch) -> None:
+    message = _first_message(rank, world, signed, torch.float32, dist.ReduceOp.SUM)
+    _all_reduce_once(group, message, dist.ReduceOp.SUM)
+    _verify(message, world, signed, mismatch)
+
+
+def signed_broadcast(
+    group: Any, rank: int, world: int, tensor: torch.Tensor, src: int, signed: Signed, mismatch: Mismatch
+) -> None:
+    """In-place broadcast from ``src``, verified first (all workers; blocks)."""
+    _header_only(group, rank, world, signed, mismatch)
+    options = dist.BroadcastOptions()
+    options.rootRank = src
+    group.broadcast([tensor], options).wait()
+
+
+def signed_all_gather(
+    group: Any,
+    rank: int,
+    world: int,
+    tensor: torch.Tensor,
+    out: list[torch.Tensor],
+    signed: Signed,
+    mismatch: Mismatch,
+) -> None:
+    """Gathers every worker's tensor into ``out`` (rank order), verified first (all workers; blocks)."""
+    _header_only(group, rank, world, signed, mismatch)
+    group.allgather([out], [tensor]).wait()
+
+
+class GlooTransport:
+    """A gloo group as a `WorkerGroup` transport: its collectives verified first, in order on
+    a thread of their own (two gloo calls each at most), or gloo's own works when codes are
+    off (``checked`` False, or an unsigned collective).
+
+    Args:
+        group: The gloo group (a ``ProcessGroup`` or a gloo backend).
+        rank, world: This worker and the number of workers.
+        mismatch: The error of a collective whose code differs (`CollectiveCheck.mismatch`).
+        keep: Holds gloo's own works until the group is torn down (`RecentWorks.add`).
+        checked: Whether every worker signs its collectives.
+    """
+
+    def __init__(
+        self, group: Any, rank: int, world: int, mismatch: Mismatch, keep: Callable[[Any], Any], checked: bool
+    ) -> None:
+        self.group, self._rank, self._world = group, rank, world
+        self._mismatch, self._keep = mismatch, keep
+        self._lane = Lane("phalanx-gloo") if checked else None
+
+    def _run(self, what: str, signed: Signed, checked: Callable[[], None], direct: Callable[[], Any]) -> Any:
+        if self._lane is None or not signed.code:
+            return self._keep(direct())
+        return self._lane.submit(f"gloo {what}", checked)
+
+    def all_reduce_async(self, tensor: torch.Tensor, op: Any, signed: Signed) -> Any:
+        """Starts an in-place all-reduce of a contiguous tensor (all workers, same order)."""
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        mine = self._rank, self._world
+        return self._run(
+            "all_reduce",
+            signed,
+            lambda: signed_all_reduce(self.group, *mine, tensor, op, signed, self._mismatch),
+            lambda: self.group.allreduce([tensor], options),
+        )
+
+    def broadcast_async(self, tensor: torch.Tensor, src: int, signed: Signed) -> Any:
+        """Starts an in-place broadcast from worker ``src``."""
+        options = dist.BroadcastOptions()
+        options.rootRank = src
+        mine = self._rank, self._world
+        return self._run(
+            "broadcast",
+            signed,
+            lambda: signed_broadcast(self.group, *mine, tensor, src, signed, self._mismatch),
+            lambda: self.group.broadcast([tensor], options),
+        )
+
+    def all_gather_async(self, tensor: torch.Tensor, signed: Signed) -> tuple[Any, list[torch.Tensor]]:
+        """Starts gathering every worker's contiguous tensor: the work and the list it fills."""
+        out = [torch.empty_like(tensor) for _ in range(self._world)]
+        mine = self._rank, self._world
+        work = self._run(
+            "all_gather",
+            signed,
+            lambda: signed_all_gather(self.group, *mine, tensor, out, signed, self._mismatch),
+            lambda: self.group.allgather([out], [tensor]),
+        )
+        return work, out
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stops the thread (after what was queued, at most ``timeout``)."""
+        if self._lane is not None:
+            self._lane.close(timeout)

@@ -1,0 +1,52 @@
+"""A user's own torch.distributed calls inside a MultiWorkerMirrored program run on phalanx's
+process group (`phalanx.communication.process_group`) on every transport, with no
+init_process_group of their own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from support.cluster import run_cluster
+
+pytestmark = pytest.mark.multiprocess
+SCRIPTS = Path(__file__).parent / "scripts"
+TRANSPORTS = {
+    "shared_memory": {},
+    "gloo": {"PHALANX_SHARED_MEMORY": "0"},
+    "tls": {"PHALANX_COLLECTIVES": "tls", "PHALANX_SHARED_MEMORY": "0"},
+}
+
+
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+def test_user_collectives_ddp_dcp_and_fsdp2_run_on_the_jobs_group(tmp_path, transport):
+    run_cluster(
+        SCRIPTS / "torch_collectives.py", tmp_path, workers=2, env=TRANSPORTS[transport], timeout=240
+    ).check()
+    results = [json.loads((tmp_path / f"torch-{r}.json").read_text()) for r in range(2)]
+    for rank, result in enumerate(results):
+        assert result["backend"] == "phalanx"  # not torch's plain gloo, on any transport
+        assert result["uses_tls"] == (transport == "tls")
+        assert result["uses_shm"] == (transport == "shared_memory")
+        assert result["all_reduce"] == [3.0] * 5
+        assert result["all_reduce_max"] == 2.0
+        assert result["all_gather"] == [[0, 0], [1, 10]]
+        assert result["all_gather_into_tensor"] == [0.5, -0.5, 1.5, -1.5]
+        assert result["reduce_scatter_tensor"] == [[1.0, 3.0], [5.0, 7.0]][rank]  # (0..3) + (1..4)
+        assert result["broadcast"] == [1.0, 7.0]
+        assert result["all_gather_object"] == [{"rank": 0}, {"rank": 1}]
+        assert result["future"] == [2.0, 2.0, 2.0]
+        assert result["dcp"] == [3.0] * 4  # a replicated tensor: the chief's copy is saved
+        if transport == "tls":  # every one of the user's collectives went around the TLS ring
+            assert result["ring_carried"] >= 10, result
+            assert (
+                "cannot carry send over its TLS ring" in result["p2p"] or "cannot carry recv" in result["p2p"]
+            )
+        else:
+            assert result["ring_carried"] == 0
+            assert result["p2p"] == ["sent", [5.0]][rank]
+    assert results[0]["ddp_grad"] == pytest.approx(results[1]["ddp_grad"])
+    assert results[0]["fsdp2"] == pytest.approx(results[1]["fsdp2"])  # one model, sharded
+    assert len(results[0]["fsdp2"]) == 4

@@ -1,0 +1,137 @@
+"""The phalanx process group's mapping of torch's collectives onto the engine's three
+(`phalanx.communication.process_group`), on one worker, and the errors it raises. Two workers
+on every transport: tests/multiprocess/test_torch_collectives.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from phalanx.communication import process_group
+from phalanx.communication._work import QueuedWork
+from phalanx.communication.process_group import PhalanxProcessGroup, _create
+
+
+class _OneWorker:
+    """An engine of one worker: every collective is finished when issued (its result is its input)."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, uses_tls=False):
+        self.uses_tls = uses_tls
+        self.issued = []
+
+    def _done(self, what):
+        self.issued.append(what)
+        work = QueuedWork(what)
+        work.finish()
+        return work
+
+    def all_reduce_async(self, tensor, op=dist.ReduceOp.SUM):
+        return self._done("all_reduce")
+
+    def broadcast_async(self, tensor, src):
+        return self._done("broadcast")
+
+    def all_gather_async(self, tensor):
+        return self._done("all_gather"), [tensor.clone()]
+
+    def wait(self, work, what, timeout=None):
+        work.wait()
+
+
+def _group(uses_tls=False):
+    engine = _OneWorker(uses_tls)
+    return PhalanxProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10), engine), engine
+
+
+def test_every_collective_torch_calls_runs_on_the_engine():
+    group, engine = _group()
+    t = torch.arange(6.0).view(2, 3).t()  # not contiguous: staged and copied back
+    work = group.allreduce([t])
+    assert work.wait()
+    assert work.is_success()
+    assert work.get_future().wait()[0] is t
+    assert torch.equal(t, torch.arange(6.0).view(2, 3).t())
+    out = torch.empty(4)
+    group.all_gather_single(out, torch.tensor([1.0, 2, 3, 4])).wait()
+    assert out.tolist() == [1, 2, 3, 4]
+    mine = torch.empty(2)
+    options = dist.ReduceScatterOptions()
+    group.reduce_scatter_single(mine, torch.tensor([5.0, 6.0]), options).wait()
+    assert mine.tolist() == [5, 6]
+    outs = [[torch.empty(2)]]
+    group.allgather(outs, [torch.tensor([7.0, 8.0])]).wait()
+    assert outs[0][0].tolist() == [7, 8]
+    group.broadcast([torch.ones(2)]).wait()
+    group.barrier().wait()
+    assert engine.issued == [
+        "all_reduce",
+        "all_gather",
+        "all_reduce",
+        "all_gather",
+        "broadcast",
+        "all_reduce",
+    ]
+    assert group.name() == "phalanx"
+
+
+def test_a_tensor_off_the_cpu_is_refused_saying_what_to_do():
+    group, _ = _group()
+    with pytest.raises(ValueError, match="carries CPU tensors.*HINT: on GPUs"):
+        group.allreduce([torch.empty(2, device="meta")])
+
+
+def test_under_tls_what_only_gloo_could_carry_is_refused():
+    group, _ = _group(uses_tls=True)
+    for call in (
+        lambda: group.send([torch.zeros(1)], 0, 0),
+        lambda: group.recv([torch.zeros(1)], 0, 0),
+        lambda: group.alltoall([torch.zeros(1)], [torch.zeros(1)]),
+    ):
+        with pytest.raises(RuntimeError, match="plaintext between machines"):
+            call()
+    with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+        group._get_backend(torch.device("cpu"))  # torch's C++ paths find no gloo behind it
+
+
+class _Opts:
+    """What torch passes to a backend's factory (one worker)."""
+
+    def __init__(self):
+        self.store, self.group_rank, self.group_size, self.timeout = (
+            dist.HashStore(),
+            0,
+            1,
+            timedelta(seconds=5),
+        )
+
+
+def test_a_subgroup_is_plain_gloo_and_refused_when_the_job_uses_tls(monkeypatch):
+    assert isinstance(_create(_Opts(), None), dist.ProcessGroupGloo)
+    tls_group, _ = _group(uses_tls=True)
+    monkeypatch.setattr(process_group, "_default_group", lambda: tls_group)
+    with pytest.raises(
+        RuntimeError, match="in plaintext between machines, and this job's collectives use TLS"
+    ):
+        _create(_Opts(), None)
+
+
+def test_avg_is_a_sum_divided_and_needs_floating_point():
+    group, engine = _group()
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.AVG
+    value = torch.tensor([3.0, 5.0])
+    group.allreduce([value], options).wait()
+    assert value.tolist() == [3.0, 5.0]  # one worker: the mean of one
+    with pytest.raises(ValueError, match="AVG needs a floating-point tensor"):
+        group.allreduce([torch.tensor([3])], options)
+
+
+def test_under_tls_the_group_keeps_the_name_torch_gives_it():
+    group = _create(_Opts(), _OneWorker(uses_tls=True))
+    group._set_group_name("7")
+    assert group.group_name == "7"
