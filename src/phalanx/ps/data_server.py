@@ -134,14 +134,25 @@ class DataServer:
             ).start()
 
     def _connection(self, raw: socket.socket, peer: Any) -> None:
+        sock: socket.socket | ssl.SSLSocket | None = None
         try:
             sock = self._authenticate(raw, peer)
-            if sock is not None:
+            if sock is None:
+                return
+            with self._lock:  # a TLS socket took the raw one's descriptor: `stop` shuts it down
+                self._connections.discard(raw)
+                self._connections.add(sock)
+                stopped = self._stopped
+            if not stopped:
                 _Connection(self, sock, peer).serve()
         finally:
             with self._lock:
                 self._connections.discard(raw)
+                if sock is not None:
+                    self._connections.discard(sock)
             raw.close()
+            if sock is not None:
+                sock.close()
 
     def _authenticate(self, raw: socket.socket, peer: Any) -> socket.socket | ssl.SSLSocket | None:
         """The connection once the peer proved it holds the cluster's credentials, else None (logged)."""

@@ -77,9 +77,13 @@ class Server:
         address = spec.task_address(job_name, task_index)
         self.name = f"{job_name}:{task_index} ({address})"
         host, port = _split(address)
-        data = sorted(DATA_PATH_METHODS) if job_name == "ps" else ()
         self._server = RpcServer(
-            host, port, cluster_token(), self._handlers(), name=self.name, data_methods=data
+            host,
+            port,
+            cluster_token(),
+            self._handlers(),
+            name=self.name,
+            data_methods=sorted(DATA_PATH_METHODS),
         )
         self._stopped = threading.Event()
         self._started = False

@@ -29,7 +29,7 @@ import torch
 from phalanx.cluster._token import check_token
 from phalanx.ps import channel_security as security
 from phalanx.ps import wire
-from phalanx.ps.data_client import DataClient
+from phalanx.ps.data_client import DataClient, DataConnectError
 from phalanx.ps.data_server import DataServer, data_path_mode
 from phalanx.ps.rpc_errors import (
     AuthenticationError,
@@ -74,7 +74,7 @@ _PROBE = "__phalanx_probe__"  # a method no task serves: its answer proves the h
 DATA_PATH_METHOD = "__data_path__"  # where a task's data path listens, and for which methods
 # the methods a client asks a task's data path for (a ps task's reads and writes)
 DATA_PATH_METHODS = frozenset(
-    {"read", "read_if_newer", "read_rows", "apply_gradients", "assign", "assign_add", "create"}
+    {"read", "read_if_newer", "read_rows", "apply_gradients", "assign", "assign_add", "create", "run"}
 )
 
 
@@ -347,11 +347,25 @@ class RpcClient:
         limit = self._timeout if timeout is None else timeout
         if not wait_for_ready and method in DATA_PATH_METHODS:
             start = time.monotonic()
-            if method in self._on_data_path(limit):
-                assert self._data is not None
-                return self._data.call(method, dict(header or {}), tensors, limit)
+            for last in (False, True):
+                data = self._data if method in self._on_data_path(limit) else None
+                if data is None:
+                    break
+                try:
+                    return data.call(method, dict(header or {}), tensors, limit)
+                except DataConnectError:
+                    if last:
+                        raise
+                    self._forget_data_path(data)  # restarted on another port? gRPC tells
             limit = max(limit - (time.monotonic() - start), 0.001)  # the discovery's wait counts
         return self._grpc_call(method, header, tensors, limit, wait_for_ready)
+
+    def _forget_data_path(self, data: DataClient) -> None:
+        """Asks the task again where its data path listens, at the next call."""
+        with self._data_lock:
+            if self._data is data:
+                self._data, self._data_methods = None, None
+        data.close()
 
     def _grpc_call(
         self,
@@ -423,6 +437,18 @@ class RpcClient:
             TaskUnavailableError: This client was closed.
             MessageTooLargeError: The request exceeds ``PHALANX_MAX_MESSAGE_BYTES``.
         """
+        for last in (False, True):
+            data = (
+                self._data if method in DATA_PATH_METHODS and method in self._on_data_path(timeout) else None
+            )
+            if data is None:
+                break
+            try:
+                return data.start(method, dict(header or {}), tensors, timeout)  # type: ignore[return-value]
+            except DataConnectError:
+                if last:
+                    raise
+                self._forget_data_path(data)
         request = self._pack(method, header, tensors)
         stub = self._stub(method)
         try:
