@@ -143,8 +143,8 @@ def test_a_message_read_from_a_stream_checks_its_lengths_first():
     header, entries = wire.read_header(read, len(data))
     assert header == {"a": 1}
     assert entries == [(torch.int64, [4], 32)]
+    position = 0
     with pytest.raises(ValueError, match="tensors of 32 bytes"):
-        position = 0
         wire.read_header(read, len(data) + 100)
     with pytest.raises(ValueError, match="truncated"):
         wire.read_header(read, 3)
