@@ -26,6 +26,7 @@ __all__ = [
     "client_error",
     "error_details",
     "peer_not_authenticated",
+    "remote_error",
     "too_large",
 ]
 
@@ -127,11 +128,16 @@ def client_error(
         return _unavailable(name, address, method, code, details, limit, waited)
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return _unknown_method(name, address, method, details)
+    return remote_error(name, method, details, code.name if code else "Error")
+
+
+def remote_error(name: str, method: str, details: str, fallback_type: str = "Error") -> Exception:
+    """The exception for `error_details` JSON that task ``name`` sent back for ``method``."""
     try:
         info = json.loads(details)
         remote_type, message, trace = info["type"], info["message"], info["traceback"]
     except (ValueError, KeyError, TypeError):
-        remote_type, message, trace = code.name if code else "Error", details, ""
+        remote_type, message, trace = fallback_type, details, ""
     if remote_type == MessageTooLargeError.__name__:
         return MessageTooLargeError(f"{method} on {name} failed: {message}")
     return RemoteError(f"{method} on {name} failed: {remote_type}: {message}", remote_type, trace)

@@ -24,7 +24,7 @@ from phalanx.cluster.cluster_def import ServerDef
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.ps.coordinator.fencing import Fences, TaggedRpcClient
 from phalanx.ps.store import VariableStore
-from phalanx.ps.transport import RpcServer
+from phalanx.ps.transport import DATA_PATH_METHODS, RpcServer
 from phalanx.ps.variables import PSClient
 from phalanx.ps.worker.environment import WorkerEnvironment
 from phalanx.ps.worker.running import RunningClosure
@@ -78,7 +78,14 @@ class Server:
         address = spec.task_address(job_name, task_index)
         self.name = f"{job_name}:{task_index} ({address})"
         host, port = _split(address)
-        self._server = RpcServer(host, port, cluster_token(), self._handlers(), name=self.name)
+        self._server = RpcServer(
+            host,
+            port,
+            cluster_token(),
+            self._handlers(),
+            name=self.name,
+            data_methods=sorted(DATA_PATH_METHODS),
+        )
         self._stopped = threading.Event()
         self._started = False
         if start:

@@ -356,7 +356,7 @@ class VariableStore:
         """``header`` and the values of ``names`` (then ``after``), packed under the lock: each
         value is copied once, into the reply, from one snapshot."""
         with self._lock:
-            return wire.Packed(wire.pack(header, [self._get(n) for n in names] + list(after)))
+            return wire.pack_reply(header, [self._get(n) for n in names] + list(after))
 
     def _rpc_read(self, header: dict[str, Any], tensors: list[torch.Tensor]) -> wire.Packed:
         with self._lock:  # the version of these very values

@@ -29,6 +29,8 @@ import torch
 from phalanx.cluster._token import check_token
 from phalanx.ps import channel_security as security
 from phalanx.ps import wire
+from phalanx.ps.data_client import DataClient, DataConnectError
+from phalanx.ps.data_server import DataServer, data_path_mode
 from phalanx.ps.rpc_errors import (
     AuthenticationError,
     MessageTooLargeError,
@@ -69,6 +71,11 @@ _RECONNECT = [
 _NO_REUSEPORT = [("grpc.so_reuseport", 0)]
 _ADDRESS = re.compile(r"(\[[0-9A-Za-z:.%]+\]|[^\s:\[\]/]+):(\d{1,5})")
 _PROBE = "__phalanx_probe__"  # a method no task serves: its answer proves the handshake passed
+DATA_PATH_METHOD = "__data_path__"  # where a task's data path listens, and for which methods
+# the methods a client asks a task's data path for (a ps task's reads and writes)
+DATA_PATH_METHODS = frozenset(
+    {"read", "read_if_newer", "read_rows", "apply_gradients", "assign", "assign_add", "create"}
+)
 
 
 def _identity(data: bytes) -> bytes:
@@ -120,6 +127,8 @@ class RpcServer:
         max_workers: Threads serving calls at once.
         names: The host names or addresses clients dial this task by, which its TLS
             certificate carries (default: ``host``).
+        data_methods: The methods also served on the data path (`phalanx.ps.data_server`):
+            tensor bytes without gRPC's copies, unless ``PHALANX_PS_DATA_PATH=grpc``.
 
     Raises:
         ValueError: A token shorter than 16 characters or not printable ASCII, bad
@@ -137,12 +146,14 @@ class RpcServer:
         name: str,
         max_workers: int = 8,
         names: Sequence[str] | None = None,
+        data_methods: Sequence[str] = (),
     ) -> None:
         _check_token(token)
         self.name = name
         self._handlers = dict(handlers)
         self._limit = security.max_message_bytes()
         insecure = security.insecure_transport()
+        self._data = self._data_server(host, token, names or [host], data_methods, insecure)
         interceptors = (security.TokenInterceptor(token, name),) if insecure else ()
         self._executor = futures.ThreadPoolExecutor(max_workers, thread_name_prefix=f"phalanx-rpc {name}")
         self._server = grpc.server(
@@ -159,6 +170,20 @@ class RpcServer:
         self._terminated = threading.Event()
         self._lock = threading.Lock()
 
+    def _data_server(
+        self, host: str, token: str, names: Sequence[str], methods: Sequence[str], insecure: bool
+    ) -> DataServer | None:
+        """The data path for ``methods`` (announced by the ``__data_path__`` method), if any."""
+        if not methods or data_path_mode() == "grpc":
+            return None
+        served = {m: self._handlers[m] for m in methods if m in self._handlers}
+        if not served:  # a worker task: its calls are small, and gRPC's
+            return None
+        data = DataServer(host, token, names, served, name=self.name, limit=self._limit, insecure=insecure)
+        announce = {"port": data.port, "methods": sorted(served)}
+        self._handlers[DATA_PATH_METHOD] = lambda header, tensors: (announce, [])
+        return data
+
     def _bind(self, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
         address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
         try:
@@ -172,6 +197,8 @@ class RpcServer:
             reason = ""
         if bound == 0:
             self._executor.shutdown(wait=False)
+            if self._data is not None:
+                self._data.stop()
             raise ValueError(
                 f"{self.name} cannot listen at {address}{reason}. HINT: check that no other process uses the "
                 "port (ss -ltnp) and that the host is an address of this machine."
@@ -195,7 +222,7 @@ class RpcServer:
             reply = result.data if isinstance(result, wire.Packed) else wire.pack(*result)
             if len(reply) > self._limit:
                 raise too_large(f"The reply of {method} on {self.name}", len(reply), self._limit)
-            return reply
+            return bytes(reply)  # a handler packs into new bytes here (no reply destination)
         except Exception as exc:
             log.debug("%s on %s failed", method, self.name, exc_info=True)
             _abort(context, grpc.StatusCode.INTERNAL, error_details(exc))
@@ -203,6 +230,8 @@ class RpcServer:
     def start(self) -> None:
         """Starts serving (returns at once)."""
         self._server.start()
+        if self._data is not None:
+            self._data.start()
 
     def stop(self, grace: float = 1.0) -> None:
         """Stops serving (idempotent); calls still running get ``grace`` seconds, then are cancelled."""
@@ -210,6 +239,8 @@ class RpcServer:
             if self._stopped:
                 return
             self._stopped = True
+        if self._data is not None:
+            self._data.stop()
         self._server.stop(grace).wait()
         self._executor.shutdown(wait=False)  # gRPC leaves its thread pool running
         self._terminated.set()
@@ -259,6 +290,10 @@ class RpcClient:
         self._stubs: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._token = token
+        self._data: DataClient | None = None
+        self._data_methods: frozenset[str] | None = None if data_path_mode() != "grpc" else frozenset()
+        self._data_lock = threading.Lock()
 
     def _pack(self, method: str, header: Mapping[str, Any] | None, tensors: Sequence[torch.Tensor]) -> bytes:
         request = wire.pack(dict(header or {}), tensors)
@@ -312,6 +347,36 @@ class RpcClient:
             RemoteError: The task's handler raised (or it has no such method).
         """
         limit = self._timeout if timeout is None else timeout
+        if not wait_for_ready and method in DATA_PATH_METHODS:
+            start = time.monotonic()
+            for last in (False, True):
+                data = self._data if method in self._on_data_path(limit) else None
+                if data is None:
+                    break
+                try:
+                    return data.call(method, dict(header or {}), tensors, limit)
+                except DataConnectError:
+                    if last:
+                        raise
+                    self._forget_data_path(data)  # restarted on another port? gRPC tells
+            limit = max(limit - (time.monotonic() - start), 0.001)  # the discovery's wait counts
+        return self._grpc_call(method, header, tensors, limit, wait_for_ready)
+
+    def _forget_data_path(self, data: DataClient) -> None:
+        """Asks the task again where its data path listens, at the next call."""
+        with self._data_lock:
+            if self._data is data:
+                self._data, self._data_methods = None, None
+        data.close()
+
+    def _grpc_call(
+        self,
+        method: str,
+        header: Mapping[str, Any] | None,
+        tensors: Sequence[torch.Tensor],
+        limit: float,
+        wait_for_ready: bool,
+    ) -> tuple[dict[str, Any], list[torch.Tensor]]:
         request = self._pack(method, header, tensors)
         stub = self._stub(method)
         start = time.monotonic()
@@ -324,6 +389,41 @@ class RpcClient:
                 raise self._closed_error(method) from None
             raise
         return wire.unpack(reply)
+
+    def _on_data_path(self, timeout: float) -> frozenset[str]:
+        """The methods the task serves on its data path (asked once, through gRPC; a task that
+        cannot be asked now gets the call on gRPC, which names its error, and is asked again
+        at the next call)."""
+        methods = self._data_methods
+        if methods is not None:
+            return methods
+        with self._data_lock:
+            if self._data_methods is None:
+                try:
+                    self._data_methods = self._discover(timeout)
+                except (TaskUnavailableError, AuthenticationError):
+                    return frozenset()
+            return self._data_methods
+
+    def _discover(self, timeout: float) -> frozenset[str]:
+        try:
+            header, _ = self._grpc_call(DATA_PATH_METHOD, None, (), timeout, False)
+        except RemoteError as exc:
+            if exc.remote_type == "UNIMPLEMENTED":  # a task without a data path
+                return frozenset()
+            raise
+        host = _ADDRESS.fullmatch(self.address).group(1)  # type: ignore[union-attr]
+        self._data = DataClient(
+            host,
+            int(header["port"]),
+            self._token,
+            name=self.name,
+            address=self.address,
+            limit=self._limit,
+            insecure=security.insecure_transport(),
+            segments=data_path_mode() == "auto",
+        )
+        return frozenset(header["methods"])
 
     def start(
         self,
@@ -393,6 +493,8 @@ class RpcClient:
         """Closes the connection (idempotent); calls still running are cancelled."""
         with self._lock:
             self._closed = True
+        if self._data is not None:
+            self._data.close()
         self._channel.close()
 
 

@@ -11,16 +11,18 @@ that packs its reply itself (under its lock, straight from its variables) return
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import struct
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["Packed", "pack", "unpack"]
+__all__ = ["Packed", "pack", "pack_parts", "pack_reply", "read_header", "reply_destination", "unpack"]
 
 MAGIC = b"PHX1"
 _LENGTH = struct.Struct("<I")
@@ -40,7 +42,38 @@ class Packed:
     """A message `pack` made already: a ps task packs a read under its lock, copying each
     variable once into the reply instead of cloning it and copying the clone again."""
 
-    data: bytes
+    data: bytes | memoryview
+
+
+# where a reply packed on this thread goes: a function of its size -> memory to pack into, or None
+_destination = threading.local()
+
+
+@contextlib.contextmanager
+def reply_destination(allocate: Callable[[int], memoryview | None]) -> Iterator[None]:
+    """Within the block, `pack_reply` on this thread packs into ``allocate(size)`` (when it gives
+    memory: the data path's shared-memory segment) instead of new bytes."""
+    _destination.allocate = allocate
+    try:
+        yield
+    finally:
+        _destination.allocate = None
+
+
+def pack_reply(header: Mapping[str, Any], tensors: Sequence[torch.Tensor] = ()) -> Packed:
+    """`pack`, into the `reply_destination` of this thread if it has room: a read is copied
+    once, from the variables into the memory the reply leaves from."""
+    parts = pack_parts(header, tensors)
+    allocate = getattr(_destination, "allocate", None)
+    size = sum(part.nbytes for part in parts)
+    target = allocate(size) if allocate is not None else None
+    if target is None:
+        return Packed(b"".join(parts))
+    offset = 0
+    for part in parts:
+        target[offset : offset + part.nbytes] = part
+        offset += part.nbytes
+    return Packed(target[:size])
 
 
 def pack(header: Mapping[str, Any], tensors: Sequence[torch.Tensor] = ()) -> bytes:
@@ -54,13 +87,54 @@ def pack(header: Mapping[str, Any], tensors: Sequence[torch.Tensor] = ()) -> byt
         ValueError: A sparse, nested, quantized or meta tensor, or the reserved header key.
         TypeError: A header that is not a str-keyed mapping JSON can encode, or a non-tensor.
     """
+    return b"".join(pack_parts(header, tensors))
+
+
+def pack_parts(header: Mapping[str, Any], tensors: Sequence[torch.Tensor] = ()) -> list[memoryview]:
+    """The message `pack` makes, as its pieces: the prefix and header, then each tensor's
+    memory (no copy of a dense CPU tensor), for a writer that sends them one by one.
+
+    Raises:
+        As `pack`.
+    """
     table, chunks = [], []
     for index, tensor in enumerate(tensors):
         data = _raw_bytes(tensor, index)
         table.append([str(tensor.dtype).removeprefix("torch."), list(tensor.shape), data.nbytes])
         chunks.append(data)
     encoded = _encode_header(header, table)
-    return b"".join([MAGIC, _LENGTH.pack(len(encoded)), encoded, *chunks])
+    return [memoryview(b"".join([MAGIC, _LENGTH.pack(len(encoded)), encoded])), *chunks]
+
+
+def read_header(
+    read: Callable[[int], bytes], size: int
+) -> tuple[dict[str, Any], list[tuple[torch.dtype, list[int], int]]]:
+    """The header of a message of ``size`` bytes that arrives through ``read(n) -> n bytes``,
+    and its tensors' ``(dtype, shape, byte length)``: a reader then reads each tensor's bytes
+    straight into a tensor. Nothing larger than ``size`` is allocated.
+
+    Raises:
+        ValueError: As `unpack`, or tensors whose lengths do not add up to ``size``.
+    """
+    if size < _PREFIX:
+        raise ValueError(f"A message is truncated: {size} bytes, not even its {_PREFIX}-byte prefix.")
+    prefix = read(_PREFIX)
+    if prefix[: len(MAGIC)] != MAGIC:
+        _decode_header(memoryview(prefix))  # raises, naming what it found
+    (length,) = _LENGTH.unpack(prefix[len(MAGIC) :])
+    if _PREFIX + length > size:
+        raise ValueError(
+            f"A message is truncated: its header needs {length} bytes, {size - _PREFIX} are present."
+        )
+    header, _ = _decode_header(memoryview(prefix + read(length)))
+    entries = [_table_entry(entry, i) for i, entry in enumerate(_table(header))]
+    data = sum(nbytes for _, _, nbytes in entries)
+    if _PREFIX + length + data != size:
+        raise ValueError(
+            f"A message of {size} bytes has a {length}-byte header and tensors of {data} bytes. "
+            f"{_SAME_VERSION}"
+        )
+    return header, entries
 
 
 def unpack(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any], list[torch.Tensor]]:
