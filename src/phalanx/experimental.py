@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
 from phalanx.strategies import CentralStorageStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy
+from phalanx.strategies.fully_sharded import FullyShardedStrategy
 
 if TYPE_CHECKING:
     CollectiveCommunication = CommunicationImplementation
@@ -22,6 +23,7 @@ __all__ = [
     "CentralStorageStrategy",
     "CommunicationImplementation",
     "CommunicationOptions",
+    "FullyShardedStrategy",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
 ]
