@@ -46,7 +46,11 @@ def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _train(
-    strategy: phalanx.Strategy, recompute: bool = False, tied: bool = False, clip: float = 0.0, adam: bool = False
+    strategy: phalanx.Strategy,
+    recompute: bool = False,
+    tied: bool = False,
+    clip: float = 0.0,
+    adam: bool = False,
 ) -> dict:
     """The custom loop (runs in each worker): SGD with momentum (it sees a sum's scale, which
     Adam would normalise away) or Adam, TF's loss convention, optional clipping."""
@@ -96,7 +100,9 @@ def _compare(sharded: list[dict], mirrored: list[dict]) -> None:
 
 
 @pytest.mark.parametrize("shard", ["full", "optimizer_and_gradients"])
-def test_the_same_loop_gives_multi_worker_mirroreds_weights_from_half_the_state(mwms_2workers, fsdp_2workers, shard):
+def test_the_same_loop_gives_multi_worker_mirroreds_weights_from_half_the_state(
+    mwms_2workers, fsdp_2workers, shard
+):
     mirrored = mwms_2workers.run(_train)
     sharded = fsdp_2workers.run(_train, strategy_kwargs={"shard": shard})
     _compare(sharded, mirrored)
@@ -106,7 +112,9 @@ def test_the_same_loop_gives_multi_worker_mirroreds_weights_from_half_the_state(
     assert sharded[0]["moment_numel"] == sharded[0]["local_numel"]  # the momentum of its shard only
 
 
-def test_clipping_and_activation_checkpointing_behave_as_under_multi_worker_mirrored(mwms_2workers, fsdp_2workers):
+def test_clipping_and_activation_checkpointing_behave_as_under_multi_worker_mirrored(
+    mwms_2workers, fsdp_2workers
+):
     mirrored = mwms_2workers.run(_train, True, False, 0.05)
     sharded = fsdp_2workers.run(_train, True, False, 0.05)
     _compare(sharded, mirrored)
@@ -116,4 +124,5 @@ def test_tied_weights_are_one_parameter_sharded_once_with_adam(mwms_2workers, fs
     mirrored = mwms_2workers.run(_train, False, True, 0.0, True)
     sharded = fsdp_2workers.run(_train, False, True, 0.0, True)
     _compare(sharded, mirrored)
-    assert "embed.weight" in sharded[0]["state"] and "head.weight" in sharded[0]["state"]
+    assert "embed.weight" in sharded[0]["state"]
+    assert "head.weight" in sharded[0]["state"]

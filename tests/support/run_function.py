@@ -10,8 +10,8 @@ import importlib
 import importlib.util
 import pickle
 import sys
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import phalanx
 

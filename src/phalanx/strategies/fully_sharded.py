@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -59,7 +59,11 @@ def _state_dict_hooks(strategy: FullyShardedStrategy) -> tuple[Callable[..., Non
     def on_load(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         for name, param in module._parameters.items():
             value = state_dict.get(prefix + name)
-            if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor) or isinstance(value, DTensor):
+            if (
+                not isinstance(param, DTensor)
+                or not isinstance(value, torch.Tensor)
+                or isinstance(value, DTensor)
+            ):
                 continue
             if value.shape == param.shape:  # else load_state_dict's own shape error names it
                 full = value.detach().to(device=param.device, dtype=param.dtype)
@@ -248,7 +252,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                     module.register_state_dict_post_hook(on_save)
                     module.register_load_state_dict_pre_hook(on_load)
 
-    def _remember_sharded(self, before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> None:
+    def _remember_sharded(
+        self, before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]
+    ) -> None:
         """Maps each old parameter to its sharded one and frees the old one's memory (an
         optimizer made before holds it until its first step, see `adopt`)."""
         for name, old in before.items():
