@@ -221,14 +221,31 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         if self._plan.pending:
             self._shard_pending()
 
+    def _broadcast_from_chief(self) -> None:
+        """The chief's initial values of buffers; parameters about to be sharded get theirs
+        in `_shard_pending`, each worker receiving its shard only (a scatter). A broadcast of
+        whole parameters would send every worker the whole model, and the broadcast's work
+        handle, which phalanx keeps for the stall inspector, would keep it alive."""
+        if self._group is None:
+            return
+        fresh = [t for t in (ref() for ref in self._unbroadcast) if t is not None]
+        self._unbroadcast = [  # parameters about to be sharded: see _scatter_from_chief
+            weakref.ref(t) for t in fresh if not isinstance(t, DistributedVariable) and self._plan.knows(t)
+        ]
+        with torch.no_grad():
+            for var in fresh:
+                if isinstance(var, DistributedVariable):
+                    staged = self._stage(var._components[0])
+                    self._group.broadcast(staged, 0, what="the broadcast of initial values from the chief")
+                    var._components[0].copy_(staged)
+                    var._dirty = True
+
     def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None:
         self.adopt(optimizer)
 
     # ---------------------------------------------------------------- sharding
     def _shard_pending(self) -> None:
         """``fully_shard``s the modules made since the last run (all workers, same order)."""
-        if self._unbroadcast:
-            self._broadcast_from_chief()
         mesh = self.device_mesh
         for root, units in self._plan.take().items():
             if isinstance(root, FSDPModule):
@@ -245,12 +262,31 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # TF's convention: sums
                 unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # SUM on gloo too
             after = dict(root.named_parameters(remove_duplicate=False))
+            self._scatter_from_chief(before, after)
             self._remember_sharded(before, after)
             on_save, on_load = _state_dict_hooks(self)
             for module in root.modules():
                 if any(isinstance(p, DTensor) for p in module._parameters.values()):
                     module.register_state_dict_post_hook(on_save)
                     module.register_load_state_dict_pre_hook(on_load)
+
+    def _scatter_from_chief(
+        self, before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]
+    ) -> None:
+        """Gives every worker its shard of the chief's initial value of each new parameter."""
+        if self._group is None:
+            return
+        waiting = {id(t) for t in (ref() for ref in self._unbroadcast) if t is not None}
+        self._unbroadcast = []
+        done: set[int] = set()
+        with torch.no_grad():
+            for name, old in before.items():
+                new = after[name]
+                if id(old) in waiting and id(old) not in done and isinstance(new, DTensor):
+                    done.add(id(old))
+                    new.copy_(
+                        distribute_tensor(old.detach(), new.device_mesh, new.placements, src_data_rank=0)
+                    )
 
     def _remember_sharded(
         self, before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]
