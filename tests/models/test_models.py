@@ -188,6 +188,9 @@ MODELS: dict[
 # gradients exceed), or float16 autocast with torch's own GradScaler (unscale_, then clip)
 STEP_STYLE = {"clip_grad_norm": "clip", "grad_scaler_float16": "scaler"}
 AVAILABLE = [name for name, spec in MODELS.items() if HAS_TRANSFORMERS or not spec[4]]
+# FullyShardedStrategy refuses sparse gradients (FSDP2 has no sparse reduce-scatter), and
+# torch.amp.GradScaler does not see FSDP2's sharded gradients (its ShardedGradScaler does)
+FSDP_MODELS = [name for name in AVAILABLE if name not in ("sparse_embedding", "grad_scaler_float16")]
 
 
 def _build(strategy: phalanx.Strategy, name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
@@ -337,6 +340,10 @@ def results(tmp_path_factory) -> dict[str, dict[str, Any]]:
     workers = runner.run(train_all, AVAILABLE, strategy_kwargs={"sync_batch_norm": True}, timeout=240)
     for index, result in enumerate(workers):
         done[f"mwms_worker{index}"] = result
+    fsdp = ProcessRunner("fsdp", "experimental.FullyShardedStrategy", tmp_path_factory.mktemp("fsdp"), 2)
+    sharded = fsdp.run(train_all, FSDP_MODELS, strategy_kwargs={"sync_batch_norm": True}, timeout=240)
+    for index, result in enumerate(sharded):
+        done[f"fsdp_worker{index}"] = result
     ps = ProcessRunner("ps", "ParameterServerStrategy", tmp_path_factory.mktemp("ps"), 2, chief=True, ps=1)
     (done["parameter_server"],) = ps.run(train_all_ps, AVAILABLE, timeout=240)
     done["fit_one_device"] = _in_process("one_device", fit)
@@ -364,6 +371,13 @@ def test_custom_loop_matches_one_device(results, strategy, name):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["fsdp_worker0", "fsdp_worker1"])
+@pytest.mark.parametrize("name", [name for name in NAMES if getattr(name, "values", [name])[0] in FSDP_MODELS])
+def test_custom_loop_under_fully_sharded_matches_one_device(results, strategy, name):
+    _assert_same(name, results["one_device"][name], results[strategy][name])
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", NAMES)
 def test_fit_under_mirrored_matches_one_device(results, name):
     _assert_same(name, results["fit_one_device"][name], results["fit_mirrored"][name])
@@ -375,5 +389,5 @@ def test_fit_under_mirrored_matches_one_device(results, name):
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers: pip install -e '.[models]'")
 @pytest.mark.multiprocess
 def test_gpt2_keeps_its_tied_embeddings_everywhere(results):
-    for strategy in ("one_device", "mirrored", "central_storage", "mwms_worker0"):
+    for strategy in ("one_device", "mirrored", "central_storage", "mwms_worker0", "fsdp_worker0"):
         assert bool(results[strategy]["gpt2_tied"]["tied"]), strategy

@@ -4,16 +4,21 @@ FullyShardedStrategy learns a model the way every strategy does, through the reg
 hooks (`phalanx._hooks`): each parameter with the module that registered it, and each
 submodule with its parent. `ShardingPlan` keeps that (weakly) and, before the first step,
 answers "which modules, deepest first, get ``fully_shard``": every module that registers
-parameters of its own is a unit (one layer gathered at a time: the least memory), the model
-(the top module) is the root unit and takes what no unit took. A parameter registered by
-two modules (tied weights, GPT-2's embedding and head) goes to the root with every module
-on the way, since FSDP2 needs a shared parameter inside one unit.
+parameters of its own is a unit (one layer gathered at a time: the least memory), unless a
+module above it registers parameters too (that one's forward may read its children's
+parameters directly, as ``nn.MultiheadAttention`` reads its ``out_proj``'s: they are
+gathered together); the model (the top module) is the root unit and takes what no unit
+took. A parameter registered by two modules (tied weights, GPT-2's embedding and head)
+goes to the root with every module on the way, since FSDP2 needs a shared parameter inside
+one unit. A model whose forward reads the parameters of a module that is not its ancestor
+otherwise needs MultiWorkerMirroredStrategy (FSDP2 gathers a unit's parameters only for
+its own forward).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -77,6 +82,20 @@ class ShardingPlan:
     def _depth(self, module: nn.Module) -> int:
         return sum(1 for _ in self._ancestors(module))
 
+    def _link_subtrees(self, owners: Iterable[nn.Module]) -> None:
+        """Records the parent of every module under a top module as the tree is now: a deep
+        copy (``nn.TransformerEncoder``'s layers) holds submodules no hook saw registered."""
+        known = {id(m): m for m in owners}
+        for child, ref in list(self._parents.items()):
+            parent = ref()
+            known[id(child)] = child
+            if parent is not None:
+                known[id(parent)] = parent
+        for top in [m for m in known.values() if self._parents.get(m) is None]:
+            for parent in top.modules():
+                for child in parent.children():
+                    self._parents[child] = weakref.ref(parent)
+
     def take(self) -> dict[nn.Module, list[nn.Module]]:
         """Every root with its units, deepest first (the root last), and forgets them.
 
@@ -96,6 +115,10 @@ class ShardingPlan:
                     excluded.add(id(module))
                     excluded.update(id(a) for a in self._ancestors(module))
         self._owners = {}
+        self._link_subtrees(owners.values())
+        for module in owners.values():  # MultiheadAttention reads its out_proj's weight itself
+            if any(id(a) in owners for a in self._ancestors(module)):
+                excluded.add(id(module))
         plan: dict[nn.Module, list[nn.Module]] = {}
         for module in sorted(owners.values(), key=self._depth, reverse=True):
             root = self.root_of(module)

@@ -75,6 +75,17 @@ def _state_dict_hooks(strategy: FullyShardedStrategy) -> tuple[Callable[..., Non
     return on_save, on_load
 
 
+def _check_shardable(root: nn.Module) -> None:
+    """Raises what FSDP2 cannot shard, with what to do instead."""
+    for name, module in root.named_modules():
+        if isinstance(module, nn.Embedding | nn.EmbeddingBag) and module.sparse:
+            raise ValueError(
+                f"FullyShardedStrategy cannot shard {type(root).__name__}.{name}: it makes sparse "
+                "gradients (sparse=True), which FSDP2 does not reduce-scatter. HINT: use sparse=False, "
+                "or MultiWorkerMirroredStrategy, which sums sparse gradients."
+            )
+
+
 class _ShardedStep:
     """The optimizer-step hook: hands the optimizer the sharded parameters (see `adopt`)."""
 
@@ -254,6 +265,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                     "sharded it (at the first run after it was made). HINT: build the whole model "
                     "in the scope before the first step."
                 )
+            _check_shardable(root)
             before = dict(root.named_parameters(remove_duplicate=False))
             for unit in units:
                 fully_shard(

@@ -103,3 +103,20 @@ def test_bad_arguments_say_what_is_accepted():
         FullyShardedStrategy(shard="zero4")
     with pytest.raises(ValueError, match="one replica per worker"):
         FullyShardedStrategy(devices=["cpu:0", "cpu:1"])
+
+
+def test_sparse_gradients_are_refused_with_what_to_use(strategy):
+    with strategy.scope():
+        model = nn.Sequential(nn.EmbeddingBag(10, 3, sparse=True), nn.Linear(3, 1))
+    with pytest.raises(ValueError, match="sparse=False, or MultiWorkerMirroredStrategy"):
+        strategy.run(lambda: model(torch.tensor([[1, 2]])))
+
+
+def test_a_module_reading_its_childs_weight_is_one_unit_with_it(strategy):
+    with strategy.scope():
+        attention = nn.MultiheadAttention(4, 2)  # its forward reads out_proj.weight itself
+    x = torch.randn(3, 1, 4)
+    expected = nn.MultiheadAttention(4, 2)
+    expected.load_state_dict(attention.state_dict())
+    got = strategy.run(lambda: attention(x, x, x)[0])
+    torch.testing.assert_close(got, expected(x, x, x)[0])
