@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 
+from phalanx import context
+from phalanx.checkpoint import _sharded, _sharded_state
 from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
 
 __all__ = ["Checkpoint", "Counter"]
@@ -93,17 +96,48 @@ class Checkpoint:
             "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
         }
 
-    def write(self, file_path: str) -> str:
-        """Writes every object's state to ``file_path`` (no counter added). Returns the path."""
-        payload = self._payload()
-        with chief_path(file_path) as target:
-            atomic_save(payload, target)
-        return file_path
+    def write(self, file_path: str, sharded: bool | None = None, blocking: bool = True) -> Any:
+        """Writes every object's state to ``file_path`` (no counter added).
 
-    def save(self, file_prefix: str) -> str:
-        """Writes to ``{file_prefix}-{n}.pt`` with n the save counter (incremented first)."""
+        Args:
+            file_path: The file (single-file format) or folder (sharded: ``.dcp``) to write.
+            sharded: Write a sharded checkpoint through ``torch.distributed.checkpoint``:
+                one copy of the state in total, each worker writing its own part, restorable
+                at any world size. Default: when a module is sharded (FullyShardedStrategy),
+                or when not blocking.
+            blocking: False returns as soon as the state is staged in memory (sharded only):
+                a `concurrent.futures.Future` that gives the path once the files are in place.
+
+        Returns:
+            The path, or (not blocking) a future of it.
+
+        Raises:
+            ValueError: ``blocking=False`` with ``sharded=False``.
+        """
+        strategy = context.get_strategy()
+        if sharded is None:
+            sharded = not blocking or _sharded_state.is_sharded(self._objects)
+        if not sharded:
+            if not blocking:
+                raise ValueError(
+                    "An asynchronous save writes a sharded checkpoint. Received: sharded=False, "
+                    "blocking=False. HINT: leave sharded unset, or save with blocking=True."
+                )
+            with chief_path(file_path) as target:
+                atomic_save(self._payload(), target)
+            return file_path
+        state = _sharded_state.collect(self._objects, strategy)
+        state["format"], state["save_counter"] = _sharded_state.FORMAT, self.save_counter.value
+        future: Future[str] | None = _sharded.save(state, file_path, blocking)
+        return file_path if future is None else future
+
+    def save(self, file_prefix: str, sharded: bool | None = None, blocking: bool = True) -> Any:
+        """Writes to ``{file_prefix}-{n}.pt`` (sharded: the folder ``{file_prefix}-{n}.dcp``)
+        with n the save counter (incremented first); see `write` for the options."""
         self.save_counter.assign_add(1)
-        return self.write(f"{file_prefix}-{self.save_counter.value}.pt")
+        folder = sharded if sharded is not None else not blocking or _sharded_state.is_sharded(self._objects)
+        suffix = _sharded.SUFFIX if folder else ".pt"
+        return self.write(f"{file_prefix}-{self.save_counter.value}{suffix}", folder, blocking)
 
     def read(self, save_path: str) -> Checkpoint:
         """Restores every object saved under the same name.
@@ -112,6 +146,8 @@ class Checkpoint:
             FileNotFoundError: No such checkpoint.
             ValueError: The file is not a phalanx checkpoint, or lacks one of the objects.
         """
+        if _sharded.is_sharded(save_path):
+            return self._read_sharded(save_path)
         payload = safe_load(save_path)
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise ValueError(f"{save_path!r} is not a phalanx checkpoint (format {FORMAT}).")
@@ -124,6 +160,25 @@ class Checkpoint:
         for name, obj in self._objects.items():
             _load_into(obj, saved[name], name)
         self.save_counter.assign(payload.get("save_counter", 0))
+        return self
+
+    def _read_sharded(self, save_path: str) -> Checkpoint:
+        strategy = context.get_strategy()
+        state = _sharded_state.collect(self._objects, strategy)
+        state["format"], state["save_counter"] = "", 0
+
+        def apply(loaded: dict[str, Any]) -> None:
+            if loaded["format"] != _sharded_state.FORMAT:
+                raise ValueError(f"{save_path!r} is not a phalanx checkpoint (format {_sharded_state.FORMAT}).")
+            _sharded_state.apply(self._objects, loaded, strategy)
+            self.save_counter.assign(loaded["save_counter"])
+
+        try:
+            _sharded.load(state, save_path, apply)
+        except (KeyError, RuntimeError) as exc:
+            if "Missing key" not in str(exc) and not isinstance(exc, KeyError):
+                raise
+            raise ValueError(f"Checkpoint {save_path!r} lacks state for these objects: {exc}") from exc
         return self
 
     def restore(self, save_path: str | None) -> Checkpoint:

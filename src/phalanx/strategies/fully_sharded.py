@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -22,7 +23,7 @@ from phalanx.strategies._sharding_plan import ShardingPlan
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from phalanx.variables import DistributedVariable
 
-__all__ = ["SHARD_MODES", "FullyShardedStrategy"]
+__all__ = ["SHARD_MODES", "FullyShardedStrategy", "sharded_state_dicts"]
 
 # "full": ZeRO-3, parameters gathered per layer for forward and again for backward;
 # "optimizer_and_gradients": parameters gathered once per step and kept from forward to the
@@ -41,15 +42,28 @@ def _one_device(resolver: ClusterResolver) -> str:
     return f"cuda:{int(local_rank if local_rank is not None else resolver.worker_index) % count}"
 
 
-def _state_dict_hooks(strategy: FullyShardedStrategy) -> tuple[Callable[..., None], Callable[..., None]]:
+_views = threading.local()  # .sharded: sharded_state_dicts() is open on this thread
+
+
+@contextlib.contextmanager
+def sharded_state_dicts() -> Iterator[None]:
+    """Inside, sharded modules' ``state_dict()`` gives this worker's shards (DTensors) and
+    ``load_state_dict`` takes them, as ``torch.distributed.checkpoint`` wants (this thread)."""
+    previous = getattr(_views, "sharded", False)
+    _views.sharded = True
+    try:
+        yield
+    finally:
+        _views.sharded = previous
+
+
+def _state_dict_hooks() -> tuple[Callable[..., None], Callable[..., None]]:
     """A sharded module's state-dict hooks: ``state_dict()`` gathers its parameters into full
-    tensors (unless ``strategy.sharded_state_dicts()`` is open) and ``load_state_dict`` cuts
-    full tensors into this worker's shards."""
-    owner = weakref.ref(strategy)
+    tensors (unless `sharded_state_dicts` is open) and ``load_state_dict`` cuts full tensors
+    into this worker's shards."""
 
     def on_save(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
-        me = owner()
-        if me is not None and not me._full_state_dicts:
+        if getattr(_views, "sharded", False):
             return
         for name, param in module._parameters.items():
             value = state_dict.get(prefix + name)
@@ -183,7 +197,6 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         self._own_group = False  # this strategy initialised torch.distributed (one worker)
         self._sharded: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]] = {}
         self._adopted: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
-        self._full_state_dicts = True
 
     def __repr__(self) -> str:
         return (
@@ -276,7 +289,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             after = dict(root.named_parameters(remove_duplicate=False))
             self._scatter_from_chief(before, after)
             self._remember_sharded(before, after)
-            on_save, on_load = _state_dict_hooks(self)
+            on_save, on_load = _state_dict_hooks()
             for module in root.modules():
                 if any(isinstance(p, DTensor) for p in module._parameters.values()):
                     module.register_state_dict_post_hook(on_save)
@@ -355,15 +368,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         )
 
     # ---------------------------------------------------------------- state dicts
-    @contextlib.contextmanager
-    def sharded_state_dicts(self) -> Iterator[None]:
-        """Inside, sharded modules' ``state_dict()`` gives each worker's shards (DTensors)
-        and ``load_state_dict`` takes them, as ``torch.distributed.checkpoint`` wants."""
-        previous, self._full_state_dicts = self._full_state_dicts, False
-        try:
-            yield
-        finally:
-            self._full_state_dicts = previous
+    def sharded_state_dicts(self) -> contextlib.AbstractContextManager[None]:
+        """`phalanx.strategies.fully_sharded.sharded_state_dicts` (the same for every strategy)."""
+        return sharded_state_dicts()
 
     def close(self) -> None:
         """As `MultiWorkerMirroredStrategy.close`; also ends a one-worker process group."""
