@@ -340,14 +340,20 @@ def results(tmp_path_factory) -> dict[str, dict[str, Any]]:
     workers = runner.run(train_all, AVAILABLE, strategy_kwargs={"sync_batch_norm": True}, timeout=240)
     for index, result in enumerate(workers):
         done[f"mwms_worker{index}"] = result
-    fsdp = ProcessRunner("fsdp", "experimental.FullyShardedStrategy", tmp_path_factory.mktemp("fsdp"), 2)
-    sharded = fsdp.run(train_all, FSDP_MODELS, strategy_kwargs={"sync_batch_norm": True}, timeout=240)
-    for index, result in enumerate(sharded):
-        done[f"fsdp_worker{index}"] = result
     ps = ProcessRunner("ps", "ParameterServerStrategy", tmp_path_factory.mktemp("ps"), 2, chief=True, ps=1)
     (done["parameter_server"],) = ps.run(train_all_ps, AVAILABLE, timeout=240)
     done["fit_one_device"] = _in_process("one_device", fit)
     done["fit_mirrored"] = _in_process("mirrored", fit)
+    return done
+
+
+@pytest.fixture(scope="module")
+def sharded_results(tmp_path_factory) -> dict[str, dict[str, Any]]:
+    """Every model's weights on each of 2 FullyShardedStrategy workers, and on one device."""
+    fsdp = ProcessRunner("fsdp", "experimental.FullyShardedStrategy", tmp_path_factory.mktemp("fsdp"), 2)
+    sharded = fsdp.run(train_all, FSDP_MODELS, strategy_kwargs={"sync_batch_norm": True}, timeout=240)
+    done = {f"fsdp_worker{index}": result for index, result in enumerate(sharded)}
+    done["one_device"] = _in_process("one_device", train)
     return done
 
 
@@ -372,9 +378,11 @@ def test_custom_loop_matches_one_device(results, strategy, name):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", ["fsdp_worker0", "fsdp_worker1"])
-@pytest.mark.parametrize("name", [name for name in NAMES if getattr(name, "values", [name])[0] in FSDP_MODELS])
-def test_custom_loop_under_fully_sharded_matches_one_device(results, strategy, name):
-    _assert_same(name, results["one_device"][name], results[strategy][name])
+@pytest.mark.parametrize(
+    "name", [name for name in NAMES if getattr(name, "values", [name])[0] in FSDP_MODELS]
+)
+def test_custom_loop_under_fully_sharded_matches_one_device(sharded_results, strategy, name):
+    _assert_same(name, sharded_results["one_device"][name], sharded_results[strategy][name])
 
 
 @pytest.mark.multiprocess
@@ -389,5 +397,11 @@ def test_fit_under_mirrored_matches_one_device(results, name):
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers: pip install -e '.[models]'")
 @pytest.mark.multiprocess
 def test_gpt2_keeps_its_tied_embeddings_everywhere(results):
-    for strategy in ("one_device", "mirrored", "central_storage", "mwms_worker0", "fsdp_worker0"):
+    for strategy in ("one_device", "mirrored", "central_storage", "mwms_worker0"):
         assert bool(results[strategy]["gpt2_tied"]["tied"]), strategy
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers: pip install -e '.[models]'")
+@pytest.mark.multiprocess
+def test_gpt2_keeps_its_tied_embeddings_under_fully_sharded(sharded_results):
+    assert bool(sharded_results["fsdp_worker0"]["gpt2_tied"]["tied"])

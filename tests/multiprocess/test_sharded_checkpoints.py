@@ -76,7 +76,8 @@ def _same(got: dict, expected: dict) -> None:
 def test_two_sharded_workers_restore_on_three_workers_one_device_and_mirrored(fsdp_2workers, tmp_path: Path):
     saved = fsdp_2workers.run(train_and_save, str(tmp_path))
     path, expected = saved[0]["path"], saved[0]
-    assert path.endswith(".dcp") and sorted(os.listdir(tmp_path)) == ["async-2.dcp", "ckpt-1.dcp"]
+    assert path.endswith(".dcp")
+    assert sorted(os.listdir(tmp_path)) == ["async-2.dcp", "ckpt-1.dcp"]
     files = sorted(os.listdir(path))
     assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # each worker its part
     state_bytes = sum(v.numel() * 4 for v in expected["weights"].values()) * 3  # + Adam's 2 moments
@@ -90,3 +91,8 @@ def test_two_sharded_workers_restore_on_three_workers_one_device_and_mirrored(fs
         _same(worker, expected)
     _same(restore(phalanx.OneDeviceStrategy("cpu:0"), saved[0]["async"]), expected)
     _same(restore(phalanx.OneDeviceStrategy("cpu:0"), path), expected)
+    mirrored = phalanx.MirroredStrategy(["cpu:0", "cpu:1"])
+    try:
+        _same(restore(mirrored, path), expected)
+    finally:
+        mirrored._threads.close()

@@ -17,18 +17,21 @@ loads non-tensor values with ``weights_only=True`` (`SafeLoadPlanner`).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
 import shutil
 import uuid
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
@@ -95,11 +98,12 @@ class SafeMetadataReader(dcp.FileSystemReader):
             metadata = _MetadataUnpickler(f).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(
-                f"{self.path!r}: {METADATA} does not hold DCP metadata (it holds a {type(metadata).__name__})."
+                f"{self.path!r}: {METADATA} does not hold DCP metadata "
+                f"(it holds a {type(metadata).__name__})."
             )
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
         return metadata
 
 
@@ -120,6 +124,15 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 def is_sharded(path: str) -> bool:
     """Whether ``path`` is a sharded (DCP) checkpoint folder."""
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, METADATA))
+
+
+@contextlib.contextmanager
+def _quiet_without_group() -> Iterator[None]:
+    """DCP warns that it assumes one process when torch.distributed is not initialised: that
+    is the intent here (one device, Mirrored), not a mistake to report."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
 def _distributed() -> bool:
@@ -172,14 +185,17 @@ def save(state: dict[str, Any], path: str, blocking: bool = True) -> Future[str]
     os.makedirs(temp, exist_ok=True)
     writer = dcp.FileSystemWriter(temp, sync_files=True)
     if blocking:
-        dcp.save(state, storage_writer=writer)
+        with _quiet_without_group():
+            dcp.save(state, storage_writer=writer, no_dist=not _distributed())
         if _distributed():
             dist.barrier()  # every worker's files are written (the chief's metadata last)
         _publish(temp, path)
         if _distributed():
             dist.barrier()  # nobody reads before the rename
         return None
-    staged = dcp.async_save(state, storage_writer=writer, process_group=_background_group())
+    group = _background_group()
+    with _quiet_without_group():
+        staged = dcp.async_save(state, storage_writer=writer, process_group=group, no_dist=group is None)
     done: Future[str] = Future()
 
     def finish(written: Future[Any]) -> None:
@@ -196,6 +212,19 @@ def save(state: dict[str, Any], path: str, blocking: bool = True) -> Future[str]
 
 def load(state: dict[str, Any], path: str, apply: Callable[[dict[str, Any]], None]) -> None:
     """Reads the sharded checkpoint at ``path`` into ``state`` (in place: each worker reads
-    what its tensors hold, whatever world size wrote it), then calls ``apply(state)``."""
-    dcp.load(state, storage_reader=SafeMetadataReader(path), planner=SafeLoadPlanner())
+    what its tensors hold, whatever world size wrote it), then calls ``apply(state)``.
+
+    Raises:
+        ValueError: The folder cannot be read: its metadata asks for a class that is not
+            DCP's (named), it lacks an entry of ``state``, or a file is damaged.
+    """
+    try:
+        reader, planner = SafeMetadataReader(path), SafeLoadPlanner()
+        with _quiet_without_group():
+            dcp.load(state, storage_reader=reader, planner=planner, no_dist=not _distributed())
+    except CheckpointException as exc:  # a BaseException: say why, as an error callers catch
+        causes = [getattr(f, "exception", f) for f in exc.failures.values()]
+        raise ValueError(
+            f"Cannot restore the sharded checkpoint {path!r}: {causes[0] if causes else exc}"
+        ) from exc
     apply(state)

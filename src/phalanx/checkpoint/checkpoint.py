@@ -169,7 +169,9 @@ class Checkpoint:
 
         def apply(loaded: dict[str, Any]) -> None:
             if loaded["format"] != _sharded_state.FORMAT:
-                raise ValueError(f"{save_path!r} is not a phalanx checkpoint (format {_sharded_state.FORMAT}).")
+                raise ValueError(
+                    f"{save_path!r} is not a phalanx checkpoint (format {_sharded_state.FORMAT})."
+                )
             _sharded_state.apply(self._objects, loaded, strategy)
             self.save_counter.assign(loaded["save_counter"])
 
@@ -185,7 +187,7 @@ class Checkpoint:
         """`read`, accepting a directory (its latest checkpoint) or None (nothing to restore)."""
         if save_path is None:
             return self
-        if os.path.isdir(save_path):
+        if os.path.isdir(save_path) and not _sharded.is_sharded(save_path):
             from phalanx.checkpoint.manager import latest_checkpoint
 
             latest = latest_checkpoint(save_path)

@@ -96,26 +96,33 @@ class ShardingPlan:
                 for child in parent.children():
                     self._parents[child] = weakref.ref(parent)
 
+    def _live_owners(self) -> tuple[dict[int, nn.Module], list[list[nn.Module]]]:
+        """The live modules that registered parameters, by id, and the groups of modules
+        that registered one parameter together (tied weights)."""
+        owners: dict[int, nn.Module] = {}
+        tied: list[list[nn.Module]] = []
+        for ref, modules in self._owners.values():
+            live = [m for m in (r() for r in modules) if m is not None]
+            if ref() is None or not live:
+                continue
+            owners.update((id(m), m) for m in live)
+            if len(live) > 1:
+                tied.append(live)
+        return owners, tied
+
     def take(self) -> dict[nn.Module, list[nn.Module]]:
         """Every root with its units, deepest first (the root last), and forgets them.
 
         Returns:
             ``{root: [unit, ..., root]}``: ``fully_shard`` each in order.
         """
-        owners: dict[int, nn.Module] = {}
-        excluded: set[int] = set()
-        for ref, modules in self._owners.values():
-            live = [m for m in (r() for r in modules) if m is not None]
-            if ref() is None or not live:
-                continue
-            for module in live:
-                owners[id(module)] = module
-            if len(live) > 1:  # tied: the shared parameter belongs to the root
-                for module in live:
-                    excluded.add(id(module))
-                    excluded.update(id(a) for a in self._ancestors(module))
+        owners, tied = self._live_owners()
         self._owners = {}
         self._link_subtrees(owners.values())
+        excluded: set[int] = set()
+        for module in (m for group in tied for m in group):  # a tied parameter belongs to the root
+            excluded.add(id(module))
+            excluded.update(id(a) for a in self._ancestors(module))
         for module in owners.values():  # MultiheadAttention reads its out_proj's weight itself
             if any(id(a) in owners for a in self._ancestors(module)):
                 excluded.add(id(module))
