@@ -104,3 +104,28 @@ def test_the_single_file_format_is_still_written_and_read_by_default(tmp_path):
     assert os.path.isfile(path)
     with phalanx.OneDeviceStrategy("cpu:0").scope():
         Checkpoint(model=model, optimizer=optimizer).read(path)
+
+
+def test_a_manager_keeps_sharded_folders_and_removes_old_ones(tmp_path):
+    from phalanx.checkpoint import CheckpointManager
+    from phalanx.experimental import FullyShardedStrategy
+
+    strategy = FullyShardedStrategy()
+    try:
+        with strategy.scope():
+            model = nn.Linear(4, 3)
+        strategy.run(lambda: model(torch.ones(1, 4)))  # sharded (a group of one)
+        manager = CheckpointManager(Checkpoint(model=model), str(tmp_path), max_to_keep=1)
+        first = manager.save()
+        second = manager.save()
+        assert first.endswith("ckpt-1.dcp")
+        assert not os.path.exists(first)
+        assert manager.latest_checkpoint == second
+        assert second.endswith("ckpt-2.dcp")
+        expected = model.state_dict()
+        with torch.no_grad():
+            model.weight.zero_()
+        manager.restore_or_initialize()
+        torch.testing.assert_close(model.state_dict(), expected)
+    finally:
+        strategy.close()
