@@ -100,6 +100,15 @@ def _check_shardable(root: nn.Module) -> None:
             )
 
 
+def _shard_like(value: Any, param: DTensor) -> Any:
+    """``value`` (optimizer state of the full parameter) as this worker's shard of it, when it
+    has the parameter's shape (moments); anything else (a step count) as it is."""
+    if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.shape == param.shape:
+        full = value.detach().to(param.device)
+        return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+    return value
+
+
 class _ShardedStep:
     """The optimizer-step hook: hands the optimizer the sharded parameters (see `adopt`)."""
 
@@ -330,11 +339,12 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         """Hands ``optimizer`` the sharded parameters in place of the ones it was made with.
 
         Called before each step (cheap once done). Every worker's optimizer then updates its
-        own shard, and keeps the optimizer state of that shard only.
+        own shard, and keeps the optimizer state of that shard only: state loaded before the
+        model was sharded (a restore before the first step) is cut into this worker's shards.
 
         Raises:
-            RuntimeError: The optimizer already holds state for unsharded parameters, or holds
-                a parameter that this strategy did not make (it names it).
+            RuntimeError: The optimizer holds a parameter that this strategy did not make
+                (it names it).
         """
         groups = optimizer.param_groups
         count = sum(len(g["params"]) for g in groups)
@@ -342,21 +352,18 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             return
         for group in groups:
             group["params"] = [self._sharded_version(optimizer, p) for p in group["params"]]
-        self._adopted[optimizer] = count
+        if all(isinstance(p, DTensor) for g in groups for p in g["params"]):
+            self._adopted[optimizer] = count
 
     def _sharded_version(self, optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor:
         entry = self._sharded.get(id(param))
-        if entry is not None and entry[0]() is param:
-            new = entry[1]()
+        new = entry[1]() if entry is not None and entry[0]() is param else None
+        if isinstance(new, DTensor):
             if param in optimizer.state:
-                raise RuntimeError(
-                    "This optimizer holds state for a parameter from before FullyShardedStrategy "
-                    "sharded the model. HINT: load optimizer state after the first run, or "
-                    "through phalanx.train.Checkpoint."
-                )
-            if new is not None:
-                return new
-        if isinstance(param, DTensor):
+                state = optimizer.state.pop(param)
+                optimizer.state[new] = {key: _shard_like(value, new) for key, value in state.items()}
+            return new
+        if isinstance(param, DTensor) or self._plan.knows(param):  # sharded, or at the next run
             return param
         from phalanx.nn._scope_copies import describe_foreign  # error path only
 

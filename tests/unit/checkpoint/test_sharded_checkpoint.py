@@ -129,3 +129,36 @@ def test_a_manager_keeps_sharded_folders_and_removes_old_ones(tmp_path):
         torch.testing.assert_close(model.state_dict(), expected)
     finally:
         strategy.close()
+
+
+def _fit(strategy, backup_dir: str, epochs: int) -> nn.Module:
+    torch.manual_seed(1)
+    with strategy.scope():
+        module = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+        model = phalanx.Model(module)
+        model.compile(
+            optimizer=torch.optim.Adam(module.parameters(), lr=0.05),
+            loss=phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(32, 4, generator=gen), torch.randint(0, 2, (32,), generator=gen)
+    backup = phalanx.callbacks.BackupAndRestore(backup_dir, delete_checkpoint=False)
+    model.fit(x.numpy(), y.numpy(), batch_size=8, epochs=epochs, callbacks=[backup], verbose=0, shuffle=False)
+    return module
+
+
+def test_backup_and_restore_of_a_sharded_model_resumes_from_a_sharded_backup(tmp_path):
+    from phalanx.experimental import FullyShardedStrategy
+
+    strategy = FullyShardedStrategy()
+    try:
+        trained = _fit(strategy, str(tmp_path), epochs=2)
+        assert sorted(os.listdir(tmp_path)) == ["backup.dcp"]  # each worker its part, no backup.pt
+        expected = trained.state_dict()
+        resumed = _fit(strategy, str(tmp_path), epochs=2)  # both epochs done: nothing to train
+        torch.testing.assert_close(resumed.state_dict(), expected)
+        continued = _fit(strategy, str(tmp_path), epochs=3)  # one more epoch from the backup
+        reference = _fit(phalanx.OneDeviceStrategy("cpu:0"), str(tmp_path / "one"), epochs=3)
+        torch.testing.assert_close(continued.state_dict(), reference.state_dict(), rtol=1e-5, atol=1e-6)
+    finally:
+        strategy.close()
