@@ -213,7 +213,7 @@ def _save_job(megabytes: int, quick: bool) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--workers", type=int, nargs="*", default=[2, 4], help="worker counts (none: saves only)")
+    parser.add_argument("--workers", type=int, nargs="*", default=[2, 4], help="none: save only")
     parser.add_argument("--quick", action="store_true", help="fewer steps and rounds")
     parser.add_argument(
         "--save-mb", type=int, default=100, help="model + Adam state size for the save case (0: skip)"
