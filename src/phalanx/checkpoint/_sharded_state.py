@@ -9,7 +9,9 @@ model. Anything else gives what the single-file format saves of it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -17,11 +19,28 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 
-from phalanx.strategies.fully_sharded import sharded_state_dicts
-
-__all__ = ["FORMAT", "apply", "collect", "is_sharded"]
+__all__ = ["FORMAT", "apply", "collect", "is_sharded", "sharded_state_dicts", "sharded_views_open"]
 
 FORMAT = "phalanx.checkpoint.sharded/1"
+_views = threading.local()  # .sharded: sharded_state_dicts() is open on this thread
+
+
+@contextlib.contextmanager
+def sharded_state_dicts() -> Iterator[None]:
+    """Inside, sharded modules' ``state_dict()`` gives this worker's shards (DTensors) and
+    ``load_state_dict`` takes them, as ``torch.distributed.checkpoint`` wants (this thread).
+    Outside, FullyShardedStrategy's modules give and take full tensors."""
+    previous = getattr(_views, "sharded", False)
+    _views.sharded = True
+    try:
+        yield
+    finally:
+        _views.sharded = previous
+
+
+def sharded_views_open() -> bool:
+    """Whether `sharded_state_dicts` is open on this thread."""
+    return bool(getattr(_views, "sharded", False))
 
 
 def is_sharded(objects: Mapping[str, Any]) -> bool:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,6 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from phalanx.checkpoint._sharded_state import sharded_state_dicts, sharded_views_open
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.communication_options import CommunicationOptions
 from phalanx.strategies._sharding_plan import ShardingPlan
@@ -42,28 +42,13 @@ def _one_device(resolver: ClusterResolver) -> str:
     return f"cuda:{int(local_rank if local_rank is not None else resolver.worker_index) % count}"
 
 
-_views = threading.local()  # .sharded: sharded_state_dicts() is open on this thread
-
-
-@contextlib.contextmanager
-def sharded_state_dicts() -> Iterator[None]:
-    """Inside, sharded modules' ``state_dict()`` gives this worker's shards (DTensors) and
-    ``load_state_dict`` takes them, as ``torch.distributed.checkpoint`` wants (this thread)."""
-    previous = getattr(_views, "sharded", False)
-    _views.sharded = True
-    try:
-        yield
-    finally:
-        _views.sharded = previous
-
-
 def _state_dict_hooks() -> tuple[Callable[..., None], Callable[..., None]]:
     """A sharded module's state-dict hooks: ``state_dict()`` gathers its parameters into full
     tensors (unless `sharded_state_dicts` is open) and ``load_state_dict`` cuts full tensors
     into this worker's shards."""
 
     def on_save(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
-        if getattr(_views, "sharded", False):
+        if sharded_views_open():
             return
         for name, param in module._parameters.items():
             value = state_dict.get(prefix + name)
@@ -376,7 +361,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
 
     # ---------------------------------------------------------------- state dicts
     def sharded_state_dicts(self) -> contextlib.AbstractContextManager[None]:
-        """`phalanx.strategies.fully_sharded.sharded_state_dicts` (the same for every strategy)."""
+        """`phalanx.strategies.fully_sharded.sharded_state_dicts` (one switch for every strategy)."""
         return sharded_state_dicts()
 
     def close(self) -> None:
