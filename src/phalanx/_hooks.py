@@ -100,11 +100,13 @@ def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> Any:
 
     # deep copies of modules made in the scope (nn.TransformerEncoder's clones)
     _scope_copies.register_copies(submodule, frame.strategy)
+    replacement = None
     if frame.strategy._sync_batch_norm:
         from phalanx.nn.sync_batch_norm import converted_in_scope
 
-        return converted_in_scope(submodule)  # None: not a batch-norm layer, keep it
-    return None
+        replacement = converted_in_scope(submodule)  # None: not a batch-norm layer, keep it
+    frame.strategy._note_submodule(module, submodule if replacement is None else replacement)
+    return replacement
 
 
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

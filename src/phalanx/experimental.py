@@ -26,6 +26,7 @@ from phalanx.checkpoint.failure_handling import (
 )
 from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
 from phalanx.strategies import CentralStorageStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy
+from phalanx.strategies.fully_sharded import FullyShardedStrategy
 from phalanx.strategies.strategy import ValueContext
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ __all__ = [
     "CentralStorageStrategy",
     "CommunicationImplementation",
     "CommunicationOptions",
+    "FullyShardedStrategy",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
     # tfsurface: the rest of tf.distribute.experimental

@@ -188,6 +188,9 @@ MODELS: dict[
 # gradients exceed), or float16 autocast with torch's own GradScaler (unscale_, then clip)
 STEP_STYLE = {"clip_grad_norm": "clip", "grad_scaler_float16": "scaler"}
 AVAILABLE = [name for name, spec in MODELS.items() if HAS_TRANSFORMERS or not spec[4]]
+# FullyShardedStrategy refuses sparse gradients (FSDP2 has no sparse reduce-scatter), and
+# torch.amp.GradScaler does not see FSDP2's sharded gradients (its ShardedGradScaler does)
+FSDP_MODELS = [name for name in AVAILABLE if name not in ("sparse_embedding", "grad_scaler_float16")]
 
 
 def _build(strategy: phalanx.Strategy, name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
@@ -344,6 +347,16 @@ def results(tmp_path_factory) -> dict[str, dict[str, Any]]:
     return done
 
 
+@pytest.fixture(scope="module")
+def sharded_results(tmp_path_factory) -> dict[str, dict[str, Any]]:
+    """Every model's weights on each of 2 FullyShardedStrategy workers, and on one device."""
+    fsdp = ProcessRunner("fsdp", "experimental.FullyShardedStrategy", tmp_path_factory.mktemp("fsdp"), 2)
+    sharded = fsdp.run(train_all, FSDP_MODELS, strategy_kwargs={"sync_batch_norm": True}, timeout=240)
+    done = {f"fsdp_worker{index}": result for index, result in enumerate(sharded)}
+    done["one_device"] = _in_process("one_device", train)
+    return done
+
+
 def _hf(name: str) -> Any:
     marks = [
         pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers: pip install -e '.[models]'")
@@ -364,6 +377,15 @@ def test_custom_loop_matches_one_device(results, strategy, name):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["fsdp_worker0", "fsdp_worker1"])
+@pytest.mark.parametrize(
+    "name", [name for name in NAMES if getattr(name, "values", [name])[0] in FSDP_MODELS]
+)
+def test_custom_loop_under_fully_sharded_matches_one_device(sharded_results, strategy, name):
+    _assert_same(name, sharded_results["one_device"][name], sharded_results[strategy][name])
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", NAMES)
 def test_fit_under_mirrored_matches_one_device(results, name):
     _assert_same(name, results["fit_one_device"][name], results["fit_mirrored"][name])
@@ -377,3 +399,9 @@ def test_fit_under_mirrored_matches_one_device(results, name):
 def test_gpt2_keeps_its_tied_embeddings_everywhere(results):
     for strategy in ("one_device", "mirrored", "central_storage", "mwms_worker0"):
         assert bool(results[strategy]["gpt2_tied"]["tied"]), strategy
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers: pip install -e '.[models]'")
+@pytest.mark.multiprocess
+def test_gpt2_keeps_its_tied_embeddings_under_fully_sharded(sharded_results):
+    assert bool(sharded_results["fsdp_worker0"]["gpt2_tied"]["tied"])

@@ -11,6 +11,7 @@ import importlib.util
 import pickle
 import sys
 from pathlib import Path
+from typing import Any
 
 import phalanx
 
@@ -43,7 +44,10 @@ def main(call_file: Path) -> None:
         job, index = resolver.task_type, resolver.task_id
         phalanx.Server(resolver.cluster_spec(), job_name=job, task_index=index).join()
         return
-    strategy = getattr(phalanx, call["strategy"])(**call["strategy_kwargs"])
+    strategy_class: Any = phalanx
+    for part in call["strategy"].split("."):  # "experimental.FullyShardedStrategy" too
+        strategy_class = getattr(strategy_class, part)
+    strategy = strategy_class(**call["strategy_kwargs"])
     try:
         result = function(strategy, *call["args"])
         (call_file.parent / f"{name}.pkl").write_bytes(pickle.dumps(result))

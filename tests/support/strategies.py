@@ -155,6 +155,13 @@ def mwms_2workers(tmp_path_factory):
 
 
 @pytest.fixture
+def fsdp_2workers(tmp_path_factory):
+    """Two worker processes under FullyShardedStrategy (one CPU replica each): a runner."""
+    directory = tmp_path_factory.mktemp("fsdp")
+    return ProcessRunner("fsdp_2workers", "experimental.FullyShardedStrategy", directory, 2)
+
+
+@pytest.fixture
 def ps_2workers_1ps(tmp_path_factory):
     """A chief process under ParameterServerStrategy, served by 2 worker and 1 ps processes: a runner."""
     directory = tmp_path_factory.mktemp("ps")

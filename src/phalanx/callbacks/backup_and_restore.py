@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from phalanx.callbacks.callback import Callback
+from phalanx.checkpoint import _sharded_backup
 from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
 from phalanx.checkpoint.failure_handling.coordination import PreemptionCoordinator
 from phalanx.checkpoint.failure_handling.policy import Decision
@@ -78,14 +79,17 @@ class BackupAndRestore(Callback):
             self._preemption = PreemptionCoordinator(
                 self.model.strategy, TerminationConfig(), "BackupAndRestore"
             )
-        if not os.path.exists(self._path):
+        model = self.model
+        state = _sharded_backup.read(self.backup_dir, model.module, model.optimizer, self._progress(0, -1))
+        if state is None and not os.path.exists(self._path):
             return
-        state = safe_load(self._path)
+        if state is None:
+            state = safe_load(self._path)
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise ValueError(f"{self._path!r} is not a phalanx backup; remove it or pick another backup_dir.")
-        model = self.model
-        model.module.load_state_dict(state["module"])
-        model.optimizer.load_state_dict(state["optimizer"])
+        if "module" in state:  # the single-file backup; a sharded one restored them already
+            model.module.load_state_dict(state["module"])
+            model.optimizer.load_state_dict(state["optimizer"])
         for metric, metric_state in zip(model.metrics, state["metrics"], strict=False):
             metric.load_state_dict(metric_state)
         torch.set_rng_state(state["rng"])
@@ -112,17 +116,27 @@ class BackupAndRestore(Callback):
         if self.save_freq == "epoch":
             self._save(epoch, -1)
 
-    def _save(self, epoch: int, step: int) -> None:
+    def _progress(self, epoch: int, step: int) -> dict[str, Any]:
+        """Everything of the backup but the weights and the optimizer state."""
         model = self.model
-        state = {
+        return {
             "format": FORMAT,
-            "module": model.module.state_dict(),
-            "optimizer": model.optimizer.state_dict(),
             "metrics": [m.state_dict() for m in model.metrics],
             "rng": torch.get_rng_state(),
             "run_count": model.strategy.run_count,
             "epoch": epoch,
             "step": step,
+        }
+
+    def _save(self, epoch: int, step: int) -> None:
+        model = self.model
+        if _sharded_backup.uses_shards(model.module):  # every worker writes its part
+            _sharded_backup.write(self.backup_dir, model.module, model.optimizer, self._progress(epoch, step))
+            return
+        state = {
+            "module": model.module.state_dict(),
+            "optimizer": model.optimizer.state_dict(),
+            **self._progress(epoch, step),
         }
         with chief_path(self._path, model.strategy) as target:
             atomic_save(state, target)

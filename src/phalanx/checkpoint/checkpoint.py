@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from phalanx import context
+from phalanx.checkpoint import _sharded, _sharded_state
 from phalanx.checkpoint._files import safe_load
 from phalanx.checkpoint.options import CheckpointOptions, CheckpointWriter
 
@@ -98,24 +100,68 @@ class Checkpoint:
             "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
         }
 
-    def write(self, file_path: str, options: CheckpointOptions | None = None) -> str:
-        """Writes every object's state to ``file_path`` (no counter added). Returns the path.
+    def write(
+        self,
+        file_path: str,
+        options: CheckpointOptions | None = None,
+        sharded: bool | None = None,
+        blocking: bool = True,
+    ) -> Any:
+        """Writes every object's state to ``file_path`` (no counter added).
 
-        With ``CheckpointOptions(enable_async=True)`` the file is written in the background
-        (`sync` waits for it).
+        Args:
+            file_path: The file (single-file format) or folder (sharded: ``.dcp``) to write.
+            options: TF's `CheckpointOptions`; ``enable_async=True`` writes a single-file
+                checkpoint in the background (`sync` waits for it).
+            sharded: Write a sharded checkpoint through ``torch.distributed.checkpoint``:
+                one copy of the state in total, each worker writing its own part, restorable
+                at any world size. Default: when a module is sharded (FullyShardedStrategy),
+                or when not blocking.
+            blocking: False returns as soon as the state is staged in memory (sharded only):
+                a `concurrent.futures.Future` that gives the path once the files are in place.
+
+        Returns:
+            The path, or (not blocking) a future of it.
+
+        Raises:
+            ValueError: ``blocking=False`` with ``sharded=False``.
         """
-        self._writer.write(self._payload(), file_path, options, context.get_strategy())
-        return file_path
+        strategy = context.get_strategy()
+        if sharded is None:
+            sharded = not blocking or _sharded_state.is_sharded(self._objects)
+        if not sharded:
+            if not blocking:
+                raise ValueError(
+                    "An asynchronous save writes a sharded checkpoint. Received: sharded=False, "
+                    "blocking=False. HINT: leave sharded unset, save with blocking=True, or pass "
+                    "CheckpointOptions(enable_async=True) for a single file written in the background."
+                )
+            self._writer.write(self._payload(), file_path, options, strategy)
+            return file_path
+        state = _sharded_state.collect(self._objects, strategy)
+        state["format"], state["save_counter"] = _sharded_state.FORMAT, self.save_counter.value
+        future: Future[str] | None = _sharded.save(state, file_path, blocking)
+        return file_path if future is None else future
 
-    def save(self, file_prefix: str, options: CheckpointOptions | None = None) -> str:
-        """Writes to ``{file_prefix}-{n}.pt`` with n the save counter (incremented first), and
-        lists it in the folder's index, so ``latest_checkpoint(folder)`` finds it (as TF)."""
+    def save(
+        self,
+        file_prefix: str,
+        options: CheckpointOptions | None = None,
+        sharded: bool | None = None,
+        blocking: bool = True,
+    ) -> Any:
+        """Writes to ``{file_prefix}-{n}.pt`` (sharded: the folder ``{file_prefix}-{n}.dcp``)
+        with n the save counter (incremented first), and lists it in the folder's index, so
+        ``latest_checkpoint(folder)`` finds it (as TF); see `write` for the options."""
         from phalanx.checkpoint.manager import record_checkpoint
 
         self.save_counter.assign_add(1)
-        path = self.write(f"{file_prefix}-{self.save_counter.value}.pt", options)
+        folder = sharded if sharded is not None else not blocking or _sharded_state.is_sharded(self._objects)
+        suffix = _sharded.SUFFIX if folder else ".pt"
+        path = f"{file_prefix}-{self.save_counter.value}{suffix}"
+        written = self.write(path, options, folder, blocking)
         record_checkpoint(path)
-        return path
+        return written
 
     def sync(self) -> None:
         """Waits until a background write (``enable_async``) is on disk; at once otherwise.
@@ -134,6 +180,8 @@ class Checkpoint:
             ValueError: The file is not a phalanx checkpoint, or lacks one of the objects.
         """
         self._writer.sync()  # the file may be one this checkpoint is still writing
+        if _sharded.is_sharded(save_path):
+            return self._read_sharded(save_path)
         payload = safe_load(save_path)
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise ValueError(f"{save_path!r} is not a phalanx checkpoint (format {FORMAT}).")
@@ -151,11 +199,32 @@ class Checkpoint:
         self.save_counter.assign(payload.get("save_counter", 0))
         return self
 
+    def _read_sharded(self, save_path: str) -> Checkpoint:
+        strategy = context.get_strategy()
+        state = _sharded_state.collect(self._objects, strategy)
+        state["format"], state["save_counter"] = "", 0
+
+        def apply(loaded: dict[str, Any]) -> None:
+            if loaded["format"] != _sharded_state.FORMAT:
+                raise ValueError(
+                    f"{save_path!r} is not a phalanx checkpoint (format {_sharded_state.FORMAT})."
+                )
+            _sharded_state.apply(self._objects, loaded, strategy)
+            self.save_counter.assign(loaded["save_counter"])
+
+        try:
+            _sharded.load(state, save_path, apply)
+        except (KeyError, RuntimeError) as exc:
+            if "Missing key" not in str(exc) and not isinstance(exc, KeyError):
+                raise
+            raise ValueError(f"Checkpoint {save_path!r} lacks state for these objects: {exc}") from exc
+        return self
+
     def restore(self, save_path: str | None, options: CheckpointOptions | None = None) -> Checkpoint:
         """`read`, accepting a directory (its latest checkpoint) or None (nothing to restore)."""
         if save_path is None:
             return self
-        if os.path.isdir(save_path):
+        if os.path.isdir(save_path) and not _sharded.is_sharded(save_path):
             from phalanx.checkpoint.manager import latest_checkpoint
 
             latest = latest_checkpoint(save_path)

@@ -2,7 +2,8 @@
 
 The index (``checkpoint.json``) lists the kept checkpoints by file name. It is read as
 untrusted input: every entry must be the plain name of a checkpoint file in the same folder
-(``<checkpoint_name>-<n>.pt``, no separator, no ``..``, no link that leads out of the folder),
+(``<checkpoint_name>-<n>.pt``, or the folder ``<checkpoint_name>-<n>.dcp`` of a sharded
+checkpoint, no separator, no ``..``, no link that leads out of the folder),
 so a crafted index can make neither `CheckpointManager.save` delete nor a restore read a file
 anywhere else.
 """
@@ -13,12 +14,14 @@ import contextlib
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from phalanx import context
+from phalanx.checkpoint import _sharded, _sharded_state
 from phalanx.checkpoint._files import atomic_write_text, chief_path
 from phalanx.checkpoint._interval import SaveInterval
 from phalanx.checkpoint.checkpoint import Checkpoint
@@ -28,11 +31,11 @@ __all__ = ["CheckpointManager", "latest_checkpoint", "record_checkpoint"]
 
 INDEX = "checkpoint.json"
 _NAME = r"[A-Za-z0-9_.-]+"  # a checkpoint_name: one plain file-name component
-_ANY_CHECKPOINT = re.compile(rf"{_NAME}-[0-9]+\.pt", re.ASCII)
+_ANY_CHECKPOINT = re.compile(rf"{_NAME}-[0-9]+\.(pt|dcp)", re.ASCII)
 
 
 def _checkpoint_file(prefix: str) -> re.Pattern[str]:
-    return re.compile(rf"{re.escape(prefix)}-[0-9]+\.pt", re.ASCII)
+    return re.compile(rf"{re.escape(prefix)}-[0-9]+\.(pt|dcp)", re.ASCII)
 
 
 def _inside(directory: str, path: str) -> bool:
@@ -89,7 +92,7 @@ def _read_index(directory: str, prefix: str | None = None) -> list[str]:
     """
     index, names = _load_names(directory)
     pattern = _checkpoint_file(prefix) if prefix is not None else _ANY_CHECKPOINT
-    expected = f"'{prefix}-<n>.pt'" if prefix is not None else "'<name>-<n>.pt'"
+    expected = f"'{prefix}-<n>.pt' or '.dcp'" if prefix is not None else "'<name>-<n>.pt' or '.dcp'"
     paths = []
     for name in names:
         if not pattern.fullmatch(name):
@@ -140,6 +143,9 @@ def latest_checkpoint(directory: str) -> str | None:
 
 class CheckpointManager:
     """Saves ``checkpoint`` as ``{directory}/{checkpoint_name}-{n}.pt``, keeping ``max_to_keep``.
+
+    A checkpoint of a sharded model (FullyShardedStrategy) is the folder
+    ``{checkpoint_name}-{n}.dcp`` (see `Checkpoint.write`): every worker writes its part.
 
     Args:
         checkpoint: The `Checkpoint` to save.
@@ -235,8 +241,10 @@ class CheckpointManager:
                 "checkpoint_number must be a non-negative integer: it numbers the file name. "
                 f"Received: {checkpoint_number!r}. HINT: leave it None to count saves."
             )
-        path = os.path.join(self._directory, f"{self._name}-{checkpoint_number}.pt")
-        self._checkpoint.write(path, options)
+        sharded = _sharded_state.is_sharded(self._checkpoint._objects)
+        suffix = _sharded.SUFFIX if sharded else ".pt"
+        path = os.path.join(self._directory, f"{self._name}-{checkpoint_number}{suffix}")
+        self._checkpoint.write(path, options, sharded=sharded)
         self._interval.saved()
         self._paths = [p for p in self._paths if p != path] + [path]
         removed = []
@@ -247,7 +255,10 @@ class CheckpointManager:
         if strategy.is_chief:
             for old in removed:  # a join of the folder and a checked plain name: never elsewhere
                 with contextlib.suppress(FileNotFoundError):
-                    os.remove(old)
+                    if os.path.isdir(old) and not os.path.islink(old):
+                        shutil.rmtree(old)  # a sharded checkpoint's folder
+                    else:
+                        os.remove(old)
         self._write_index()
         # An all-reduce as a barrier (identity in one process): the chief's files are written
         # before any worker returns, so a worker that looks for the latest checkpoint finds it.

@@ -396,6 +396,11 @@ class Strategy(TFStrategyMembers):
         """
         return self._variable_policy.create_buffer(module, name, buffer)
 
+    def _note_submodule(self, parent: torch.nn.Module, child: torch.nn.Module) -> None:
+        """Called when ``parent`` registers ``child`` in this strategy's scope (cross-replica
+        context); the base ignores it (FullyShardedStrategy learns the model's tree from it)."""
+        return
+
     def _fetch_devices(self) -> tuple[torch.device, ...] | None:
         """Where distributed input is placed, per local replica (None: leave it where it is)."""
         return self._devices

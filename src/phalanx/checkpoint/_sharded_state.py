@@ -1,0 +1,105 @@
+"""What a sharded checkpoint holds of each object, and how it is put back.
+
+Modules give their state dict (under FullyShardedStrategy its shards, DTensors; elsewhere full
+tensors, which DCP writes once however many workers hold them). Optimizers give
+``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``'s form: keyed by the
+parameters' names, not their positions, so that it restores into any layout of the same
+model. Anything else gives what the single-file format saves of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.tensor import DTensor
+
+__all__ = ["FORMAT", "apply", "collect", "is_sharded", "sharded_state_dicts", "sharded_views_open"]
+
+FORMAT = "phalanx.checkpoint.sharded/1"
+_views = threading.local()  # .sharded: sharded_state_dicts() is open on this thread
+
+
+@contextlib.contextmanager
+def sharded_state_dicts() -> Iterator[None]:
+    """Inside, sharded modules' ``state_dict()`` gives this worker's shards (DTensors) and
+    ``load_state_dict`` takes them, as ``torch.distributed.checkpoint`` wants (this thread).
+    Outside, FullyShardedStrategy's modules give and take full tensors."""
+    previous = getattr(_views, "sharded", False)
+    _views.sharded = True
+    try:
+        yield
+    finally:
+        _views.sharded = previous
+
+
+def sharded_views_open() -> bool:
+    """Whether `sharded_state_dicts` is open on this thread."""
+    return bool(getattr(_views, "sharded", False))
+
+
+def is_sharded(objects: Mapping[str, Any]) -> bool:
+    """Whether a module among ``objects`` is sharded (FullyShardedStrategy's DTensors)."""
+    return any(
+        isinstance(p, DTensor)
+        for obj in objects.values()
+        if isinstance(obj, nn.Module)
+        for p in obj.parameters()
+    )
+
+
+def _model_of(optimizer: torch.optim.Optimizer, modules: list[nn.Module], name: str) -> nn.Module:
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for module in modules:
+        if wanted <= {id(p) for p in module.parameters()}:
+            return module
+    raise ValueError(
+        f"A sharded checkpoint saves optimizer {name!r} by its parameters' names, from the "
+        "module that holds them, but no module of this Checkpoint holds all of them. HINT: "
+        "Checkpoint(model=model, optimizer=optimizer)."
+    )
+
+
+def _prepare(objects: Mapping[str, Any], strategy: Any) -> list[nn.Module]:
+    if callable(getattr(strategy, "adopt", None)):
+        for obj in objects.values():
+            if isinstance(obj, torch.optim.Optimizer):
+                strategy.adopt(obj)  # the sharded parameters, if it was made before sharding
+    return [obj for obj in objects.values() if isinstance(obj, nn.Module)]
+
+
+def collect(objects: Mapping[str, Any], strategy: Any) -> dict[str, Any]:
+    """Every object's state for DCP (every worker calls it)."""
+    from phalanx.checkpoint.checkpoint import _state_of
+
+    modules = _prepare(objects, strategy)
+    state: dict[str, Any] = {}
+    with sharded_state_dicts(), torch.no_grad():
+        for name, obj in objects.items():
+            if isinstance(obj, nn.Module):
+                state[name] = obj.state_dict()
+            elif isinstance(obj, torch.optim.Optimizer):
+                state[name] = get_optimizer_state_dict(_model_of(obj, modules, name), obj)
+            else:
+                state[name] = _state_of(obj)
+    return state
+
+
+def apply(objects: Mapping[str, Any], state: Mapping[str, Any], strategy: Any) -> None:
+    """Puts the loaded ``state`` back into every object (every worker calls it)."""
+    from phalanx.checkpoint.checkpoint import _load_into
+
+    modules = _prepare(objects, strategy)
+    with sharded_state_dicts():
+        for name, obj in objects.items():
+            if isinstance(obj, nn.Module):
+                obj.load_state_dict(state[name])
+            elif isinstance(obj, torch.optim.Optimizer):
+                set_optimizer_state_dict(_model_of(obj, modules, name), obj, state[name])
+            else:
+                _load_into(obj, state[name], name)

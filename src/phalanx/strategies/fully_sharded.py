@@ -1,0 +1,374 @@
+"""FullyShardedStrategy: MultiWorkerMirrored's program with parameters, gradients and optimizer
+state sharded across workers by torch's FSDP2 (``fully_shard``) over a device mesh."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from phalanx.checkpoint._sharded_state import sharded_state_dicts, sharded_views_open
+from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
+from phalanx.communication.communication_options import CommunicationOptions
+from phalanx.strategies._sharding_plan import ShardingPlan
+from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+from phalanx.variables import DistributedVariable
+
+__all__ = ["SHARD_MODES", "FullyShardedStrategy", "sharded_state_dicts"]
+
+# "full": ZeRO-3, parameters gathered per layer for forward and again for backward;
+# "optimizer_and_gradients": parameters gathered once per step and kept from forward to the
+# end of backward (ZeRO-2's traffic; FSDP2's reshard_after_forward=False)
+SHARD_MODES = ("full", "optimizer_and_gradients")
+
+
+def _one_device(resolver: ClusterResolver) -> str:
+    """This worker's one device: its LOCAL_RANK GPU (else its rank's), else the CPU."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return "cpu:0"
+    local_rank = getattr(resolver, "local_rank", None)
+    if local_rank is None and os.environ.get("LOCAL_RANK", "").strip().isdigit():
+        local_rank = int(os.environ["LOCAL_RANK"])
+    return f"cuda:{int(local_rank if local_rank is not None else resolver.worker_index) % count}"
+
+
+def _state_dict_hooks() -> tuple[Callable[..., None], Callable[..., None]]:
+    """A sharded module's state-dict hooks: ``state_dict()`` gathers its parameters into full
+    tensors (unless `sharded_state_dicts` is open) and ``load_state_dict`` cuts full tensors
+    into this worker's shards."""
+
+    def on_save(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+        if sharded_views_open():
+            return
+        for name, param in module._parameters.items():
+            value = state_dict.get(prefix + name)
+            if isinstance(value, DTensor) and param is not None:
+                state_dict[prefix + name] = value.full_tensor()  # a collective: every worker saves
+
+    def on_load(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        for name, param in module._parameters.items():
+            value = state_dict.get(prefix + name)
+            if (
+                not isinstance(param, DTensor)
+                or not isinstance(value, torch.Tensor)
+                or isinstance(value, DTensor)
+            ):
+                continue
+            if value.shape == param.shape:  # else load_state_dict's own shape error names it
+                full = value.detach().to(device=param.device, dtype=param.dtype)
+                # every worker holds the full value: each takes its shard, no communication
+                state_dict[prefix + name] = distribute_tensor(
+                    full, param.device_mesh, param.placements, src_data_rank=None
+                )
+
+    return on_save, on_load
+
+
+def _check_shardable(root: nn.Module) -> None:
+    """Raises what FSDP2 cannot shard, with what to do instead."""
+    for name, module in root.named_modules():
+        if isinstance(module, nn.Embedding | nn.EmbeddingBag) and module.sparse:
+            raise ValueError(
+                f"FullyShardedStrategy cannot shard {type(root).__name__}.{name}: it makes sparse "
+                "gradients (sparse=True), which FSDP2 does not reduce-scatter. HINT: use sparse=False, "
+                "or MultiWorkerMirroredStrategy, which sums sparse gradients."
+            )
+
+
+def _shard_like(value: Any, param: DTensor) -> Any:
+    """``value`` (optimizer state of the full parameter) as this worker's shard of it, when it
+    has the parameter's shape (moments); anything else (a step count) as it is."""
+    if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.shape == param.shape:
+        full = value.detach().to(param.device)
+        return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+    return value
+
+
+class _ShardedStep:
+    """The optimizer-step hook: hands the optimizer the sharded parameters (see `adopt`)."""
+
+    def __init__(self, owner: FullyShardedStrategy) -> None:
+        self._owner = weakref.ref(owner)
+
+    def before_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
+        """FSDP2 reduce-scattered the gradients in backward: only the parameters to check."""
+        owner = self._owner()
+        if owner is not None:
+            owner.adopt(optimizer)
+
+    def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
+        """Nothing: each worker updated its own shard."""
+
+    def reset_thread(self) -> None:
+        """Nothing is kept per thread."""
+
+
+class FullyShardedStrategy(MultiWorkerMirroredStrategy):
+    """MultiWorkerMirrored's synchronous training with the model sharded across workers (FSDP2).
+
+    The program is MultiWorkerMirroredStrategy's, with only the strategy line changed: the same
+    cluster resolution (``TF_CONFIG``, torchrun, SLURM, ``phalanx launch``), ``scope``,
+    ``run``, ``reduce``, distributed datasets, ``Model.fit`` and callbacks, and TF's loss
+    convention (gradients are **summed** over the workers; divide the loss by the global
+    batch size). One replica per worker.
+
+    Modules made in ``scope()`` are sharded with torch's ``fully_shard`` over a one-dimensional
+    device mesh of the workers, before the first ``run`` that follows: every module that
+    registers parameters of its own becomes an FSDP2 unit (one layer's parameters are gathered
+    at a time), the top module the root. Initial values come from the chief, as under
+    MultiWorkerMirrored. An optimizer made in the scope (before or after that) is handed the
+    sharded parameters at its first step; each worker keeps the optimizer state of its shard.
+    Outside ``run``, ``model.state_dict()`` gives full tensors and ``load_state_dict`` takes
+    them (both are collectives: every worker calls them, as every worker runs the save code
+    under MultiWorkerMirrored); `sharded_state_dicts` gives the shards (DTensors) instead.
+
+    Args:
+        cluster_resolver: Where the workers are; default ``phalanx.cluster.resolve_cluster()``.
+        communication_options: As for `MultiWorkerMirroredStrategy`.
+        shard: ``"full"`` (ZeRO-3: parameters gathered per layer for forward, freed, gathered
+            again for backward) or ``"optimizer_and_gradients"`` (parameters gathered once per
+            step and kept until the end of backward: less traffic, more memory; ZeRO-2's).
+        mixed_precision: FSDP2's `torch.distributed.fsdp.MixedPrecisionPolicy` (gather the
+            parameters and compute in ``param_dtype``, reduce in ``reduce_dtype``); default
+            none. ``torch.autocast`` and phalanx's mixed-precision policies work as under
+            MultiWorkerMirrored.
+        devices: This worker's one device (default: its LOCAL_RANK GPU, else the CPU).
+        join_timeout: As for `MultiWorkerMirroredStrategy`.
+        heartbeat_timeout: As for `MultiWorkerMirroredStrategy`.
+        sync_batch_norm: As for `MultiWorkerMirroredStrategy`.
+
+    Raises:
+        ValueError: ``shard`` is not one of `SHARD_MODES`, more than one device is given, or
+            any reason `MultiWorkerMirroredStrategy` gives.
+    """
+
+    def __init__(
+        self,
+        cluster_resolver: ClusterResolver | None = None,
+        communication_options: CommunicationOptions | None = None,
+        shard: str = "full",
+        mixed_precision: MixedPrecisionPolicy | None = None,
+        devices: Sequence[str | torch.device] | None = None,
+        join_timeout: float | None = None,
+        heartbeat_timeout: float | None = None,
+        sync_batch_norm: bool = False,
+    ) -> None:
+        if shard not in SHARD_MODES:
+            raise ValueError(f"shard must be one of {SHARD_MODES}. Received: {shard!r}.")
+        if devices is not None and len(devices) != 1:
+            raise ValueError(
+                "FullyShardedStrategy runs one replica per worker (the model is sharded across "
+                f"workers). Received: devices={list(devices)}. HINT: start one worker per device "
+                "(torchrun --nproc-per-node, phalanx launch)."
+            )
+        resolver = cluster_resolver if cluster_resolver is not None else resolve_cluster()
+        super().__init__(
+            resolver,
+            communication_options,
+            devices if devices is not None else [_one_device(resolver)],
+            join_timeout,
+            heartbeat_timeout,
+            sync_batch_norm=sync_batch_norm,
+        )
+        if self._buckets is not None:  # FSDP2 reduces the gradients, not DDP-style buckets
+            self._buckets.close()
+            self._buckets = None
+        self._step_sync = _ShardedStep(self)
+        self._shard = shard
+        self._mp_policy = mixed_precision if mixed_precision is not None else MixedPrecisionPolicy()
+        self._plan = ShardingPlan()
+        self._mesh: DeviceMesh | None = None
+        self._own_group = False  # this strategy initialised torch.distributed (one worker)
+        self._sharded: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]] = {}
+        self._adopted: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return (
+            f"FullyShardedStrategy(worker {self._worker_index} of {self._num_workers}, "
+            f"devices={list(self._device_names)}, shard={self._shard!r})"
+        )
+
+    @property
+    def shard(self) -> str:
+        """What is sharded: ``"full"`` or ``"optimizer_and_gradients"`` (see the class)."""
+        return self._shard
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The workers' one-dimensional device mesh (made at first use, on every worker)."""
+        if self._mesh is None:
+            device_type = self._devices[0].type
+            if not dist.is_initialized():  # one worker: a group of one, for FSDP2 and DCP
+                dist.init_process_group(
+                    "nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+                )
+                self._own_group = True
+            self._mesh = init_device_mesh(device_type, (self._num_workers,))
+        return self._mesh
+
+    # ---------------------------------------------------------------- variables
+    def _create_parameter(self, module: nn.Module, name: str, param: Any) -> Any:
+        """A plain parameter on the device (broadcast from the chief before the first run),
+        recorded for sharding with the module that registered it."""
+        if isinstance(param, DistributedVariable) or hasattr(param, "_phalanx_aggregation"):
+            raise ValueError(
+                f"FullyShardedStrategy shards plain parameters; {type(module).__name__}.{name} is "
+                "a distributed variable or has an aggregation set (phalanx.Variable's "
+                "synchronization/aggregation). HINT: use MultiWorkerMirroredStrategy for such "
+                "variables, or register a plain nn.Parameter."
+            )
+        made = super()._create_parameter(module, name, param)
+        self._plan.note_parameter(module, param if made is None else made)
+        return made
+
+    def _note_submodule(self, parent: nn.Module, child: nn.Module) -> None:
+        self._plan.note_submodule(parent, child)
+
+    def _before_run(self) -> None:
+        super()._before_run()  # the chief's initial values first: shards are cut from them
+        if self._plan.pending:
+            self._shard_pending()
+
+    def _broadcast_from_chief(self) -> None:
+        """The chief's initial values of buffers; parameters about to be sharded get theirs
+        in `_shard_pending`, each worker receiving its shard only (a scatter). A broadcast of
+        whole parameters would send every worker the whole model, and the broadcast's work
+        handle, which phalanx keeps for the stall inspector, would keep it alive."""
+        if self._group is None:
+            return
+        fresh = [t for t in (ref() for ref in self._unbroadcast) if t is not None]
+        self._unbroadcast = [  # parameters about to be sharded: see _scatter_from_chief
+            weakref.ref(t) for t in fresh if not isinstance(t, DistributedVariable) and self._plan.knows(t)
+        ]
+        with torch.no_grad():
+            for var in fresh:
+                if isinstance(var, DistributedVariable):
+                    staged = self._stage(var._components[0])
+                    self._group.broadcast(staged, 0, what="the broadcast of initial values from the chief")
+                    var._components[0].copy_(staged)
+                    var._dirty = True
+
+    def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None:
+        self.adopt(optimizer)
+
+    # ---------------------------------------------------------------- sharding
+    def _shard_pending(self) -> None:
+        """``fully_shard``s the modules made since the last run (all workers, same order)."""
+        mesh = self.device_mesh
+        for root, units in self._plan.take().items():
+            if isinstance(root, FSDPModule):
+                raise RuntimeError(
+                    f"Parameters were added to {type(root).__name__} after FullyShardedStrategy "
+                    "sharded it (at the first run after it was made). HINT: build the whole model "
+                    "in the scope before the first step."
+                )
+            _check_shardable(root)
+            before = dict(root.named_parameters(remove_duplicate=False))
+            for unit in units:
+                fully_shard(
+                    unit, mesh=mesh, reshard_after_forward=self._shard == "full", mp_policy=self._mp_policy
+                )
+                unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # TF's convention: sums
+                unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # SUM on gloo too
+            after = dict(root.named_parameters(remove_duplicate=False))
+            self._scatter_from_chief(before, after)
+            self._remember_sharded(before, after)
+            on_save, on_load = _state_dict_hooks()
+            for module in root.modules():
+                if any(isinstance(p, DTensor) for p in module._parameters.values()):
+                    module.register_state_dict_post_hook(on_save)
+                    module.register_load_state_dict_pre_hook(on_load)
+
+    def _scatter_from_chief(
+        self, before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]
+    ) -> None:
+        """Gives every worker its shard of the chief's initial value of each new parameter."""
+        if self._group is None:
+            return
+        waiting = {id(t) for t in (ref() for ref in self._unbroadcast) if t is not None}
+        self._unbroadcast = []
+        done: set[int] = set()
+        with torch.no_grad():
+            for name, old in before.items():
+                new = after[name]
+                if id(old) in waiting and id(old) not in done and isinstance(new, DTensor):
+                    done.add(id(old))
+                    new.copy_(
+                        distribute_tensor(old.detach(), new.device_mesh, new.placements, src_data_rank=0)
+                    )
+
+    def _remember_sharded(
+        self, before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]
+    ) -> None:
+        """Maps each old parameter to its sharded one and frees the old one's memory (an
+        optimizer made before holds it until its first step, see `adopt`)."""
+        for name, old in before.items():
+            new = after[name]
+            if new is old:
+                continue
+            self._sharded[id(old)] = (weakref.ref(old), weakref.ref(new))
+            with torch.no_grad():
+                old.data = torch.empty(0, dtype=old.dtype, device=old.device)
+
+    def adopt(self, optimizer: torch.optim.Optimizer) -> None:
+        """Hands ``optimizer`` the sharded parameters in place of the ones it was made with.
+
+        Called before each step (cheap once done). Every worker's optimizer then updates its
+        own shard, and keeps the optimizer state of that shard only: state loaded before the
+        model was sharded (a restore before the first step) is cut into this worker's shards.
+
+        Raises:
+            RuntimeError: The optimizer holds a parameter that this strategy did not make
+                (it names it).
+        """
+        groups = optimizer.param_groups
+        count = sum(len(g["params"]) for g in groups)
+        if self._adopted.get(optimizer) == count:
+            return
+        for group in groups:
+            group["params"] = [self._sharded_version(optimizer, p) for p in group["params"]]
+        if all(isinstance(p, DTensor) for g in groups for p in g["params"]):
+            self._adopted[optimizer] = count
+
+    def _sharded_version(self, optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor:
+        entry = self._sharded.get(id(param))
+        new = entry[1]() if entry is not None and entry[0]() is param else None
+        if isinstance(new, DTensor):
+            if param in optimizer.state:
+                state = optimizer.state.pop(param)
+                optimizer.state[new] = {key: _shard_like(value, new) for key, value in state.items()}
+            return new
+        if isinstance(param, DTensor) or self._plan.knows(param):  # sharded, or at the next run
+            return param
+        from phalanx.nn._scope_copies import describe_foreign  # error path only
+
+        raise RuntimeError(
+            f"optimizer.step() under {self!r} got a parameter that FullyShardedStrategy did not "
+            "shard, so its gradient is not summed across workers and the workers would drift "
+            f"apart. Received: {describe_foreign(param, self)}. HINT: create the model and the "
+            "optimizer inside `with strategy.scope():`."
+        )
+
+    # ---------------------------------------------------------------- state dicts
+    def sharded_state_dicts(self) -> contextlib.AbstractContextManager[None]:
+        """`phalanx.strategies.fully_sharded.sharded_state_dicts` (one switch for every strategy)."""
+        return sharded_state_dicts()
+
+    def close(self) -> None:
+        """As `MultiWorkerMirroredStrategy.close`; also ends a one-worker process group."""
+        try:
+            super().close()
+        finally:
+            if self._own_group and dist.is_initialized():
+                dist.destroy_process_group()
+            self._own_group = False

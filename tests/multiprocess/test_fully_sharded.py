@@ -1,0 +1,128 @@
+"""FullyShardedStrategy with real processes on 127.0.0.1 (gloo): the same custom loop as under
+MultiWorkerMirroredStrategy gives its weights, with each worker holding only its shards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import phalanx
+
+pytestmark = pytest.mark.multiprocess
+GLOBAL_BATCH, STEPS = 8, 3
+TOL = {"rtol": 1e-5, "atol": 1e-6}
+
+
+class Net(nn.Module):
+    """An MLP whose sizes do not divide by 2 (uneven shards), optionally with activation
+    checkpointing and a weight tied between its input and output layers."""
+
+    def __init__(self, recompute: bool = False, tied: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Linear(7, 33, bias=False)
+        self.hidden = nn.Sequential(nn.Linear(33, 33), nn.Tanh(), nn.Linear(33, 33))
+        self.norm = nn.LayerNorm(33)
+        self.head = nn.Linear(33, 7, bias=False)
+        if tied:
+            self.head.weight = nn.Parameter(self.embed.weight.detach().t().contiguous())
+            self.embed.weight = self.head.weight  # (7, 33) used as (33 -> 7) and transposed
+        self.recompute, self.tied = recompute, tied
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x @ self.head.weight if self.tied else self.embed(x)
+        h = checkpoint(self.hidden, h, use_reentrant=False) if self.recompute else self.hidden(h)
+        return self.head(self.norm(torch.relu(h)))
+
+
+def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    return [
+        (torch.randn(GLOBAL_BATCH, 7, generator=gen), torch.randint(0, 7, (GLOBAL_BATCH,), generator=gen))
+        for _ in range(STEPS)
+    ]
+
+
+def _train(
+    strategy: phalanx.Strategy,
+    recompute: bool = False,
+    tied: bool = False,
+    clip: float = 0.0,
+    adam: bool = False,
+) -> dict:
+    """The custom loop (runs in each worker): SGD with momentum (it sees a sum's scale, which
+    Adam would normalise away) or Adam, TF's loss convention, optional clipping."""
+    torch.manual_seed(10 + strategy.worker_rank)  # different on every worker: the chief's must win
+    with strategy.scope():
+        model = Net(recompute, tied)
+        if adam:
+            optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        else:
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        per_example = nn.functional.cross_entropy(model(x), y, reduction="none")
+        loss = phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH)
+        loss.backward()
+        if clip:
+            norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            assert float(norm) > clip, "the test must clip"
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    losses = []
+    for x, y in strategy.experimental_distribute_dataset(_data()):
+        loss = strategy.run(step, args=(x, y))
+        losses.append(strategy.reduce("sum", loss, axis=None).item())
+    local = {n: (p.to_local() if hasattr(p, "to_local") else p).numel() for n, p in model.named_parameters()}
+    moments = [s["exp_avg" if adam else "momentum_buffer"] for s in optimizer.state.values()]
+    return {
+        "losses": losses,
+        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "local_numel": sum(local.values()),
+        "full_numel": sum(p.numel() for p in model.parameters()),
+        "moment_numel": sum((m.to_local() if hasattr(m, "to_local") else m).numel() for m in moments),
+    }
+
+
+def _compare(sharded: list[dict], mirrored: list[dict]) -> None:
+    for worker in range(2):
+        np.testing.assert_allclose(sharded[worker]["losses"], mirrored[0]["losses"], **TOL)
+        assert sharded[worker]["state"].keys() == mirrored[0]["state"].keys()
+        for key, value in mirrored[0]["state"].items():
+            got = sharded[worker]["state"][key]
+            assert type(got) is torch.Tensor, f"{key}: state_dict() outside run gives full tensors"
+            np.testing.assert_allclose(got.numpy(), value.numpy(), **TOL, err_msg=key)
+
+
+@pytest.mark.parametrize("shard", ["full", "optimizer_and_gradients"])
+def test_the_same_loop_gives_multi_worker_mirroreds_weights_from_half_the_state(
+    mwms_2workers, fsdp_2workers, shard
+):
+    mirrored = mwms_2workers.run(_train)
+    sharded = fsdp_2workers.run(_train, strategy_kwargs={"shard": shard})
+    _compare(sharded, mirrored)
+    full = sharded[0]["full_numel"]
+    assert sharded[0]["local_numel"] + sharded[1]["local_numel"] == full  # each holds its part
+    assert max(s["local_numel"] for s in sharded) <= full // 2 + 2 * 33  # uneven rows: at most one more each
+    assert sharded[0]["moment_numel"] == sharded[0]["local_numel"]  # the momentum of its shard only
+
+
+def test_clipping_and_activation_checkpointing_behave_as_under_multi_worker_mirrored(
+    mwms_2workers, fsdp_2workers
+):
+    mirrored = mwms_2workers.run(_train, True, False, 0.05)
+    sharded = fsdp_2workers.run(_train, True, False, 0.05)
+    _compare(sharded, mirrored)
+
+
+def test_tied_weights_are_one_parameter_sharded_once_with_adam(mwms_2workers, fsdp_2workers):
+    mirrored = mwms_2workers.run(_train, False, True, 0.0, True)
+    sharded = fsdp_2workers.run(_train, False, True, 0.0, True)
+    _compare(sharded, mirrored)
+    assert "embed.weight" in sharded[0]["state"]
+    assert "head.weight" in sharded[0]["state"]
