@@ -77,7 +77,7 @@ def test_two_sharded_workers_restore_on_three_workers_one_device_and_mirrored(fs
     saved = fsdp_2workers.run(train_and_save, str(tmp_path))
     path, expected = saved[0]["path"], saved[0]
     assert path.endswith(".dcp")
-    assert sorted(os.listdir(tmp_path)) == ["async-2.dcp", "ckpt-1.dcp"]
+    assert sorted(os.listdir(tmp_path)) == ["async-2.dcp", "checkpoint.json", "ckpt-1.dcp"]
     files = sorted(os.listdir(path))
     assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # each worker its part
     state_bytes = sum(v.numel() * 4 for v in expected["weights"].values()) * 3  # + Adam's 2 moments
