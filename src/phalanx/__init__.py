@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         saved_model,
         train,
     )
+    from phalanx._hooks import remove_torch_hooks
     from phalanx.cluster import resolvers as cluster_resolver
     from phalanx.communication import (
         CrossDeviceOps,
@@ -90,6 +91,7 @@ _SUBMODULES = (
     "metrics",
     "nn",
     "partitioners",
+    "remove_torch_hooks",
     "saved_model",
     "train",
 )
@@ -124,6 +126,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     **{name: ("phalanx.keras", name) for name in ("Model", "SidecarEvaluator", "load_model")},
     "compute_average_loss": ("phalanx.losses.averaging", "compute_average_loss"),
     "scale_regularization_loss": ("phalanx.losses.averaging", "scale_regularization_loss"),
+    "remove_torch_hooks": ("phalanx._hooks", "remove_torch_hooks"),
     **{
         name: ("phalanx.strategies", name)
         for name in (
@@ -205,6 +208,7 @@ __all__ = [
     "metrics",
     "nn",
     "partitioners",
+    "remove_torch_hooks",
     "saved_model",
     "scale_regularization_loss",
     "train",

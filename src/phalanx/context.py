@@ -54,6 +54,17 @@ def current_replica() -> tuple[Any, int] | None:
     return _state.replica
 
 
+def current_frame() -> _Frame | None:
+    """This thread's innermost frame (strategy and replica context), or None outside any."""
+    stack = _state.stack
+    return stack[-1] if stack else None
+
+
+def write_guard() -> Any:
+    """The write guard of the replica frame running on this thread, or None."""
+    return _state.write_guard
+
+
 @contextmanager
 def push_frame(strategy: Strategy, replica_context: ReplicaContext | None) -> Iterator[None]:
     """Makes ``strategy`` current on this thread, in replica or cross-replica context."""

@@ -30,6 +30,12 @@ class DefaultStrategy(Strategy):
     def _create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any:
         return None
 
+    def _made_in_scope(self, module: torch.nn.Module, attribute: str, tensor: Any) -> None:
+        return
+
+    def _registered_submodule(self, submodule: torch.nn.Module, in_replica: bool) -> Any:
+        return None
+
     def _fetch_devices(self) -> tuple[torch.device, ...] | None:
         return None
 

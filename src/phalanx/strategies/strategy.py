@@ -10,12 +10,13 @@ modules use are listed in docs/architecture.md, "Extension points".
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from phalanx import context
+from phalanx import _hooks, context
 from phalanx.communication.cross_device_ops import (
     CrossDeviceOps,
     destination_devices,
@@ -23,6 +24,7 @@ from phalanx.communication.cross_device_ops import (
 )
 from phalanx.devices import canonical_name, torch_device
 from phalanx.mixed_precision.loss_scale import adopt_torch_grad_scalers
+from phalanx.nn import _registration
 from phalanx.strategies._batches import BatchLedger
 from phalanx.strategies._gradients import GradientSync
 from phalanx.strategies._reduction import CrossReplicaReduction
@@ -96,8 +98,8 @@ class Strategy:
         self._timeout = timeout_seconds
         self._rendezvous = Rendezvous(self._num_local_replicas, timeout_seconds)
         self._threads = ReplicaThreads(self._num_local_replicas, type(self).__name__)
-        if self._num_local_replicas > 1:
-            adopt_torch_grad_scalers()  # a plain torch.amp.GradScaler gets per-replica state
+        if not self._is_default:
+            _hooks.track(self)  # torch's global hooks come off once no strategy is alive
         self._replica_contexts = [ReplicaContext(self, i) for i in range(self._num_local_replicas)]
         self._replica_frame = context._Frame(self, self._replica_contexts[0])
         self._batches = BatchLedger()
@@ -205,6 +207,11 @@ class Strategy:
         return self._cross_device_ops
 
     @property
+    def step_sync(self) -> StepSync:
+        """What ``optimizer.step()`` inside `run` does before and after the update."""
+        return self._step_sync
+
+    @property
     def variable_policy(self) -> VariablePolicy:
         """How this strategy makes, mirrors, reads and writes its distributed variables."""
         return self._variable_policy
@@ -236,8 +243,6 @@ class Strategy:
         Raises:
             RuntimeError: Another strategy's scope is open on this thread.
         """
-        from phalanx import _hooks
-
         current = context.get_strategy()
         if current is not self and not current._is_default:
             raise RuntimeError(
@@ -245,11 +250,23 @@ class Strategy:
                 f"inside the scope (or run) of {current!r}. HINT: leave the other strategy's "
                 "scope first; one program uses one strategy."
             )
-        _hooks.install()
-        top = context._top()
+        self._use_torch_hooks()
+        top = context.current_frame()
         replica_context = top.replica_context if top is not None and top.strategy is self else None
         with context.push_frame(self, replica_context):
             yield self
+
+    def _use_torch_hooks(self) -> None:
+        """Installs phalanx's changes to torch (`phalanx._hooks`) if they are not in place."""
+        if self._is_default:
+            return
+        _hooks.install()
+        if self._num_local_replicas > 1:
+            adopt_torch_grad_scalers()  # a plain torch.amp.GradScaler gets per-replica state
+        if os.environ.get("PHALANX_TIMELINE"):  # opt-in tracing starts with the first scope
+            from phalanx import timeline
+
+            timeline.start()
 
     # ------------------------------------------------------------------ run
     def run(
@@ -274,6 +291,7 @@ class Strategy:
             RuntimeError: Called inside another ``run`` or inside another strategy's scope.
         """
         check_run_call(self, fn, args, kwargs)
+        self._use_torch_hooks()
         self._before_run()
         self._gradient_sync.prepare_run()
         try:
@@ -387,6 +405,17 @@ class Strategy:
         policy (a `SyncOnReadVariable`).
         """
         return self._variable_policy.create_buffer(module, name, buffer)
+
+    def _made_in_scope(self, module: torch.nn.Module, attribute: str, tensor: Any) -> None:
+        """Called by `phalanx._hooks` after a module registered ``tensor`` (the replacement, if
+        any) in this strategy's scope outside ``run``; ``attribute`` is ``"_parameters"`` or
+        ``"_buffers"``."""
+        _registration.made_in_scope(module, attribute, self, tensor)
+
+    def _registered_submodule(self, submodule: torch.nn.Module, in_replica: bool) -> Any:
+        """What replaces a submodule registered in this strategy's scope or inside its `run`
+        (``in_replica``) (None: keep it). Called by `phalanx._hooks`."""
+        return _registration.registered_submodule(submodule, self, in_replica, self._sync_batch_norm)
 
     def _fetch_devices(self) -> tuple[torch.device, ...] | None:
         """Where distributed input is placed, per local replica (None: leave it where it is)."""
