@@ -45,13 +45,7 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         CommunicationImplementation,
         CommunicationOptions,
     )
-    from phalanx.context import (
-        experimental_set_strategy,
-        get_replica_context,
-        get_strategy,
-        has_strategy,
-        in_cross_replica_context,
-    )
+    from phalanx.context import experimental_set_strategy, has_strategy, in_cross_replica_context
     from phalanx.input.distributed_dataset import DistributedDataset, DistributedIterator
     from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions
     from phalanx.keras import Model, SidecarEvaluator, load_model
@@ -66,6 +60,7 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         ReplicaContext,
         Strategy,
     )
+    from phalanx.strategies.default import get_replica_context, get_strategy
     from phalanx.values import DistributedValues, Mirrored, PerReplica, ReduceOp
     from phalanx.variables import (
         MirroredVariable,
@@ -109,14 +104,10 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     },
     **{
         name: ("phalanx.context", name)
-        for name in (
-            "experimental_set_strategy",
-            "get_replica_context",
-            "get_strategy",
-            "has_strategy",
-            "in_cross_replica_context",
-        )
+        for name in ("experimental_set_strategy", "has_strategy", "in_cross_replica_context")
     },
+    "get_replica_context": ("phalanx.strategies.default", "get_replica_context"),
+    "get_strategy": ("phalanx.strategies.default", "get_strategy"),
     "DistributedDataset": ("phalanx.input.distributed_dataset", "DistributedDataset"),
     "DistributedIterator": ("phalanx.input.distributed_dataset", "DistributedIterator"),
     **{

@@ -33,7 +33,7 @@ import torch
 from phalanx import context
 
 if TYPE_CHECKING:
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = [
     "DistributedVariable",
@@ -128,8 +128,8 @@ def Variable(  # TF's spelling (tf.Variable), hence the capital
     Raises:
         RuntimeError: Called inside ``strategy.run`` (variables are created in the scope).
     """
-    frame = context._top()
-    if frame is not None and frame.replica_context is not None and not frame.strategy._is_default:
+    frame = context.current_frame()
+    if frame is not None and frame.replica_context is not None and not frame.strategy.is_default:
         raise RuntimeError(
             "Variables are created in the strategy's scope, once, not in each replica. Received: "
             f"phalanx.variables.Variable(...) inside {frame.strategy!r}.run. HINT: create it in "
@@ -203,7 +203,7 @@ class DistributedVariable(torch.Tensor):
     saves like a plain tensor; all computation happens on the resolved component.
     """
 
-    _strategy: Strategy
+    _strategy: DistributionStrategy
     _components: list[torch.Tensor]
     _aggregation: VariableAggregation
     _dirty: bool  # the primary was written in cross-replica context: re-mirror before a step
@@ -215,7 +215,7 @@ class DistributedVariable(torch.Tensor):
     def __new__(
         cls,
         primary: torch.Tensor,
-        strategy: Strategy,
+        strategy: DistributionStrategy,
         aggregation: VariableAggregation = VariableAggregation.NONE,
         is_parameter: bool = True,
     ) -> DistributedVariable:
@@ -258,7 +258,7 @@ class DistributedVariable(torch.Tensor):
         plain: torch.Tensor = (
             torch.nn.Parameter(value, requires_grad=self.requires_grad) if self._is_param else value
         )
-        frame = context._top()
+        frame = context.current_frame()
         copy: torch.Tensor = plain
         if frame is not None and frame.replica_context is None and frame.strategy is self._strategy:
             copy = self._same_kind_in_scope(plain)
@@ -308,7 +308,7 @@ class DistributedVariable(torch.Tensor):
     ) -> Any:
         if kwargs is None:
             kwargs = {}
-        replica = context._state.replica
+        replica = context.current_replica()
         first = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes tensor=
         target = first if isinstance(first, DistributedVariable) else None
         if target is not None:
@@ -333,7 +333,7 @@ class DistributedVariable(torch.Tensor):
     def _cross_replica_call(
         self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
     ) -> Any:
-        replica = context._state.replica
+        replica = context.current_replica()
         resolved = _resolve_all(args, replica)
         result = func(*resolved, **_resolve_kwargs(kwargs, replica))
         if resolved and args[0] is self and result is resolved[0]:

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import torch
 
-from phalanx import context
+from phalanx.strategies.default import get_strategy
 
 try:  # POSIX; elsewhere nothing is locked, so no temporary file is ever taken for stale
     import fcntl
@@ -159,7 +159,7 @@ def safe_load(path: str) -> Any:
 @contextlib.contextmanager
 def chief_path(path: str, strategy: Any = None) -> Iterator[str]:
     """The path this worker should write ``path`` to; non-chief output is removed on exit."""
-    strategy = strategy or context.get_strategy()
+    strategy = strategy or get_strategy()
     if strategy.is_chief:
         yield path
         return

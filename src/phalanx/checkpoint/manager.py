@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from phalanx import context
 from phalanx.checkpoint._files import atomic_write_text, chief_path
 from phalanx.checkpoint.checkpoint import Checkpoint
+from phalanx.strategies.default import get_strategy
 
 __all__ = ["CheckpointManager", "latest_checkpoint"]
 
@@ -192,7 +192,7 @@ class CheckpointManager:
         if self._max_to_keep is not None:
             while len(self._paths) > self._max_to_keep:
                 removed.append(self._paths.pop(0))
-        strategy = context.get_strategy()
+        strategy = get_strategy()
         if strategy.is_chief:
             for old in removed:  # a join of the folder and a checked plain name: never elsewhere
                 with contextlib.suppress(FileNotFoundError):

@@ -75,7 +75,7 @@ class GradScaler(torch.amp.GradScaler):
 
     def _replica_state(self) -> dict[str, Any]:
         """The calling replica's state; made from replica 0's at a replica's first use."""
-        replica = context._state.replica
+        replica = context.current_replica()
         index = replica[1] if replica is not None else 0
         replicas: dict[int, dict[str, Any]] = self.__dict__["_replicas"]
         state = replicas.get(index)

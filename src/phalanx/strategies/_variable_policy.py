@@ -33,9 +33,9 @@ from phalanx.variables import (
 
 if TYPE_CHECKING:
     from phalanx.communication.cross_device_ops import CrossDeviceOps
+    from phalanx.protocols import DistributionStrategy
     from phalanx.strategies._rendezvous import Rendezvous
     from phalanx.strategies.replica_context import ReplicaContext
-    from phalanx.strategies.strategy import Strategy
 
 __all__ = ["VariablePolicy", "install_own_copy"]
 
@@ -55,7 +55,9 @@ class VariablePolicy:
         cross_device_ops: How the local replicas' values are summed.
     """
 
-    def __init__(self, strategy: Strategy, rendezvous: Rendezvous, cross_device_ops: CrossDeviceOps) -> None:
+    def __init__(
+        self, strategy: DistributionStrategy, rendezvous: Rendezvous, cross_device_ops: CrossDeviceOps
+    ) -> None:
         self._strategy = strategy
         self._rendezvous = rendezvous
         self._ops = cross_device_ops
@@ -68,7 +70,7 @@ class VariablePolicy:
         self.generation = 0
 
     @property
-    def strategy(self) -> Strategy:
+    def strategy(self) -> DistributionStrategy:
         """The strategy whose variables this policy makes."""
         return self._strategy
 

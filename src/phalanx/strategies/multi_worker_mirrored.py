@@ -256,13 +256,13 @@ class MultiWorkerMirroredStrategy(Strategy):
         ``dirpath/workertemp_<task_id>`` (created here), which `remove_temp_dirpath` removes.
         A file path (``model.pt``) is answered as ``write_filepath`` would.
         """
-        from phalanx.callbacks import _distributed_files
+        from phalanx.strategies import _distributed_files
 
         return _distributed_files.write_dirpath(dirpath, self)
 
     def remove_temp_dirpath(self, dirpath: str) -> None:
         """Removes this worker's ``workertemp_<task_id>`` folder under ``dirpath`` (non-chief)."""
-        from phalanx.callbacks import _distributed_files
+        from phalanx.strategies import _distributed_files
 
         _distributed_files.remove_temp_dirpath(dirpath, self)
 

@@ -10,6 +10,7 @@ modules use are listed in docs/architecture.md, "Extension points".
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from phalanx.communication.cross_device_ops import (
 from phalanx.devices import canonical_name, torch_device
 from phalanx.mixed_precision.loss_scale import adopt_torch_grad_scalers
 from phalanx.nn import _registration
+from phalanx.nn._module_tensors import ReplicaWriteGuard
 from phalanx.strategies._batches import BatchLedger
 from phalanx.strategies._gradients import GradientSync
 from phalanx.strategies._reduction import CrossReplicaReduction
@@ -72,7 +74,7 @@ class Strategy:
             optimizer.step()) before failing with an error that names the missing replicas.
     """
 
-    _is_default = False
+    is_default = False
     _schedules_steps = False  # Model.fit schedules each step on a remote worker (ParameterServerStrategy)
     # BatchNorm layers registered in the scope become phalanx.nn.SyncBatchNorm (`sync_batch_norm=True`)
     _sync_batch_norm = False
@@ -98,10 +100,10 @@ class Strategy:
         self._timeout = timeout_seconds
         self._rendezvous = Rendezvous(self._num_local_replicas, timeout_seconds)
         self._threads = ReplicaThreads(self._num_local_replicas, type(self).__name__)
-        if not self._is_default:
+        if not self.is_default:
             _hooks.track(self)  # torch's global hooks come off once no strategy is alive
         self._replica_contexts = [ReplicaContext(self, i) for i in range(self._num_local_replicas)]
-        self._replica_frame = context._Frame(self, self._replica_contexts[0])
+        self._replica_frame = context.Frame(self, self._replica_contexts[0])
         self._batches = BatchLedger()
         self._run_count = 0
         self._variable_policy = self._make_variable_policy()
@@ -243,22 +245,22 @@ class Strategy:
         Raises:
             RuntimeError: Another strategy's scope is open on this thread.
         """
-        current = context.get_strategy()
-        if current is not self and not current._is_default:
+        top = context.current_frame()
+        current = top.strategy if top is not None else self
+        if current is not self and not current.is_default:
             raise RuntimeError(
                 f"Mixing different strategies is not allowed: {self!r}.scope() was entered "
                 f"inside the scope (or run) of {current!r}. HINT: leave the other strategy's "
                 "scope first; one program uses one strategy."
             )
         self._use_torch_hooks()
-        top = context.current_frame()
         replica_context = top.replica_context if top is not None and top.strategy is self else None
         with context.push_frame(self, replica_context):
             yield self
 
     def _use_torch_hooks(self) -> None:
         """Installs phalanx's changes to torch (`phalanx._hooks`) if they are not in place."""
-        if self._is_default:
+        if self.is_default:
             return
         _hooks.install()
         if self._num_local_replicas > 1:
@@ -310,25 +312,24 @@ class Strategy:
             replica_ctx._example_offset = offsets[i] if offsets else 0
             replica_ctx._dropout_calls = 0
         if self._num_local_replicas == 1:
-            state = context._state
-            previous = state.replica
-            state.stack.append(self._replica_frame)
-            state.replica = (self, 0)
+            previous = context.push_replica_frame(self._replica_frame, 0)
             try:
                 return fn(*args, **kwargs)
             finally:
-                state.stack.pop()
-                state.replica = previous
+                context.pop_replica_frame(previous)
                 self._step_sync.reset_thread()
                 # The default strategy's replica context is also the one code outside any run
                 # sees: the step's global batch size must not outlive the step.
                 self._replica_contexts[0]._global_batch_size = None
         grad_mode = torch.is_grad_enabled()
         modes = thread_modes()
+        # modules hand replicas plain components: their in-place writes outside a step are checked
+        guarded = self._variable_policy.has_variables
 
         def call(i: int) -> Any:
+            guard = functools.partial(ReplicaWriteGuard, self, i) if guarded else None
             with (
-                context.push_frame(self, self._replica_contexts[i]),
+                context.push_frame(self, self._replica_contexts[i], guard),
                 torch.set_grad_enabled(grad_mode),
                 modes(),
                 device_scope(self._devices[i]),
