@@ -31,8 +31,8 @@ from phalanx.estimator.graph import Graph
 from phalanx.estimator.run_config import RunConfig
 from phalanx.estimator.specs import EstimatorSpec, ModeKeys
 from phalanx.input.input_options import InputContext
+from phalanx.strategies.between_graph import BetweenGraphStrategy
 from phalanx.strategies.default import get_strategy
-from phalanx.train.between_graph import BetweenGraphStrategy
 from phalanx.train.hooks import CheckpointSaverListener, SessionRunHook, StopAtStepHook
 from phalanx.train.session import MonitoredTrainingSession, Scaffold, tensorboard_available
 

@@ -23,6 +23,7 @@ from phalanx.communication.worker_group import (
     WorkerGroup,
     seconds_from_env,
 )
+from phalanx.protocols import StepSync
 from phalanx.strategies._bucket_sync import BucketSync
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 from phalanx.values import ReduceOp
@@ -147,12 +148,16 @@ class MultiWorkerMirroredStrategy(Strategy):
                 f"{type(options).__name__}."
             )
         timeout = options.timeout_seconds or DEFAULT_TIMEOUT_SECONDS
-        super().__init__(list(devices) if devices is not None else _local_devices(resolver), None, timeout)
+        super().__init__(
+            list(devices) if devices is not None else _local_devices(resolver),
+            None,
+            timeout,
+            num_workers=resolver.num_workers,
+            worker_index=resolver.worker_index,
+        )
         self._resolver = resolver
         self._options = options
         self._sync_batch_norm = sync_batch_norm
-        self._num_workers = resolver.num_workers
-        self._worker_index = resolver.worker_index
         self._backend = self._pick_backend()
         self._comm_device = torch.device("cpu") if self._backend == "gloo" else self._devices[0]
         self._unbroadcast: list[weakref.ref[torch.Tensor]] = []
@@ -161,11 +166,18 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._closed = False
         self._group: WorkerGroup | None = None
         self._buckets: GradientBuckets | None = None
+        self._bucket_sync: BucketSync | None = None
         if self._num_workers > 1:
             self._group = self._join(join_timeout, heartbeat_timeout)
             if self._num_local_replicas == 1:
                 self._buckets = self._make_buckets(self._group)
-                self._step_sync = BucketSync(self._gradient_sync, self._buckets, self)
+                self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
+
+    @property
+    def step_sync(self) -> StepSync:
+        """The bucket sync with one local replica in a job of several workers, else the
+        in-process gradient sync (see `Strategy.step_sync`)."""
+        return self._bucket_sync if self._bucket_sync is not None else self._gradient_sync
 
     def _join(self, join_timeout: float | None, heartbeat_timeout: float | None) -> WorkerGroup:
         join = join_timeout

@@ -2,8 +2,8 @@
 
 Strategies differ by overriding a few documented hooks (how variables are made, how values
 cross workers, where input goes) and by the objects they compose: a `VariablePolicy`
-(``_make_variable_policy``), a `StepSync` (``_step_sync``) and the cross-device ops; never
-through checks of the strategy's type. The hooks and the internal API that phalanx's own
+(``_make_variable_policy``), a `StepSync` (the ``step_sync`` property) and the cross-device
+ops; never through checks of the strategy's type. The hooks and the internal API that phalanx's own
 modules use are listed in docs/architecture.md, "Extension points".
 """
 
@@ -72,6 +72,8 @@ class Strategy:
             devices as TF does.
         timeout_seconds: How long a replica waits at a meeting point (merge_call, all_reduce,
             optimizer.step()) before failing with an error that names the missing replicas.
+        num_workers: Workers that step together (MultiWorkerMirrored: the cluster's workers).
+        worker_index: This worker's rank among them.
     """
 
     is_default = False
@@ -84,6 +86,9 @@ class Strategy:
         devices: Sequence[str | torch.device],
         cross_device_ops: CrossDeviceOps | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        *,
+        num_workers: int = 1,
+        worker_index: int = 0,
     ) -> None:
         if not devices:
             raise ValueError("A strategy needs at least one device. Received: [].")
@@ -94,8 +99,8 @@ class Strategy:
         self._device_names = tuple(names)
         self._devices = tuple(torch_device(n) for n in names)
         self._num_local_replicas = len(names)
-        self._num_workers = 1
-        self._worker_index = 0
+        self._num_workers = num_workers
+        self._worker_index = worker_index
         self._cross_device_ops = cross_device_ops or select_cross_device_ops(self._devices)
         self._timeout = timeout_seconds
         self._rendezvous = Rendezvous(self._num_local_replicas, timeout_seconds)
@@ -109,9 +114,8 @@ class Strategy:
         self._variable_policy = self._make_variable_policy()
         self._reduction = CrossReplicaReduction(self, self._cross_device_ops)
         # The in-process gradient path: sums at the end of backward passes inside `run`
-        # (prepared before each run); also the default step sync.
+        # (prepared before each run); also the default `step_sync`.
         self._gradient_sync = self._in_process_gradient_sync()
-        self._step_sync: StepSync = self._gradient_sync
 
     # ------------------------------------------------------------------ composition (overridable)
     def _make_variable_policy(self) -> VariablePolicy:
@@ -210,8 +214,9 @@ class Strategy:
 
     @property
     def step_sync(self) -> StepSync:
-        """What ``optimizer.step()`` inside `run` does before and after the update."""
-        return self._step_sync
+        """What ``optimizer.step()`` inside `run` does before and after the update: the
+        in-process gradient sync; a strategy whose steps differ overrides this property."""
+        return self._gradient_sync
 
     @property
     def variable_policy(self) -> VariablePolicy:
@@ -317,7 +322,7 @@ class Strategy:
                 return fn(*args, **kwargs)
             finally:
                 context.pop_replica_frame(previous)
-                self._step_sync.reset_thread()
+                self.step_sync.reset_thread()
                 # The default strategy's replica context is also the one code outside any run
                 # sees: the step's global batch size must not outlive the step.
                 self._replica_contexts[0]._global_batch_size = None
@@ -337,7 +342,7 @@ class Strategy:
                 try:
                     return fn(*select_replica(i, args), **select_replica(i, kwargs))
                 finally:
-                    self._step_sync.reset_thread()
+                    self.step_sync.reset_thread()
 
         self._rendezvous.reset()
         return regroup(self._threads.run(call, self._rendezvous.abort, self._rendezvous))

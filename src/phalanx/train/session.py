@@ -40,9 +40,9 @@ import torch
 
 from phalanx.checkpoint import Checkpoint
 from phalanx.checkpoint.manager import latest_checkpoint
+from phalanx.strategies.between_graph import BetweenGraphStrategy
 from phalanx.strategies.default import get_strategy
 from phalanx.strategies.strategy import Strategy
-from phalanx.train.between_graph import BetweenGraphStrategy
 from phalanx.train.hooks import (
     CheckpointSaverHook,
     CheckpointSaverListener,

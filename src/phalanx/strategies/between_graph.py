@@ -28,6 +28,7 @@ import torch
 from phalanx.cluster._token import cluster_token
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.cluster.resolvers import ClusterResolver, SimpleClusterResolver, resolve_cluster
+from phalanx.protocols import StepSync
 from phalanx.ps.coordinator.local_copies import LocalCopies
 from phalanx.ps.coordinator.optimizer_state import OptimizerStates
 from phalanx.ps.messages import hyperparameters, optimizer_key
@@ -129,7 +130,12 @@ class BetweenGraphStrategy(Strategy):
         self._optimizers = OptimizerStates(self._ps, self._copies)
         self._created: set[str] = set()
         self._buffers_read: dict[str, tuple[torch.Tensor, VariableHandle, torch.Tensor]] = {}
-        self._step_sync = _PushGradients(self)
+        self._push = _PushGradients(self)
+
+    @property
+    def step_sync(self) -> StepSync:
+        """Pushes the gradients to the ps tasks (see `Strategy.step_sync`)."""
+        return self._push
 
     # ------------------------------------------------------------------ identity
     @property

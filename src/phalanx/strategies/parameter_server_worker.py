@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from phalanx.protocols import StepSync
 from phalanx.strategies.strategy import Strategy
 
 if TYPE_CHECKING:
@@ -43,7 +44,12 @@ class WorkerStrategy(Strategy):
     def __init__(self, env: WorkerEnvironment) -> None:
         super().__init__(["cpu:0"])
         self._env = env
-        self._step_sync = _PushGradients(env)
+        self._push = _PushGradients(env)
+
+    @property
+    def step_sync(self) -> StepSync:
+        """Pushes the gradients to the ps tasks (see `Strategy.step_sync`)."""
+        return self._push
 
     @property
     def worker_index(self) -> int:
