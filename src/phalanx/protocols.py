@@ -119,7 +119,7 @@ class DistributionStrategy(Protocol):
 
     @property
     def rendezvous(self) -> Any:
-        """Where this worker's replicas meet (`phalanx.strategies._rendezvous.Rendezvous`)."""
+        """Where this worker's replicas meet (`phalanx.strategies._replica_rendezvous.ReplicaRendezvous`)."""
 
     @property
     def cross_device_ops(self) -> Any:

@@ -42,7 +42,7 @@ from phalanx.variables import DistributedVariable, set_in_optimizer_step
 
 if TYPE_CHECKING:
     from phalanx.communication.cross_device_ops import CrossDeviceOps
-    from phalanx.strategies._rendezvous import Rendezvous
+    from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
     from phalanx.strategies._variable_policy import VariablePolicy
 
 __all__ = ["GradientSync"]
@@ -72,7 +72,7 @@ class GradientSync:
         self,
         *,
         devices: Sequence[torch.device],
-        rendezvous: Rendezvous,
+        rendezvous: ReplicaRendezvous,
         cross_device_ops: CrossDeviceOps,
         cross_worker_all_reduce: CrossWorkerReduce,
         policy: VariablePolicy,

@@ -34,7 +34,7 @@ from phalanx.variables import (
 if TYPE_CHECKING:
     from phalanx.communication.cross_device_ops import CrossDeviceOps
     from phalanx.protocols import DistributionStrategy
-    from phalanx.strategies._rendezvous import Rendezvous
+    from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
     from phalanx.strategies.replica_context import ReplicaContext
 
 __all__ = ["VariablePolicy", "install_own_copy"]
@@ -56,7 +56,7 @@ class VariablePolicy:
     """
 
     def __init__(
-        self, strategy: DistributionStrategy, rendezvous: Rendezvous, cross_device_ops: CrossDeviceOps
+        self, strategy: DistributionStrategy, rendezvous: ReplicaRendezvous, cross_device_ops: CrossDeviceOps
     ) -> None:
         self._strategy = strategy
         self._rendezvous = rendezvous

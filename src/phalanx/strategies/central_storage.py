@@ -13,7 +13,7 @@ import torch
 from phalanx.communication.cross_device_ops import CrossDeviceOps
 from phalanx.communication.packing import unpack
 from phalanx.devices import canonical_name, torch_device
-from phalanx.strategies._rendezvous import Rendezvous
+from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
 from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.strategies.mirrored import default_devices
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
@@ -78,7 +78,7 @@ class CentralStoragePolicy(VariablePolicy):
     def __init__(
         self,
         strategy: Strategy,
-        rendezvous: Rendezvous,
+        rendezvous: ReplicaRendezvous,
         cross_device_ops: CrossDeviceOps,
         parameter_device: torch.device,
     ) -> None:

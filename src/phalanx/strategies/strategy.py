@@ -30,7 +30,7 @@ from phalanx.nn._module_tensors import ReplicaWriteGuard
 from phalanx.strategies._batches import BatchLedger
 from phalanx.strategies._gradients import GradientSync
 from phalanx.strategies._reduction import CrossReplicaReduction
-from phalanx.strategies._rendezvous import Rendezvous
+from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
 from phalanx.strategies._replica_threads import ReplicaThreads, thread_modes
 from phalanx.strategies._run_checks import check_gpus_exist, check_run_call, device_scope
 from phalanx.strategies._variable_policy import VariablePolicy
@@ -103,7 +103,7 @@ class Strategy:
         self._worker_index = worker_index
         self._cross_device_ops = cross_device_ops or select_cross_device_ops(self._devices)
         self._timeout = timeout_seconds
-        self._rendezvous = Rendezvous(self._num_local_replicas, timeout_seconds)
+        self._rendezvous = ReplicaRendezvous(self._num_local_replicas, timeout_seconds)
         self._threads = ReplicaThreads(self._num_local_replicas, type(self).__name__)
         if not self.is_default:
             _hooks.track(self)  # torch's global hooks come off once no strategy is alive
@@ -203,7 +203,7 @@ class Strategy:
         return self._devices
 
     @property
-    def rendezvous(self) -> Rendezvous:
+    def rendezvous(self) -> ReplicaRendezvous:
         """Where this worker's replica threads meet (merge_call, collectives, the step)."""
         return self._rendezvous
 
