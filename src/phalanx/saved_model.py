@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from phalanx.checkpoint._files import chief_path
-from phalanx.strategies.default import get_strategy
 
 __all__ = ["FILENAME", "load", "save"]
 
@@ -100,6 +99,8 @@ def save(
     with torch.no_grad():
         program = torch.export.export(plain, inputs, dynamic_shapes=shapes, strict=False)
     target = _artifact_path(path)
+    from phalanx.strategies.default import get_strategy  # here: serving imports no strategy
+
     strategy = getattr(model, "strategy", None) or get_strategy()
     with chief_path(target, strategy) as write_to:
         os.makedirs(os.path.dirname(os.path.abspath(write_to)), exist_ok=True)

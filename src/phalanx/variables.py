@@ -287,9 +287,18 @@ class DistributedVariable(torch.Tensor):
         """The component of local replica 0 (plain tensor)."""
         return self._components[0]
 
-    def _replica_leaf(self, index: int) -> torch.Tensor:
+    def replica_leaf(self, index: int) -> torch.Tensor:
         """The autograd leaf replica ``index`` computes with (its gradient lands there)."""
         return self._components[index]
+
+    def _replica_leaf(self, index: int) -> torch.Tensor:  # the name older code and tests use
+        return self.replica_leaf(index)
+
+    @property
+    def stored_components(self) -> list[torch.Tensor]:
+        """The local components as stored, not materialised: the list the variable's policy
+        (`phalanx.protocols.VariableHome`) fills, re-mirrors and writes."""
+        return self._components
 
     @property
     def components(self) -> tuple[torch.Tensor, ...]:

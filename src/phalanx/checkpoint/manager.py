@@ -19,7 +19,6 @@ import torch
 
 from phalanx.checkpoint._files import atomic_write_text, chief_path
 from phalanx.checkpoint.checkpoint import Checkpoint
-from phalanx.strategies.default import get_strategy
 
 __all__ = ["CheckpointManager", "latest_checkpoint"]
 
@@ -192,6 +191,8 @@ class CheckpointManager:
         if self._max_to_keep is not None:
             while len(self._paths) > self._max_to_keep:
                 removed.append(self._paths.pop(0))
+        from phalanx.strategies.default import get_strategy  # here: serving imports no strategy
+
         strategy = get_strategy()
         if strategy.is_chief:
             for old in removed:  # a join of the folder and a checked plain name: never elsewhere

@@ -9,7 +9,6 @@ import torch
 
 from phalanx.estimator.graph import Graph
 from phalanx.estimator.specs import ModeKeys
-from phalanx.strategies.default import get_strategy
 
 __all__ = ["serving_module"]
 
@@ -35,6 +34,8 @@ class _Serving(torch.nn.Module):
     def forward(self, *inputs: torch.Tensor) -> Any:
         shared = self._shared
         features = dict(zip(shared.keys, inputs, strict=True)) if shared.keys is not None else inputs[0]
+        from phalanx.strategies.default import get_strategy  # here: serving imports no strategy
+
         graph = Graph(get_strategy())
         graph.modules = dict(zip(shared.names, self.parts, strict=True))  # this copy's modules
         with graph.active():

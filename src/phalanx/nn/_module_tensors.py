@@ -172,7 +172,7 @@ def _plain_leaves(
         for var in policy.variables():
             if isinstance(var, MirroredVariable) and var._plain_in_replica:
                 try:
-                    leaf = var._replica_leaf(index)
+                    leaf = var.replica_leaf(index)
                 except (IndexError, AttributeError):  # not materialised: no replica read it
                     continue
                 weak[0].append(weakref.ref(var))

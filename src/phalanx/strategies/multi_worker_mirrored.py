@@ -324,7 +324,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         assert self._group is not None
         fresh = [t for t in (ref() for ref in self._unbroadcast) if t is not None]
         self._unbroadcast = []
-        targets = [t._components[0] if isinstance(t, DistributedVariable) else t for t in fresh]
+        targets = [t.primary if isinstance(t, DistributedVariable) else t for t in fresh]
         with torch.no_grad():
             for dtype in dict.fromkeys(t.dtype for t in targets):
                 group = [t for t in targets if t.dtype == dtype]
