@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         saved_model,
         train,
     )
+    from phalanx._hooks import remove_torch_hooks
     from phalanx.cluster import resolvers as cluster_resolver
     from phalanx.communication import (
         CrossDeviceOps,
@@ -45,13 +46,7 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         CommunicationImplementation,
         CommunicationOptions,
     )
-    from phalanx.context import (
-        experimental_set_strategy,
-        get_replica_context,
-        get_strategy,
-        has_strategy,
-        in_cross_replica_context,
-    )
+    from phalanx.context import experimental_set_strategy, has_strategy, in_cross_replica_context
     from phalanx.input.distributed_dataset import DistributedDataset, DistributedIterator
     from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions, InputReplicationMode
     from phalanx.keras import Model, SidecarEvaluator, load_model
@@ -68,6 +63,7 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         Strategy,
         StrategyExtended,
     )
+    from phalanx.strategies.default import get_replica_context, get_strategy
     from phalanx.values import DistributedValues, Mirrored, PerReplica, ReduceOp
     from phalanx.variables import (
         MirroredVariable,
@@ -94,6 +90,7 @@ _SUBMODULES = (
     "metrics",
     "nn",
     "partitioners",
+    "remove_torch_hooks",
     "saved_model",
     "train",
 )
@@ -111,14 +108,10 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     },
     **{
         name: ("phalanx.context", name)
-        for name in (
-            "experimental_set_strategy",
-            "get_replica_context",
-            "get_strategy",
-            "has_strategy",
-            "in_cross_replica_context",
-        )
+        for name in ("experimental_set_strategy", "has_strategy", "in_cross_replica_context")
     },
+    "get_replica_context": ("phalanx.strategies.default", "get_replica_context"),
+    "get_strategy": ("phalanx.strategies.default", "get_strategy"),
     "DistributedDataset": ("phalanx.input.distributed_dataset", "DistributedDataset"),
     "DistributedIterator": ("phalanx.input.distributed_dataset", "DistributedIterator"),
     **{
@@ -128,6 +121,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
     **{name: ("phalanx.keras", name) for name in ("Model", "SidecarEvaluator", "load_model")},
     "compute_average_loss": ("phalanx.losses.averaging", "compute_average_loss"),
     "scale_regularization_loss": ("phalanx.losses.averaging", "scale_regularization_loss"),
+    "remove_torch_hooks": ("phalanx._hooks", "remove_torch_hooks"),
     **{
         name: ("phalanx.strategies", name)
         for name in (
@@ -215,6 +209,7 @@ __all__ = [
     "metrics",
     "nn",
     "partitioners",
+    "remove_torch_hooks",
     "saved_model",
     "scale_regularization_loss",
     "train",

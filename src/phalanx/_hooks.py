@@ -1,20 +1,38 @@
-"""The global torch hooks through which strategies see modules and optimizers.
+"""Every change phalanx makes to torch's global behaviour, and how each is undone.
 
-See docs/architecture.md, "Distributed variables" and "The optimizer step".
+See docs/architecture.md, "The torch footprint". Nothing here runs at import. The changes:
 
-Installed once, the first time any strategy scope is entered (never at import). Each hook
-asks the strategy current on *this thread*; outside a scope it changes nothing.
+* five global hooks (`install`): parameter, buffer and submodule registration on every
+  ``nn.Module``, and pre/post ``optimizer.step()`` on every optimizer. Each asks the strategy
+  current on *this thread* and hands it the event through the strategy protocol
+  (`phalanx.strategies.strategy.Strategy`, "hooks called by phalanx._hooks"); outside a
+  scope they change nothing. Installed when a strategy's scope opens or it runs.
+* replaced methods of a torch class (`replace_methods`): ``torch.amp.GradScaler``'s ``scale``,
+  ``unscale_``, ``step``, ``update``, ``get_scale`` learn per-replica state
+  (`phalanx.mixed_precision.loss_scale`) under a strategy with several local replicas.
+* global forward hooks (`add_module_forward_hooks`): a parameter-server worker reads sharded
+  embedding tables by rows (`phalanx.ps.worker.embedding`).
+
+Every strategy but the default one is tracked by a weak reference from the moment it is made
+(`track`); once the last one is garbage, every change is removed (`remove`, also public as
+`phalanx.remove_torch_hooks`). The next scope or run installs them again.
+
+This module is the bottom layer's: it imports `phalanx.context` only, never
+``phalanx.strategies`` or ``phalanx.nn``.
 """
 
 from __future__ import annotations
 
-import os
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.nn.modules.module import (
     register_module_buffer_registration_hook,
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
@@ -22,117 +40,180 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
+from torch.utils.hooks import RemovableHandle
 
 from phalanx import context
-from phalanx.variables import DistributedVariable
 
-__all__ = ["install"]
+__all__ = [
+    "add_module_forward_hooks",
+    "install",
+    "installed",
+    "remove",
+    "remove_torch_hooks",
+    "replace_methods",
+    "track",
+]
 
-_lock = threading.Lock()
-_installed = False
+_lock = threading.RLock()  # re-entrant: a strategy's finalizer may run inside `install` (gc)
+_alive = 0  # strategies made and not yet garbage (the default strategy is never counted)
+_tracked: weakref.WeakSet[Any] = weakref.WeakSet()
+_step_and_registration: list[RemovableHandle] = []
+_forward: dict[tuple[Callable[..., Any], Callable[..., Any]], list[RemovableHandle]] = {}
+_replaced: dict[tuple[type, str], Any] = {}  # (class, method name) -> what the class had (None: inherited)
+
+
+def track(strategy: Any) -> None:
+    """Counts ``strategy`` as alive until it is garbage; the last one's end removes every change.
+
+    Called by `Strategy.__init__` (every strategy but the default one).
+    """
+    global _alive
+    with _lock:
+        if strategy in _tracked:
+            return
+        _tracked.add(strategy)
+        _alive += 1
+    weakref.finalize(strategy, _strategy_gone)
+
+
+def _strategy_gone() -> None:
+    global _alive
+    with _lock:
+        _alive -= 1
+        if _alive == 0:
+            remove()
 
 
 def install() -> None:
-    """Installs the hooks (idempotent, thread-safe)."""
-    global _installed
-    if _installed:
+    """Installs the five registration and optimizer-step hooks (idempotent, thread-safe).
+
+    Called by `Strategy.scope` and `Strategy.run`.
+    """
+    if _step_and_registration:
         return
     with _lock:
-        if _installed:
+        if _step_and_registration:
             return
-        register_module_parameter_registration_hook(_on_parameter)
-        register_module_buffer_registration_hook(_on_buffer)
-        register_module_module_registration_hook(_on_submodule)
-        register_optimizer_step_pre_hook(_before_step)
-        register_optimizer_step_post_hook(_after_step)
-        _installed = True
-    if os.environ.get("PHALANX_TIMELINE"):  # opt-in tracing starts with the first scope
-        from phalanx import timeline
+        _step_and_registration.extend(
+            [
+                register_module_parameter_registration_hook(_on_parameter),
+                register_module_buffer_registration_hook(_on_buffer),
+                register_module_module_registration_hook(_on_submodule),
+                register_optimizer_step_pre_hook(_before_step),
+                register_optimizer_step_post_hook(_after_step),
+            ]
+        )
 
-        timeline.start()
+
+def installed() -> bool:
+    """Whether any change of this module is in place now."""
+    return bool(_step_and_registration or _forward or _replaced)
+
+
+def replace_methods(
+    cls: type, wrap: Callable[[Callable[..., Any]], Callable[..., Any]], names: tuple[str, ...]
+) -> None:
+    """Replaces ``cls``'s methods ``names`` by ``wrap(method)`` until `remove` (idempotent).
+
+    Called by `phalanx.mixed_precision.loss_scale.adopt_torch_grad_scalers`.
+    """
+    with _lock:
+        for name in names:
+            if (cls, name) in _replaced:
+                continue
+            _replaced[cls, name] = cls.__dict__.get(name)
+            setattr(cls, name, wrap(getattr(cls, name)))
+
+
+def add_module_forward_hooks(pre: Callable[..., Any], post: Callable[..., Any]) -> None:
+    """Registers a global forward pre-hook and forward hook on every module until `remove`
+    (idempotent for the same pair). Called by `phalanx.ps.worker.embedding.install`."""
+    with _lock:
+        if (pre, post) not in _forward:
+            _forward[pre, post] = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+
+
+def remove() -> None:
+    """Removes every change phalanx made to torch's global behaviour, now.
+
+    torch's global module and optimizer hook registries and ``torch.amp.GradScaler`` are
+    torch's own again: a module built afterwards, even in a strategy's scope that was entered
+    before, has plain ``nn.Parameter``s. A strategy that enters its scope or runs again
+    installs the hooks again. Called automatically once no strategy is alive.
+    """
+    with _lock:
+        for handle in _step_and_registration:
+            handle.remove()
+        _step_and_registration.clear()
+        for handles in _forward.values():
+            for handle in handles:
+                handle.remove()
+        _forward.clear()
+        for (cls, name), original in _replaced.items():
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
+        _replaced.clear()
+
+
+remove_torch_hooks = remove  # the public spelling (`phalanx.remove_torch_hooks`)
+
+
+# ---------------------------------------------------------------------- the hooks
 
 
 def _on_parameter(module: torch.nn.Module, name: str, param: Any) -> Any:
-    frame = context._top()
+    frame = context.current_frame()
     if param is None or frame is None or frame.replica_context is not None:
         return None
     made = frame.strategy._create_parameter(module, name, param)
-    _made_in_scope(module, "_parameters", frame.strategy, param if made is None else made)
+    frame.strategy._made_in_scope(module, "_parameters", param if made is None else made)
     return made
 
 
 def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
-    frame = context._top()
+    frame = context.current_frame()
     if buffer is None or frame is None:
         return None
     if frame.replica_context is None:
         made = frame.strategy._create_buffer(module, name, buffer)
-        _made_in_scope(module, "_buffers", frame.strategy, buffer if made is None else made)
+        frame.strategy._made_in_scope(module, "_buffers", buffer if made is None else made)
         return made
     # A module re-assigning its buffer inside `run` (self.buf = new): keep the distributed
     # variable and write the new value into this replica's component.
     return frame.strategy.variable_policy.reassign_buffer(module, name, buffer, frame.replica_context)
 
 
-def _made_in_scope(module: torch.nn.Module, attribute: str, strategy: Any, tensor: Any) -> None:
-    """Marks a module that registered ``tensor`` in a strategy's scope (copies of it are
-    recognised when they are registered, see `_on_submodule`); a module holding a distributed
-    variable reads it as the replica's plain component inside ``run``."""
-    if strategy._is_default:
-        return
-    from phalanx.nn import _module_tensors, _scope_copies
-
-    _scope_copies.mark_made_in_scope(module, strategy, tensor)
-    if isinstance(tensor, DistributedVariable):
-        _module_tensors.serve_plain_components(module, attribute)
-
-
 def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> Any:
-    frame = context._top()
-    if frame is None or submodule is None or frame.strategy._is_default:
+    frame = context.current_frame()
+    if frame is None or submodule is None:
         return None
-    from phalanx.nn.dropout import attach_keyed_dropout
-
-    attach_keyed_dropout(submodule)
-    if frame.replica_context is not None:
-        return None
-    from phalanx.nn import _scope_copies
-
-    # deep copies of modules made in the scope (nn.TransformerEncoder's clones)
-    _scope_copies.register_copies(submodule, frame.strategy)
-    replacement = None
-    if frame.strategy._sync_batch_norm:
-        from phalanx.nn.sync_batch_norm import converted_in_scope
-
-        replacement = converted_in_scope(submodule)  # None: not a batch-norm layer, keep it
-    frame.strategy._note_submodule(module, submodule if replacement is None else replacement)
+    in_replica = frame.replica_context is not None
+    replacement = frame.strategy._registered_submodule(submodule, in_replica=in_replica)
+    if not in_replica:
+        frame.strategy._note_submodule(module, submodule if replacement is None else replacement)
     return replacement
 
 
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    replica = context._state.replica
+    replica = context.current_replica()
     if replica is not None:
-        replica[0]._step_sync.before_step(optimizer, replica[1])
+        replica[0].step_sync.before_step(optimizer, replica[1])
         return
-    frame = context._top()
+    frame = context.current_frame()
     if frame is not None:
         frame.strategy._step_outside_run(optimizer)
-    from phalanx.strategies._optimizer_state import PerReplicaState
-
-    if isinstance(optimizer.state, PerReplicaState):
-        strategy = optimizer.state.owner
-        raise RuntimeError(
-            f"optimizer.step() was called outside {strategy!r}.run, but this optimizer keeps "
-            "one state per replica (it stepped inside run before): stepping here would update "
-            "replica 0's state only and the replicas would drift apart. HINT: call "
-            "optimizer.step() inside strategy.run, as the training step does."
-        )
+    # optimizer state kept per replica (`PerReplicaState`) refuses a step outside `run`
+    check = getattr(optimizer.state, "check_step_outside_run", None)
+    if check is not None:
+        check()
 
 
 def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    replica = context._state.replica
+    replica = context.current_replica()
     if replica is not None:
-        replica[0]._step_sync.after_step(optimizer, replica[1])
-        guard = context._state.write_guard
+        replica[0].step_sync.after_step(optimizer, replica[1])
+        guard = context.write_guard()
         if guard is not None:
             guard.snapshot()  # the step wrote the components: its writes are the allowed ones

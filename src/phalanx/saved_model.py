@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from phalanx import context
 from phalanx.checkpoint._files import chief_path
 
 __all__ = ["FILENAME", "load", "save"]
@@ -100,7 +99,9 @@ def save(
     with torch.no_grad():
         program = torch.export.export(plain, inputs, dynamic_shapes=shapes, strict=False)
     target = _artifact_path(path)
-    strategy = getattr(model, "strategy", None) or context.get_strategy()
+    from phalanx.strategies.default import get_strategy  # here: serving imports no strategy
+
+    strategy = getattr(model, "strategy", None) or get_strategy()
     with chief_path(target, strategy) as write_to:
         os.makedirs(os.path.dirname(os.path.abspath(write_to)), exist_ok=True)
         partial = f"{write_to[: -len('.pt2')]}.partial.pt2"  # torch.export.save wants the suffix

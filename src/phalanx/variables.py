@@ -33,7 +33,7 @@ import torch
 from phalanx import context
 
 if TYPE_CHECKING:
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = [
     "DistributedVariable",
@@ -128,8 +128,8 @@ def Variable(  # TF's spelling (tf.Variable), hence the capital
     Raises:
         RuntimeError: Called inside ``strategy.run`` (variables are created in the scope).
     """
-    frame = context._top()
-    if frame is not None and frame.replica_context is not None and not frame.strategy._is_default:
+    frame = context.current_frame()
+    if frame is not None and frame.replica_context is not None and not frame.strategy.is_default:
         raise RuntimeError(
             "Variables are created in the strategy's scope, once, not in each replica. Received: "
             f"phalanx.variables.Variable(...) inside {frame.strategy!r}.run. HINT: create it in "
@@ -203,7 +203,7 @@ class DistributedVariable(torch.Tensor):
     saves like a plain tensor; all computation happens on the resolved component.
     """
 
-    _strategy: Strategy
+    _strategy: DistributionStrategy
     _components: list[torch.Tensor]
     _aggregation: VariableAggregation
     _dirty: bool  # the primary was written in cross-replica context: re-mirror before a step
@@ -215,7 +215,7 @@ class DistributedVariable(torch.Tensor):
     def __new__(
         cls,
         primary: torch.Tensor,
-        strategy: Strategy,
+        strategy: DistributionStrategy,
         aggregation: VariableAggregation = VariableAggregation.NONE,
         is_parameter: bool = True,
     ) -> DistributedVariable:
@@ -258,7 +258,7 @@ class DistributedVariable(torch.Tensor):
         plain: torch.Tensor = (
             torch.nn.Parameter(value, requires_grad=self.requires_grad) if self._is_param else value
         )
-        frame = context._top()
+        frame = context.current_frame()
         copy: torch.Tensor = plain
         if frame is not None and frame.replica_context is None and frame.strategy is self._strategy:
             copy = self._same_kind_in_scope(plain)
@@ -287,9 +287,18 @@ class DistributedVariable(torch.Tensor):
         """The component of local replica 0 (plain tensor)."""
         return self._components[0]
 
-    def _replica_leaf(self, index: int) -> torch.Tensor:
+    def replica_leaf(self, index: int) -> torch.Tensor:
         """The autograd leaf replica ``index`` computes with (its gradient lands there)."""
         return self._components[index]
+
+    def _replica_leaf(self, index: int) -> torch.Tensor:  # the name older code and tests use
+        return self.replica_leaf(index)
+
+    @property
+    def stored_components(self) -> list[torch.Tensor]:
+        """The local components as stored, not materialised: the list the variable's policy
+        (`phalanx.protocols.VariableHome`) fills, re-mirrors and writes."""
+        return self._components
 
     @property
     def components(self) -> tuple[torch.Tensor, ...]:
@@ -308,7 +317,7 @@ class DistributedVariable(torch.Tensor):
     ) -> Any:
         if kwargs is None:
             kwargs = {}
-        replica = context._state.replica
+        replica = context.current_replica()
         first = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes tensor=
         target = first if isinstance(first, DistributedVariable) else None
         if target is not None:
@@ -333,7 +342,7 @@ class DistributedVariable(torch.Tensor):
     def _cross_replica_call(
         self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
     ) -> Any:
-        replica = context._state.replica
+        replica = context.current_replica()
         resolved = _resolve_all(args, replica)
         result = func(*resolved, **_resolve_kwargs(kwargs, replica))
         if resolved and args[0] is self and result is resolved[0]:

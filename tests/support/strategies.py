@@ -46,7 +46,7 @@ RUN_FUNCTION = Path(__file__).with_name("run_function.py")
 
 def _made(strategy: phalanx.Strategy) -> Iterator[phalanx.Strategy]:
     yield strategy
-    if not strategy._is_default:
+    if not strategy.is_default:
         strategy._threads.close()  # pytest holds fixture values past teardown: stop the replica threads
 
 

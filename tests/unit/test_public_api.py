@@ -62,6 +62,7 @@ EXPECTED = sorted(
         "metrics",
         "nn",
         "partitioners",
+        "remove_torch_hooks",
         "saved_model",
         "scale_regularization_loss",
         "train",

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from phalanx.callbacks._distributed_files import chief_print
 from phalanx.callbacks.callback import Logs
 from phalanx.callbacks.monitor_callback import MonitorCallback
+from phalanx.strategies._distributed_files import chief_print
 
 __all__ = ["EarlyStopping"]
 

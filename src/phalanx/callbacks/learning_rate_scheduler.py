@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from phalanx.callbacks._distributed_files import chief_print
 from phalanx.callbacks._optimizer_lr import get_lr, optimizer_of, set_lr
 from phalanx.callbacks.callback import Callback, Logs
+from phalanx.strategies._distributed_files import chief_print
 
 __all__ = ["LearningRateScheduler"]
 

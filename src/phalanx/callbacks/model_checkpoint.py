@@ -6,14 +6,14 @@ import os
 import warnings
 from typing import Any
 
-from phalanx.callbacks._distributed_files import (
+from phalanx.callbacks.callback import Logs
+from phalanx.callbacks.monitor_callback import MonitorCallback
+from phalanx.strategies._distributed_files import (
     chief_print,
     remove_temp_dir_with_filepath,
     strategy_of,
     write_filepath,
 )
-from phalanx.callbacks.callback import Logs
-from phalanx.callbacks.monitor_callback import MonitorCallback
 
 __all__ = ["ModelCheckpoint"]
 

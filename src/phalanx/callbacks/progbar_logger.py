@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.callbacks._distributed_files import is_chief, strategy_of
 from phalanx.callbacks._progbar import Progbar
 from phalanx.callbacks.callback import Callback, Logs
+from phalanx.strategies._distributed_files import is_chief, strategy_of
 
 __all__ = ["ProgbarLogger"]
 

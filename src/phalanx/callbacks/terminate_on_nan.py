@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from phalanx.callbacks._distributed_files import chief_print
 from phalanx.callbacks.callback import Callback, Logs
+from phalanx.strategies._distributed_files import chief_print
 
 __all__ = ["TerminateOnNaN"]
 

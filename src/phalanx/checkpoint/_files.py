@@ -26,8 +26,6 @@ from typing import IO, Any
 
 import torch
 
-from phalanx import context
-
 try:  # POSIX; elsewhere nothing is locked, so no temporary file is ever taken for stale
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -159,7 +157,9 @@ def safe_load(path: str) -> Any:
 @contextlib.contextmanager
 def chief_path(path: str, strategy: Any = None) -> Iterator[str]:
     """The path this worker should write ``path`` to; non-chief output is removed on exit."""
-    strategy = strategy or context.get_strategy()
+    from phalanx.strategies.default import get_strategy  # here: serving imports no strategy
+
+    strategy = strategy or get_strategy()
     if strategy.is_chief:
         yield path
         return

@@ -9,9 +9,7 @@ model. Anything else gives what the single-file format saves of it.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -19,30 +17,12 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 
-__all__ = ["FORMAT", "apply", "collect", "is_sharded", "sharded_state_dicts", "sharded_views_open"]
+from phalanx.checkpoint._objects import load_into, state_of
+from phalanx.strategies._sharded_views import sharded_state_dicts
+
+__all__ = ["FORMAT", "apply", "collect", "is_sharded", "sharded_state_dicts"]
 
 FORMAT = "phalanx.checkpoint.sharded/1"
-_views = threading.local()  # .sharded: sharded_state_dicts() is open on this thread
-
-
-@contextlib.contextmanager
-def sharded_state_dicts() -> Iterator[None]:
-    """Inside, sharded modules' ``state_dict()`` gives this worker's shards (DTensors) and
-    ``load_state_dict`` takes them, as ``torch.distributed.checkpoint`` wants (this thread).
-    Outside, FullyShardedStrategy's modules give and take full tensors."""
-    previous = getattr(_views, "sharded", False)
-    _views.sharded = True
-    try:
-        yield
-    finally:
-        _views.sharded = previous
-
-
-def sharded_views_open() -> bool:
-    """Whether `sharded_state_dicts` is open on this thread."""
-    return bool(getattr(_views, "sharded", False))
-
-
 def is_sharded(objects: Mapping[str, Any]) -> bool:
     """Whether a module among ``objects`` is sharded (FullyShardedStrategy's DTensors)."""
     return any(
@@ -75,7 +55,6 @@ def _prepare(objects: Mapping[str, Any], strategy: Any) -> list[nn.Module]:
 
 def collect(objects: Mapping[str, Any], strategy: Any) -> dict[str, Any]:
     """Every object's state for DCP (every worker calls it)."""
-    from phalanx.checkpoint.checkpoint import _state_of
 
     modules = _prepare(objects, strategy)
     state: dict[str, Any] = {}
@@ -86,13 +65,12 @@ def collect(objects: Mapping[str, Any], strategy: Any) -> dict[str, Any]:
             elif isinstance(obj, torch.optim.Optimizer):
                 state[name] = get_optimizer_state_dict(_model_of(obj, modules, name), obj)
             else:
-                state[name] = _state_of(obj)
+                state[name] = state_of(obj)
     return state
 
 
 def apply(objects: Mapping[str, Any], state: Mapping[str, Any], strategy: Any) -> None:
     """Puts the loaded ``state`` back into every object (every worker calls it)."""
-    from phalanx.checkpoint.checkpoint import _load_into
 
     modules = _prepare(objects, strategy)
     with sharded_state_dicts():
@@ -102,4 +80,4 @@ def apply(objects: Mapping[str, Any], state: Mapping[str, Any], strategy: Any) -
             elif isinstance(obj, torch.optim.Optimizer):
                 set_optimizer_state_dict(_model_of(obj, modules, name), obj, state[name])
             else:
-                _load_into(obj, state[name], name)
+                load_into(obj, state[name], name)

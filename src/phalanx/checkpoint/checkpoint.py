@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
-from phalanx import context
 from phalanx.checkpoint import _sharded, _sharded_state
 from phalanx.checkpoint._files import safe_load
+from phalanx.checkpoint._index import latest_checkpoint, record_checkpoint
+from phalanx.checkpoint._objects import load_into, state_of
 from phalanx.checkpoint.options import CheckpointOptions, CheckpointWriter
 
 __all__ = ["Checkpoint", "Counter"]
@@ -44,33 +45,6 @@ class Counter:
         self.value = int(state["value"])
 
 
-def _state_of(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, (int, float, str, bool)):
-        return obj
-    state_dict = getattr(obj, "state_dict", None)
-    if callable(state_dict):
-        with torch.no_grad():
-            return state_dict()
-    raise TypeError(
-        f"Checkpoint cannot save an object of type {type(obj).__name__}: it needs state_dict() "
-        "and load_state_dict(), or must be a tensor. HINT: wrap counters in "
-        "phalanx.checkpoint.Counter."
-    )
-
-
-def _load_into(obj: Any, state: Any, name: str) -> None:
-    if isinstance(obj, torch.Tensor):
-        with torch.no_grad():
-            obj.copy_(state)
-        return
-    load = getattr(obj, "load_state_dict", None)
-    if not callable(load):
-        raise TypeError(f"Checkpoint cannot restore {name!r} of type {type(obj).__name__}.")
-    load(state)
-
-
 class Checkpoint:
     """Groups stateful objects under names and writes them to one file, atomically.
 
@@ -97,7 +71,7 @@ class Checkpoint:
         return {
             "format": FORMAT,
             "save_counter": self.save_counter.value,
-            "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
+            "objects": {name: state_of(obj) for name, obj in self._objects.items()},
         }
 
     def write(
@@ -126,7 +100,9 @@ class Checkpoint:
         Raises:
             ValueError: ``blocking=False`` with ``sharded=False``.
         """
-        strategy = context.get_strategy()
+        from phalanx.strategies.default import get_strategy  # here: serving imports no strategy
+
+        strategy = get_strategy()
         if sharded is None:
             sharded = not blocking or _sharded_state.is_sharded(self._objects)
         if not sharded:
@@ -153,8 +129,6 @@ class Checkpoint:
         """Writes to ``{file_prefix}-{n}.pt`` (sharded: the folder ``{file_prefix}-{n}.dcp``)
         with n the save counter (incremented first), and lists it in the folder's index, so
         ``latest_checkpoint(folder)`` finds it (as TF); see `write` for the options."""
-        from phalanx.checkpoint.manager import record_checkpoint
-
         self.save_counter.assign_add(1)
         folder = sharded if sharded is not None else not blocking or _sharded_state.is_sharded(self._objects)
         suffix = _sharded.SUFFIX if folder else ".pt"
@@ -195,12 +169,14 @@ class Checkpoint:
         for name, obj in self._objects.items():
             if skip_slots and isinstance(obj, torch.optim.Optimizer):
                 continue  # TF's slot variables are the optimizer's state
-            _load_into(obj, saved[name], name)
+            load_into(obj, saved[name], name)
         self.save_counter.assign(payload.get("save_counter", 0))
         return self
 
     def _read_sharded(self, save_path: str) -> Checkpoint:
-        strategy = context.get_strategy()
+        from phalanx.strategies.default import get_strategy  # here: serving imports no strategy
+
+        strategy = get_strategy()
         state = _sharded_state.collect(self._objects, strategy)
         state["format"], state["save_counter"] = "", 0
 
@@ -225,8 +201,6 @@ class Checkpoint:
         if save_path is None:
             return self
         if os.path.isdir(save_path) and not _sharded.is_sharded(save_path):
-            from phalanx.checkpoint.manager import latest_checkpoint
-
             latest = latest_checkpoint(save_path)
             if latest is None:
                 raise FileNotFoundError(f"No checkpoint in directory {save_path!r}.")

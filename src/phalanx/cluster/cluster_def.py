@@ -3,16 +3,12 @@
 ``ClusterSpec.as_cluster_def()`` and ``Server.server_def`` return them. phalanx does not
 depend on TensorFlow's protobufs; the field names (``job``, ``name``, ``tasks``,
 ``job_name``, ``task_index``, ``protocol``, ``port``) are TF's, so code that reads them
-keeps working, and `ClusterDef.as_cluster_spec` turns one back into a `ClusterSpec`.
+keeps working, and ``ClusterSpec(cluster_def)`` turns one back into a `ClusterSpec`, as in TF.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from phalanx.cluster.cluster_spec import ClusterSpec
 
 __all__ = ["ClusterDef", "JobDef", "ServerDef"]
 
@@ -30,12 +26,6 @@ class ClusterDef:
     """The jobs of a cluster, in the order of the spec (tensorflow.ClusterDef)."""
 
     job: tuple[JobDef, ...] = ()
-
-    def as_cluster_spec(self) -> ClusterSpec:
-        """The `ClusterSpec` this definition describes."""
-        from phalanx.cluster.cluster_spec import ClusterSpec
-
-        return ClusterSpec({job.name: dict(job.tasks) for job in self.job})
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,15 @@ class ClusterSpec:
             address that is not a non-empty string. The message names the offending entry.
     """
 
-    def __init__(self, cluster: Mapping[str, Any] | ClusterSpec | None = None) -> None:
+    def __init__(self, cluster: Mapping[str, Any] | ClusterSpec | ClusterDef | None = None) -> None:
         if isinstance(cluster, ClusterSpec):
             cluster = cluster.as_dict()
+        if isinstance(cluster, ClusterDef):  # TF's ClusterSpec(cluster_def)
+            cluster = {job.name: dict(job.tasks) for job in cluster.job}
         if cluster is not None and not isinstance(cluster, Mapping):
             raise ValueError(
-                f"ClusterSpec takes a dict of job name -> tasks. Received: {cluster!r} "
+                "ClusterSpec takes a dict of job name -> tasks (or a ClusterSpec, or a ClusterDef). "
+                f"Received: {cluster!r} "
                 f"({type(cluster).__name__}). HINT: ClusterSpec({{'worker': ['host1:2222', 'host2:2222']}})."
             )
         self._jobs: dict[str, dict[int, str]] = {}

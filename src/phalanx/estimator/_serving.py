@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from phalanx import context
 from phalanx.estimator.graph import Graph
 from phalanx.estimator.specs import ModeKeys
 
@@ -35,7 +34,9 @@ class _Serving(torch.nn.Module):
     def forward(self, *inputs: torch.Tensor) -> Any:
         shared = self._shared
         features = dict(zip(shared.keys, inputs, strict=True)) if shared.keys is not None else inputs[0]
-        graph = Graph(context.get_strategy())
+        from phalanx.strategies.default import get_strategy  # here: serving imports no strategy
+
+        graph = Graph(get_strategy())
         graph.modules = dict(zip(shared.names, self.parts, strict=True))  # this copy's modules
         with graph.active():
             return shared.estimator.call_model_fn(features, None, ModeKeys.PREDICT).predictions

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from phalanx import context, saved_model
+from phalanx import saved_model
 from phalanx.checkpoint import Checkpoint
 from phalanx.checkpoint.checkpoint import Counter
 from phalanx.checkpoint.manager import latest_checkpoint
@@ -31,7 +31,8 @@ from phalanx.estimator.graph import Graph
 from phalanx.estimator.run_config import RunConfig
 from phalanx.estimator.specs import EstimatorSpec, ModeKeys
 from phalanx.input.input_options import InputContext
-from phalanx.train.between_graph import BetweenGraphStrategy
+from phalanx.strategies.between_graph import BetweenGraphStrategy
+from phalanx.strategies.default import get_strategy
 from phalanx.train.hooks import CheckpointSaverListener, SessionRunHook, StopAtStepHook
 from phalanx.train.session import MonitoredTrainingSession, Scaffold, tensorboard_available
 
@@ -189,7 +190,7 @@ class Estimator:
         listeners: list[CheckpointSaverListener] | None,
     ) -> None:
         first = next(batches)
-        graph = self._build(strategy or context.get_strategy(), ModeKeys.TRAIN, *split_batch(first))
+        graph = self._build(strategy or get_strategy(), ModeKeys.TRAIN, *split_batch(first))
         all_hooks = list(hooks or [])
         if steps is not None or max_steps is not None:
             all_hooks.append(StopAtStepHook(num_steps=steps, last_step=max_steps))
@@ -261,7 +262,7 @@ class Estimator:
         first = next(batches, None)
         if first is None:
             raise ValueError("Evaluation needs at least one batch. Received: an empty input_fn.")
-        graph = self._build(context.get_strategy(), ModeKeys.EVAL, *split_batch(first))
+        graph = self._build(get_strategy(), ModeKeys.EVAL, *split_batch(first))
         global_step = self._restore(graph, path)
         totals = _evaluate(self, graph, itertools.chain([first], batches))
         result = {**totals, "global_step": global_step}
@@ -289,7 +290,7 @@ class Estimator:
         first = next(batches, None)
         if first is None:
             return
-        graph = self._build(context.get_strategy(), ModeKeys.PREDICT, split_batch(first)[0], None)
+        graph = self._build(get_strategy(), ModeKeys.PREDICT, split_batch(first)[0], None)
         self._restore(graph, path)
         _eval_mode(graph)
         for batch in itertools.chain([first], batches):
@@ -320,7 +321,7 @@ class Estimator:
         """
         path = self._checkpoint(checkpoint_path)
         features = serving_input_receiver_fn()
-        graph = self._build(context.get_strategy(), ModeKeys.PREDICT, features, None)
+        graph = self._build(get_strategy(), ModeKeys.PREDICT, features, None)
         self._restore(graph, path)
         keys = sorted(features) if isinstance(features, Mapping) else None
         inputs = tuple(features[k] for k in keys) if keys is not None else (features,)

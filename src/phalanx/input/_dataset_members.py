@@ -13,8 +13,7 @@ from phalanx.input.element_spec import spec_of
 from phalanx.input.splitting import as_tensors
 
 if TYPE_CHECKING:
-    from phalanx.input.distributed_dataset import DistributedIterator
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = ["DistributedDatasetMembers", "DistributedIteratorMembers"]
 
@@ -22,7 +21,7 @@ __all__ = ["DistributedDatasetMembers", "DistributedIteratorMembers"]
 class DistributedDatasetMembers:
     """``element_spec`` and ``reduce`` for a distributed dataset."""
 
-    _strategy: Strategy
+    _strategy: DistributionStrategy
     _cached_spec: Any = None
 
     if TYPE_CHECKING:  # what each dataset provides
@@ -60,7 +59,7 @@ class DistributedDatasetMembers:
             state = reduce_func(state, element)
         return state
 
-    def _attach(self, iterator: DistributedIterator) -> DistributedIterator:
+    def _attach(self, iterator: Any) -> Any:  # a DistributedIterator
         iterator._spec_source = lambda: self.element_spec
         return iterator
 

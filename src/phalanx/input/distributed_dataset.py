@@ -16,7 +16,7 @@ from phalanx.input.splitting import as_tensors, batch_size_of, slice_batch, spli
 from phalanx.values import iter_leaves, map_structure, regroup
 
 if TYPE_CHECKING:
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = ["DistributedDataset", "DistributedDatasetsFromFunction", "DistributedIterator", "Optional"]
 
@@ -73,7 +73,7 @@ class DistributedIterator(DistributedIteratorMembers):
 
     def __init__(
         self,
-        strategy: Strategy,
+        strategy: DistributionStrategy,
         next_pieces: Callable[[], tuple[list[Any], int | None, list[int] | None] | None],
         options: InputOptions,
         agree: bool,
@@ -153,7 +153,7 @@ def _to_device(structure: Any, device: torch.device) -> Any:
 class _Splitter:
     """DATA sharding: each worker keeps its replicas' slices of every global batch."""
 
-    def __init__(self, strategy: Strategy, batches: Iterator[Any]) -> None:
+    def __init__(self, strategy: DistributionStrategy, batches: Iterator[Any]) -> None:
         self._batches = batches
         self._num_replicas = strategy.num_replicas_in_sync
         self._first = strategy.first_replica_id
@@ -177,7 +177,7 @@ class _Splitter:
 class _Sequencer:
     """FILE/OFF sharding: the worker's batches are cut into per-replica pieces consumed in order."""
 
-    def __init__(self, strategy: Strategy, batches: Iterator[Any]) -> None:
+    def __init__(self, strategy: DistributionStrategy, batches: Iterator[Any]) -> None:
         self._batches = batches
         self._num_replicas = strategy.num_replicas_in_sync
         self._local = strategy.num_local_replicas
@@ -213,7 +213,9 @@ class DistributedDataset(DistributedDatasetMembers):
         ValueError: FILE sharding of a source without files, or with fewer files than workers.
     """
 
-    def __init__(self, strategy: Strategy, dataset: Any, options: InputOptions | None = None) -> None:
+    def __init__(
+        self, strategy: DistributionStrategy, dataset: Any, options: InputOptions | None = None
+    ) -> None:
         if isinstance(dataset, (str, bytes)) or not hasattr(dataset, "__iter__"):
             raise TypeError(
                 "experimental_distribute_dataset needs an iterable of batches (a DataLoader, a "
@@ -283,7 +285,7 @@ class DistributedDatasetsFromFunction(DistributedDatasetMembers):
 
     def __init__(
         self,
-        strategy: Strategy,
+        strategy: DistributionStrategy,
         dataset_fn: Callable[[InputContext], Any],
         options: InputOptions | None = None,
     ) -> None:

@@ -19,7 +19,7 @@ from phalanx.input.input_options import InputContext, InputOptions
 from phalanx.input.splitting import as_tensors, batch_size_of, slice_batch
 
 if TYPE_CHECKING:
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = ["PerReplicaInput"]
 
@@ -36,7 +36,7 @@ class PerReplicaInput:
     """
 
     def __init__(
-        self, strategy: Strategy, dataset_fn: Callable[[InputContext], Any], options: InputOptions
+        self, strategy: DistributionStrategy, dataset_fn: Callable[[InputContext], Any], options: InputOptions
     ) -> None:
         self._strategy = strategy
         self._on_device = options.experimental_place_dataset_on_device

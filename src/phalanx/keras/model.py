@@ -7,11 +7,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from phalanx import context, mixed_precision
+from phalanx import mixed_precision
 from phalanx.keras import optimizers
 from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch
 from phalanx.keras.compile_utils import LossContainer, identifier_config, resolve_metrics
 from phalanx.keras.data_adapter import DataHandler, float_dtype_of, split_validation
+from phalanx.strategies.default import get_replica_context, get_strategy
 
 __all__ = ["Model"]
 
@@ -43,7 +44,7 @@ class Model(nn.Module):
         if not isinstance(module, nn.Module):
             raise TypeError(f"Model wraps a torch.nn.Module. Received: {type(module).__name__}.")
         self.module = module
-        self._strategy = context.get_strategy()
+        self._strategy = get_strategy()
         self.optimizer: torch.optim.Optimizer | None = None
         self.stop_training = False
         self.history: Any = None
@@ -124,7 +125,7 @@ class Model(nn.Module):
         """``self(x)`` under the policy's autocast, outputs in float32 (replica context)."""
         if self._policy.name == "float32":
             return self(x)
-        ctx = context.get_replica_context()
+        ctx = get_replica_context()
         device = ctx.strategy.local_devices[ctx.local_replica_index].type if ctx is not None else "cpu"
         with self._policy.autocast(device):
             y_pred = self(x)

@@ -20,10 +20,10 @@ from typing import Any
 
 from torch import nn
 
-from phalanx import context
 from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
 from phalanx.keras import architecture, optimizers
 from phalanx.keras.compile_utils import rebuild
+from phalanx.strategies.default import get_strategy
 
 __all__ = ["load_model", "load_weights", "save_model", "save_weights", "summary_lines"]
 
@@ -132,7 +132,7 @@ def load_model(
     payload = safe_load(filepath)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{filepath!r} is not a phalanx model file (format {FORMAT}).")
-    with context.get_strategy().scope():
+    with get_strategy().scope():
         net = module if module is not None else _build_module(payload, custom_objects or {})
         net.load_state_dict(payload["weights"])
         model = Model(net)

@@ -85,10 +85,10 @@ def default_global_batch_size(local_batch_size: int) -> int:
             "compute_average_loss was called in cross-replica context without a "
             "global_batch_size. HINT: call it inside strategy.run, or pass global_batch_size."
         )
-    ctx = context.get_replica_context()
+    ctx = context.current_replica_context()
     if ctx is not None and ctx._global_batch_size is not None:
         return ctx._global_batch_size
-    return local_batch_size * context.get_strategy().num_replicas_in_sync
+    return local_batch_size * _num_replicas_in_sync()
 
 
 def scale_regularization_loss(regularization_loss: Any) -> torch.Tensor:
@@ -103,4 +103,10 @@ def scale_regularization_loss(regularization_loss: Any) -> torch.Tensor:
             "scale_regularization_loss was called in cross-replica context. HINT: call it "
             "inside strategy.run."
         )
-    return loss.sum() / context.get_strategy().num_replicas_in_sync
+    return loss.sum() / _num_replicas_in_sync()
+
+
+def _num_replicas_in_sync() -> int:
+    """The current strategy's replica count (1 outside any scope: the default strategy's)."""
+    frame = context.current_frame()
+    return 1 if frame is None else frame.strategy.num_replicas_in_sync

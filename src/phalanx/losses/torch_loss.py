@@ -222,7 +222,7 @@ def _class_targets(y_true: Any) -> bool:
 
 def _global_sum(value: torch.Tensor) -> torch.Tensor:
     """``value`` summed over every replica of the step (itself outside a replica context)."""
-    ctx = context.get_replica_context()
+    ctx = context.current_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1:
         return value
     return ctx.all_reduce("sum", value.detach())

@@ -98,7 +98,7 @@ class TorchMetric(Metric):
 
     def _replica_copy(self, device: torch.device) -> Any:
         """This replica's private copy of the metric (replicas of Mirrored run at once)."""
-        ctx = context.get_replica_context()
+        ctx = context.current_replica_context()
         key = (ctx.local_replica_index if ctx is not None else None, threading.get_ident(), device)
         found = self._copies.get(key)
         if found is None:

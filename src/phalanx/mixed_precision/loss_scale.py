@@ -13,10 +13,10 @@ an inf or NaN in any replica's gradient is in every replica's sum, every replica
 ``unscale_`` finds it, every replica skips ``optimizer.step()`` and halves its scale.
 
 A plain ``torch.amp.GradScaler`` works too: once a strategy with several local replicas
-exists (`adopt_torch_grad_scalers`), the first ``scale``/``unscale_``/``step``/``update``/
-``get_scale`` a replica calls on one turns it into a per-replica scaler in place (its state so
-far becomes replica 0's). Outside replica contexts, and with one replica per process, torch's
-class behaves exactly as before.
+has entered its scope or run (`adopt_torch_grad_scalers`), the first ``scale``/``unscale_``/
+``step``/``update``/``get_scale`` a replica calls on one turns it into a per-replica scaler in
+place (its state so far becomes replica 0's). Outside replica contexts, and with one replica
+per process, torch's class behaves exactly as before.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
-from phalanx import context
+from phalanx import _hooks, context
 
 __all__ = ["GradScaler", "LossScaleOptimizer", "adopt_torch_grad_scalers"]
 
@@ -75,7 +75,7 @@ class GradScaler(torch.amp.GradScaler):
 
     def _replica_state(self) -> dict[str, Any]:
         """The calling replica's state; made from replica 0's at a replica's first use."""
-        replica = context._state.replica
+        replica = context.current_replica()
         index = replica[1] if replica is not None else 0
         replicas: dict[int, dict[str, Any]] = self.__dict__["_replicas"]
         state = replicas.get(index)
@@ -128,7 +128,6 @@ class GradScaler(torch.amp.GradScaler):
 
 _ADOPTED_METHODS = ("scale", "unscale_", "step", "update", "get_scale")
 _adopt_lock = threading.Lock()
-_installed = False
 _per_replica_classes: dict[type, type] = {}
 
 
@@ -173,28 +172,20 @@ def _adopt(scaler: torch.amp.GradScaler) -> None:
 def _adopting(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: torch.amp.GradScaler, *args: Any, **kwargs: Any) -> Any:
-        replica = context._state.replica
+        replica = context.current_replica()
         if replica is not None and replica[0].num_local_replicas > 1 and not isinstance(self, GradScaler):
             _adopt(self)
         return method(self, *args, **kwargs)
 
-    call.__dict__["_phalanx_adopting"] = True
     return call
 
 
 def adopt_torch_grad_scalers() -> None:
     """Lets plain ``torch.amp.GradScaler`` objects work inside ``strategy.run`` with several
     local replicas (see the module docstring). Idempotent; called by every strategy with
-    more than one local replica when it is made."""
-    global _installed
-    with _adopt_lock:
-        if _installed:
-            return
-        for name in _ADOPTED_METHODS:
-            method = getattr(torch.amp.GradScaler, name)
-            if not getattr(method, "_phalanx_adopting", False):
-                setattr(torch.amp.GradScaler, name, _adopting(method))
-        _installed = True
+    more than one local replica when its scope opens or it runs. The replacement is one of
+    phalanx's changes to torch (`phalanx._hooks`): it is undone once no strategy is alive."""
+    _hooks.replace_methods(torch.amp.GradScaler, _adopting, _ADOPTED_METHODS)
 
 
 class LossScaleOptimizer:

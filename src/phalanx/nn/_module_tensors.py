@@ -25,7 +25,7 @@ from phalanx import context
 from phalanx.variables import DistributedVariable, MirroredVariable
 
 if TYPE_CHECKING:
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = ["ReplicaBuffers", "ReplicaTensors", "ReplicaWriteGuard", "serve_plain_components"]
 
@@ -41,7 +41,7 @@ class ReplicaTensors(dict):  # type: ignore[type-arg]
 
     def __getitem__(self, key: str) -> Any:
         value = dict.__getitem__(self, key)
-        replica = context._state.replica
+        replica = context.current_replica()
         if (
             replica is not None
             and isinstance(value, DistributedVariable)
@@ -77,7 +77,7 @@ class ReplicaBuffers(ReplicaTensors):
             isinstance(old, DistributedVariable)
             and isinstance(value, torch.Tensor)
             and not isinstance(value, DistributedVariable)
-            and context._state.replica is None
+            and context.current_replica() is None
         ):
             with torch.no_grad():
                 old.data = value  # Mirrored: the primary, re-mirrored; SyncOnRead: the aggregate
@@ -121,7 +121,7 @@ class ReplicaWriteGuard:
 
     __slots__ = ("_index", "_leaves", "_strategy", "_vars", "_versions")
 
-    def __init__(self, strategy: Strategy, index: int) -> None:
+    def __init__(self, strategy: DistributionStrategy, index: int) -> None:
         self._strategy = strategy
         self._index = index
         self._vars, self._leaves = _plain_leaves(strategy, index)
@@ -158,7 +158,9 @@ _plain_leaves_cache: weakref.WeakKeyDictionary[Any, dict[int, tuple[int, _Weak]]
 )
 
 
-def _plain_leaves(strategy: Strategy, index: int) -> tuple[list[DistributedVariable], list[torch.Tensor]]:
+def _plain_leaves(
+    strategy: DistributionStrategy, index: int
+) -> tuple[list[DistributedVariable], list[torch.Tensor]]:
     """The mirrored variables replica ``index`` reads as plain components, and those
     components; the walk over every variable is cached until the policy's variables or
     components change (every step enters a replica frame: the walk cost ~1 us a variable)."""
@@ -170,7 +172,7 @@ def _plain_leaves(strategy: Strategy, index: int) -> tuple[list[DistributedVaria
         for var in policy.variables():
             if isinstance(var, MirroredVariable) and var._plain_in_replica:
                 try:
-                    leaf = var._replica_leaf(index)
+                    leaf = var.replica_leaf(index)
                 except (IndexError, AttributeError):  # not materialised: no replica read it
                     continue
                 weak[0].append(weakref.ref(var))

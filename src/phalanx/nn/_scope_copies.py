@@ -24,7 +24,7 @@ from torch import nn
 from phalanx.variables import DistributedVariable
 
 if TYPE_CHECKING:
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = ["describe_foreign", "mark_made_in_scope", "register_copies"]
 
@@ -34,7 +34,7 @@ _SCOPE_MARK = "_phalanx_scope"  # module.__dict__ key: id() of the strategy it w
 _seen: dict[int, weakref.ref[torch.Tensor]] = {}
 
 
-def mark_made_in_scope(module: nn.Module, strategy: Strategy, tensor: Any) -> None:
+def mark_made_in_scope(module: nn.Module, strategy: DistributionStrategy, tensor: Any) -> None:
     """Remembers that ``module`` registered ``tensor`` in ``strategy``'s scope.
 
     Called by the registration hooks in cross-replica context. A deep copy of the module
@@ -48,7 +48,7 @@ def mark_made_in_scope(module: nn.Module, strategy: Strategy, tensor: Any) -> No
         _seen[id(tensor)] = weakref.ref(tensor)
 
 
-def register_copies(submodule: nn.Module, strategy: Strategy) -> None:
+def register_copies(submodule: nn.Module, strategy: DistributionStrategy) -> None:
     """Registers again, in ``strategy``'s scope, the tensors of copies of modules made there.
 
     Called by the submodule-registration hook in the scope (cross-replica context). A module

@@ -50,11 +50,11 @@ def keyed_dropout_mask(
 
 
 def _keyed_dropout(module: nn.Dropout, args: tuple[Any, ...], output: torch.Tensor) -> Any:
-    replica = context._state.replica
+    replica = context.current_replica()
     if replica is None or not module.training or module.p == 0.0:
         return None
     strategy, index = replica
-    ctx = strategy.replica_context(index) if not strategy._is_default else None
+    ctx = strategy.replica_context(index) if not strategy.is_default else None
     if ctx is None:
         return None
     x = args[0]

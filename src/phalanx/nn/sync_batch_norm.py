@@ -63,7 +63,7 @@ class SyncBatchNorm(_BatchNorm):
                 f"SyncBatchNorm({self.num_features}) expects {self.num_features} channels in "
                 f"dimension 1. Received an input of shape {tuple(input.shape)}."
             )
-        ctx = context.get_replica_context()
+        ctx = context.current_replica_context()
         sync = ctx is not None and ctx.num_replicas_in_sync > 1
         if not sync and not isinstance(self.running_mean, DistributedVariable):
             return super().forward(input)

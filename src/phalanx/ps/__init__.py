@@ -8,8 +8,9 @@ Where things happen ("Flow 2" in docs/architecture.md follows one scheduled func
   (the queue), `remote_value`, `remote_worker` (one worker's connection, heartbeats),
   `worker_loss` (the state machine and `FailurePolicy` for lost workers).
 * ``worker/`` - a worker task. `environment.WorkerEnvironment` runs a closure: reads the
-  variables, pushes gradients and buffer changes; `strategy.WorkerStrategy`, `embedding`
-  (row lookups of sharded tables), `context` (the environment of the running closure).
+  variables, pushes gradients and buffer changes; `embedding`
+  (row lookups of sharded tables), `context` (the environment of the running closure). Its
+  strategy is `phalanx.strategies.parameter_server_worker.WorkerStrategy`.
 * ``pickling`` - the by-reference contract, both halves: what the chief sends as a reference,
   what a worker resolves it to.
 * ``store`` and ``messages`` - a ps task: its variables and optimizers, and the messages of its

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from phalanx.input.per_worker import WorkerIterator
     from phalanx.ps.variables import VariableHandle
     from phalanx.ps.worker.environment import WorkerEnvironment
-    from phalanx.ps.worker.strategy import WorkerStrategy
+    from phalanx.strategies.parameter_server_worker import WorkerStrategy
 
 __all__ = [
     "ChiefObjects",

@@ -98,7 +98,7 @@ class BackwardRounds:
     def _add(self, var: DistributedVariable) -> int:
         slot = len(self._vars)
         self._vars.append(weakref.ref(var))
-        devices = [var._replica_leaf(i).device for i in range(self._n)]
+        devices = [var.replica_leaf(i).device for i in range(self._n)]
         self._shapes.append((var.shape, var.dtype, devices))
         self._slot_of[id(var)] = slot
         return slot
@@ -119,7 +119,7 @@ class BackwardRounds:
                 continue
             self._slot_of[id(var)] = slot
             for i in range(self._n):
-                hooked = getattr(var._replica_leaf(i), _HOOKED, None)
+                hooked = getattr(var.replica_leaf(i), _HOOKED, None)
                 if hooked is not None and hooked[0] is self:
                     hooked[1][0] = slot
 
@@ -128,7 +128,7 @@ class BackwardRounds:
         that does not require a gradient yet is not: it is looked at again next run)."""
         complete = True
         for i in range(self._n):
-            leaf = var._replica_leaf(i)
+            leaf = var.replica_leaf(i)
             hooked = getattr(leaf, _HOOKED, None)
             if hooked is not None and hooked[0] is self:
                 continue
@@ -163,7 +163,7 @@ class BackwardRounds:
         leaves = []
         for ref, (shape, dtype, devices) in zip(self._vars, self._shapes, strict=True):
             var = ref()
-            leaves.append(_zeros(shape, dtype, devices[index]) if var is None else var._replica_leaf(index))
+            leaves.append(_zeros(shape, dtype, devices[index]) if var is None else var.replica_leaf(index))
         return leaves
 
     def abort(self) -> None:

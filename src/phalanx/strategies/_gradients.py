@@ -42,7 +42,7 @@ from phalanx.variables import DistributedVariable, set_in_optimizer_step
 
 if TYPE_CHECKING:
     from phalanx.communication.cross_device_ops import CrossDeviceOps
-    from phalanx.strategies._rendezvous import Rendezvous
+    from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
     from phalanx.strategies._variable_policy import VariablePolicy
 
 __all__ = ["GradientSync"]
@@ -72,7 +72,7 @@ class GradientSync:
         self,
         *,
         devices: Sequence[torch.device],
-        rendezvous: Rendezvous,
+        rendezvous: ReplicaRendezvous,
         cross_device_ops: CrossDeviceOps,
         cross_worker_all_reduce: CrossWorkerReduce,
         policy: VariablePolicy,
@@ -293,13 +293,13 @@ class GradientSync:
             set_in_optimizer_step(True)  # nothing to sum; the update itself may write variables
             if self._policy.has_variables:  # one replica of a distributed strategy
                 params = self._distributed_params(optimizer)
-                none = [p._replica_leaf(0).grad is None for p in params]
+                none = [p.replica_leaf(0).grad is None for p in params]
                 self._policy.install_summed_in_place(params, none, 0)
             return
         params = self._distributed_params(optimizer)
         if not params:
             return
-        leaves = [p._replica_leaf(index) for p in params]
+        leaves = [p.replica_leaf(index) for p in params]
         if self._summed_since_last_step(optimizer, index):
             if not isinstance(optimizer.state, PerReplicaState):  # the first step: all replicas
                 self._rendezvous.exchange(

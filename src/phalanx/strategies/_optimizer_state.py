@@ -47,8 +47,21 @@ class PerReplicaState(MutableMapping[Any, Any]):
             {k: _copy_entry(v, home, device) for k, v in initial.items()} for device in devices[1:]
         ]
 
+    def check_step_outside_run(self) -> None:
+        """Refuses ``optimizer.step()`` outside the owner's `run` (called by `phalanx._hooks`).
+
+        Raises:
+            RuntimeError: always: the step would update replica 0's state only.
+        """
+        raise RuntimeError(
+            f"optimizer.step() was called outside {self.owner!r}.run, but this optimizer keeps "
+            "one state per replica (it stepped inside run before): stepping here would update "
+            "replica 0's state only and the replicas would drift apart. HINT: call "
+            "optimizer.step() inside strategy.run, as the training step does."
+        )
+
     def _current(self) -> dict[Any, Any]:
-        replica = context._state.replica
+        replica = context.current_replica()
         if replica is not None and replica[0] is self.owner:
             return self._states[replica[1]]
         return self._states[0]

@@ -18,7 +18,7 @@ from phalanx.values import DistributedValues, ReduceOp, local_results
 
 if TYPE_CHECKING:
     from phalanx.communication.cross_device_ops import CrossDeviceOps
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = ["CrossReplicaReduction"]
 
@@ -44,7 +44,7 @@ class CrossReplicaReduction:
         cross_device_ops: Sums the local replicas' values onto the first local device.
     """
 
-    def __init__(self, strategy: Strategy, cross_device_ops: CrossDeviceOps) -> None:
+    def __init__(self, strategy: DistributionStrategy, cross_device_ops: CrossDeviceOps) -> None:
         self._strategy = strategy
         self._ops = cross_device_ops
         self._home = strategy.local_devices[0]
@@ -52,8 +52,8 @@ class CrossReplicaReduction:
 
     def _refuse_replica_context(self, what: str, instead: str) -> None:
         """Raises RuntimeError if called inside the strategy's ``run`` (a replica context)."""
-        replica = context._state.replica
-        if replica is not None and replica[0] is self._strategy and not self._strategy._is_default:
+        replica = context.current_replica()
+        if replica is not None and replica[0] is self._strategy and not self._strategy.is_default:
             raise RuntimeError(
                 f"strategy.{what} must be called in cross-replica context (outside "
                 f"strategy.run), but was called inside it. HINT: {instead}"
@@ -65,7 +65,7 @@ class CrossReplicaReduction:
         Raises:
             RuntimeError: Called inside the strategy's ``run``.
         """
-        if context._state.replica is not None:  # checked inline: reduce runs at every step
+        if context.current_replica() is not None:  # checked inline: reduce runs at every step
             self._refuse_replica_context(
                 "reduce", "inside strategy.run use phalanx.get_replica_context().all_reduce."
             )

@@ -16,8 +16,7 @@ from phalanx.values import ReduceOp, flatten
 
 if TYPE_CHECKING:
     from phalanx.communication.communication_options import CommunicationOptions
-    from phalanx.strategies.replica_context import ReplicaContext
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = ["all_gather_structure", "all_reduce_structure"]
 
@@ -29,7 +28,7 @@ def _own_copy(result: torch.Tensor, device: torch.device, index: int) -> torch.T
 
 
 def _sum_across_replicas(
-    strategy: Strategy,
+    strategy: DistributionStrategy,
     index: int,
     tensors: list[torch.Tensor],
     options: CommunicationOptions | None,
@@ -54,7 +53,12 @@ def _sum_across_replicas(
 class _AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, strategy: Strategy, index: int, op: ReduceOp, options: Any, *tensors: torch.Tensor
+        ctx: Any,
+        strategy: DistributionStrategy,
+        index: int,
+        op: ReduceOp,
+        options: Any,
+        *tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         ctx.strategy, ctx.index, ctx.op, ctx.options = strategy, index, op, options
         out = _sum_across_replicas(strategy, index, list(tensors), options)
@@ -91,14 +95,13 @@ def _rebuild(structure: Any, leaves: list[Any]) -> Any:
 
 
 def all_reduce_structure(
-    ctx: ReplicaContext, op: ReduceOp, value: Any, options: CommunicationOptions | None
+    strategy: DistributionStrategy, index: int, op: ReduceOp, value: Any, options: CommunicationOptions | None
 ) -> Any:
-    """All-reduces every tensor leaf of ``value`` (one rendezvous for the whole structure)."""
+    """All-reduces every tensor leaf of ``value`` (one rendezvous for the whole structure),
+    for local replica ``index`` of ``strategy``."""
     leaves = [torch.as_tensor(leaf) for leaf in flatten(value)]
     if not leaves:
         return value
-    strategy = ctx.strategy
-    index = ctx.local_replica_index
     if strategy.num_replicas_in_sync == 1:
         return value
     device = strategy.local_devices[index]
@@ -110,7 +113,7 @@ def all_reduce_structure(
 class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, strategy: Strategy, index: int, axis: int, options: Any, tensor: torch.Tensor
+        ctx: Any, strategy: DistributionStrategy, index: int, axis: int, options: Any, tensor: torch.Tensor
     ) -> torch.Tensor:
         home = strategy.local_devices[0]
 
@@ -134,11 +137,9 @@ class _AllGather(torch.autograd.Function):
 
 
 def all_gather_structure(
-    ctx: ReplicaContext, value: Any, axis: int, options: CommunicationOptions | None
+    strategy: DistributionStrategy, index: int, value: Any, axis: int, options: CommunicationOptions | None
 ) -> Any:
-    """All-gathers every tensor leaf of ``value`` along ``axis``."""
-    strategy = ctx.strategy
-    index = ctx.local_replica_index
+    """All-gathers every tensor leaf of ``value`` along ``axis``, for local replica ``index``."""
     device = strategy.local_devices[index]
     out = []
     for leaf in flatten(value):

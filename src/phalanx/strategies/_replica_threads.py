@@ -16,7 +16,7 @@ __all__ = ["ReplicaThreads", "ReplicaWatch", "thread_modes"]
 
 class ReplicaWatch(Protocol):
     """Told when each replica's function starts and returns (the meeting points' stall
-    inspector, `phalanx.strategies._rendezvous.Rendezvous`); ``returned`` may raise."""
+    inspector, `phalanx.strategies._replica_rendezvous.ReplicaRendezvous`); ``returned`` may raise."""
 
     def started(self, index: int) -> None: ...
 
@@ -170,7 +170,7 @@ def _watched(fn: Callable[[int], Any], watch: ReplicaWatch | None) -> Callable[[
 
 def _first_cause(errors: list[tuple[int, BaseException]]) -> BaseException:
     # A replica aborted because another failed is not the cause; report the cause.
-    from phalanx.strategies._rendezvous import ReplicaAbortedError
+    from phalanx.strategies._replica_rendezvous import ReplicaAbortedError
 
     for _, exc in errors:
         if not isinstance(exc, ReplicaAbortedError):

@@ -15,7 +15,7 @@ from phalanx import context
 from phalanx.values import DistributedValues
 
 if TYPE_CHECKING:
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = ["check_components", "check_gpus_exist", "check_run_call", "device_scope", "warn_undistributed"]
 
@@ -37,7 +37,7 @@ def check_gpus_exist(names: Sequence[str]) -> None:
         )
 
 
-def check_run_call(strategy: Strategy, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
+def check_run_call(strategy: DistributionStrategy, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
     """Raises TypeError, ValueError or RuntimeError for a `Strategy.run` call that cannot run
     (see its Raises section)."""
     if not callable(fn):
@@ -52,22 +52,22 @@ def check_run_call(strategy: Strategy, fn: Callable[..., Any], args: Any, kwargs
     for value in (*args, *(kwargs or {}).values()):
         check_components(strategy, value)
     warn_undistributed(strategy, [*args, *(kwargs or {}).values()])
-    replica = context._state.replica
-    if replica is not None and not replica[0]._is_default:
+    replica = context.current_replica()
+    if replica is not None and not replica[0].is_default:
         raise RuntimeError(
             "strategy.run was called inside a replica context (inside another run). "
             "HINT: call strategy.run from the training loop, outside strategy.run."
         )
-    top = context._top()
+    top = context.current_frame()
     current = top.strategy if top is not None else strategy
-    if current is not strategy and not current._is_default:
+    if current is not strategy and not current.is_default:
         raise RuntimeError(
             f"{strategy!r}.run was called inside the scope of {current!r}. HINT: use the "
             "strategy whose scope is open."
         )
 
 
-def check_components(strategy: Strategy, value: Any) -> None:
+def check_components(strategy: DistributionStrategy, value: Any) -> None:
     """Raises ValueError for a distributed value without one component per local replica."""
     if isinstance(value, DistributedValues):
         if len(value.values) != strategy.num_local_replicas:
@@ -85,7 +85,7 @@ def check_components(strategy: Strategy, value: Any) -> None:
             check_components(strategy, v)
 
 
-def warn_undistributed(strategy: Strategy, values: Sequence[Any]) -> None:
+def warn_undistributed(strategy: DistributionStrategy, values: Sequence[Any]) -> None:
     """Warns (once per strategy) when several local replicas get the same plain batch tensor.
 
     Each replica then computes on the whole global batch, and a loss divided by the global

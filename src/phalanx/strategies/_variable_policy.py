@@ -33,9 +33,9 @@ from phalanx.variables import (
 
 if TYPE_CHECKING:
     from phalanx.communication.cross_device_ops import CrossDeviceOps
-    from phalanx.strategies._rendezvous import Rendezvous
+    from phalanx.protocols import DistributionStrategy
+    from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
     from phalanx.strategies.replica_context import ReplicaContext
-    from phalanx.strategies.strategy import Strategy
 
 __all__ = ["VariablePolicy", "install_own_copy"]
 
@@ -55,7 +55,9 @@ class VariablePolicy:
         cross_device_ops: How the local replicas' values are summed.
     """
 
-    def __init__(self, strategy: Strategy, rendezvous: Rendezvous, cross_device_ops: CrossDeviceOps) -> None:
+    def __init__(
+        self, strategy: DistributionStrategy, rendezvous: ReplicaRendezvous, cross_device_ops: CrossDeviceOps
+    ) -> None:
         self._strategy = strategy
         self._rendezvous = rendezvous
         self._ops = cross_device_ops
@@ -68,7 +70,7 @@ class VariablePolicy:
         self.generation = 0
 
     @property
-    def strategy(self) -> Strategy:
+    def strategy(self) -> DistributionStrategy:
         """The strategy whose variables this policy makes."""
         return self._strategy
 
@@ -104,7 +106,7 @@ class VariablePolicy:
             var = ref()
             if var is not None:
                 # `materialize`'s own test, inlined: this runs for every variable at every step
-                if every or var._dirty or len(var._components) < n:
+                if every or var._dirty or len(var.stored_components) < n:
                     self.materialize(var)
                     self.generation += 1
                 alive.append(ref)
@@ -143,13 +145,13 @@ class VariablePolicy:
         if value is existing:
             return existing
         with torch.no_grad():
-            existing._components[ctx.local_replica_index].copy_(value)
+            existing.stored_components[ctx.local_replica_index].copy_(value)
         return existing
 
     # ------------------------------------------------------------------ components
     def materialize(self, var: DistributedVariable) -> None:
         """Makes missing components from the primary, or re-mirrors after cross-replica writes."""
-        components = var._components
+        components = var.stored_components
         n = self._strategy.num_local_replicas
         if len(components) < n:
             with torch.no_grad():
@@ -160,7 +162,7 @@ class VariablePolicy:
             var._dirty = False
 
     def _make_component(self, var: DistributedVariable, index: int) -> torch.Tensor:
-        primary = var._components[0]
+        primary = var.primary
         device = self._strategy.local_devices[index]
         if isinstance(var, SyncOnReadVariable) and var._aggregation is VariableAggregation.SUM:
             return torch.zeros_like(primary, device=device)
@@ -170,9 +172,9 @@ class VariablePolicy:
     def _mirror(self, var: DistributedVariable) -> None:
         if not isinstance(var, MirroredVariable):
             return
-        primary = var._components[0]
+        primary = var.primary
         with torch.no_grad():
-            for component in var._components[1:]:
+            for component in var.stored_components[1:]:
                 if component.dtype != primary.dtype or component.shape != primary.shape:
                     # the primary was converted (model.double()) or resized through `.data`
                     component.data = primary.detach().to(component.device, copy=True)
@@ -183,7 +185,7 @@ class VariablePolicy:
     def aggregate_sync_on_read(self, var: DistributedVariable) -> torch.Tensor:
         """The cross-replica value of a sync-on-read variable (all workers, when several:
         the cross-worker sum is a collective)."""
-        components = var._components
+        components = var.stored_components
         aggregation = var._aggregation
         if aggregation in (VariableAggregation.ONLY_FIRST_REPLICA, VariableAggregation.NONE):
             return components[0]
@@ -237,7 +239,7 @@ class VariablePolicy:
         merged, written = self._rendezvous.exchange(index, value, combine, what=f"MirroredVariable.{name}")
         if not written:
             with torch.no_grad():
-                func(var._components[index], merged.to(device))
+                func(var.stored_components[index], merged.to(device))
         return var
 
     def _write_merged_once(
@@ -278,7 +280,7 @@ class VariablePolicy:
         no replica had a gradient for go back to None (every replica)."""
         for p, none in zip(params, all_none, strict=True):
             if none:
-                p._replica_leaf(index).grad = None
+                p.replica_leaf(index).grad = None
 
     def after_optimizer_step(self, index: int) -> None:
         """Called in every replica after its optimizer step (nothing to do when mirrored)."""
@@ -299,4 +301,4 @@ def install_own_copy(
         for dtype, buf in reduced.items()
     }
     for p, view, none in zip(params, unpack(mine, spec), all_none, strict=True):
-        p._replica_leaf(index).grad = None if none else view
+        p.replica_leaf(index).grad = None if none else view

@@ -13,7 +13,7 @@ import torch
 from phalanx.communication.cross_device_ops import CrossDeviceOps
 from phalanx.communication.packing import unpack
 from phalanx.devices import canonical_name, torch_device
-from phalanx.strategies._rendezvous import Rendezvous
+from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
 from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.strategies.mirrored import default_devices
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
@@ -46,7 +46,7 @@ class CentralVariable(MirroredVariable):
             return self._compute[replica[1]]
         return self._components[0]
 
-    def _replica_leaf(self, index: int) -> torch.Tensor:
+    def replica_leaf(self, index: int) -> torch.Tensor:
         return self._compute[index]
 
     def _cross_replica_call(
@@ -78,7 +78,7 @@ class CentralStoragePolicy(VariablePolicy):
     def __init__(
         self,
         strategy: Strategy,
-        rendezvous: Rendezvous,
+        rendezvous: ReplicaRendezvous,
         cross_device_ops: CrossDeviceOps,
         parameter_device: torch.device,
     ) -> None:
@@ -103,7 +103,7 @@ class CentralStoragePolicy(VariablePolicy):
         if not isinstance(var, CentralVariable):
             super().materialize(var)
             return
-        central = var._components[0]
+        central = var.primary
         if not var._compute:
             var._compute = [_compute_leaf(central, d) for d in self.strategy.local_devices]
         elif var._dirty:
@@ -121,11 +121,11 @@ class CentralStoragePolicy(VariablePolicy):
         """Replica 0 gives the sums to the central storage; the other replicas no gradient."""
         if index != 0:
             for p in params:
-                p._replica_leaf(index).grad = None
+                p.replica_leaf(index).grad = None
             return
         mine = {dtype: buf.to(self.parameter_device) for dtype, buf in reduced.items()}
         for p, view, none in zip(params, unpack(mine, spec), all_none, strict=True):
-            target = p._components[0] if isinstance(p, CentralVariable) else p._replica_leaf(0)
+            target = p.primary if isinstance(p, CentralVariable) else p.replica_leaf(0)
             target.grad = None if none else view
 
     def install_summed_in_place(
@@ -133,9 +133,9 @@ class CentralStoragePolicy(VariablePolicy):
     ) -> None:
         """Replica 0 moves its (already total) gradients to the central storage."""
         for p, none in zip(params, all_none, strict=True):
-            leaf = p._replica_leaf(index)
+            leaf = p.replica_leaf(index)
             if index == 0 and isinstance(p, CentralVariable):
-                central = p._components[0]
+                central = p.primary
                 grad = leaf.grad
                 central.grad = None if none or grad is None else grad.to(central.device)
             if index != 0 or none:
@@ -146,7 +146,7 @@ class CentralStoragePolicy(VariablePolicy):
     ) -> bool:
         if not isinstance(var, CentralVariable):
             return False
-        central = var._components[0]
+        central = var.primary
         with torch.no_grad():
             func(central, merged.to(central.device))
         if var._compute:
@@ -170,7 +170,7 @@ def _compute_leaf(central: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _refresh(var: CentralVariable, indices: Any) -> None:
-    central = var._components[0]
+    central = var.primary
     with torch.no_grad():
         for i in indices:
             leaf = var._compute[i]

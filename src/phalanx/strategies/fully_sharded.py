@@ -16,11 +16,12 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from phalanx.checkpoint._sharded_state import sharded_state_dicts, sharded_views_open
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.communication_options import CommunicationOptions
+from phalanx.strategies._sharded_views import sharded_state_dicts, sharded_views_open
 from phalanx.strategies._sharding_plan import ShardingPlan
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+from phalanx.strategies.step_sync import StepSync
 from phalanx.variables import DistributedVariable
 
 __all__ = ["SHARD_MODES", "FullyShardedStrategy", "sharded_state_dicts"]
@@ -183,7 +184,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         if self._buckets is not None:  # FSDP2 reduces the gradients, not DDP-style buckets
             self._buckets.close()
             self._buckets = None
-        self._step_sync = _ShardedStep(self)
+        self._sharded_step = _ShardedStep(self)
         self._shard = shard
         self._mp_policy = mixed_precision if mixed_precision is not None else MixedPrecisionPolicy()
         self._plan = ShardingPlan()
@@ -191,6 +192,12 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         self._own_group = False  # this strategy initialised torch.distributed (one worker)
         self._sharded: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]] = {}
         self._adopted: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+
+    @property
+    def step_sync(self) -> StepSync:
+        """Hands optimizers the sharded parameters before their step (FSDP2 reduced the
+        gradients during backward, so there is nothing to sum here)."""
+        return self._sharded_step
 
     def __repr__(self) -> str:
         return (

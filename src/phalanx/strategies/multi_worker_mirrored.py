@@ -23,6 +23,7 @@ from phalanx.communication.worker_group import (
     WorkerGroup,
     seconds_from_env,
 )
+from phalanx.protocols import StepSync
 from phalanx.strategies._bucket_sync import BucketSync
 from phalanx.strategies.run_options import RunOptions
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
@@ -148,12 +149,16 @@ class MultiWorkerMirroredStrategy(Strategy):
                 f"{type(options).__name__}."
             )
         timeout = options.timeout_seconds or DEFAULT_TIMEOUT_SECONDS
-        super().__init__(list(devices) if devices is not None else _local_devices(resolver), None, timeout)
+        super().__init__(
+            list(devices) if devices is not None else _local_devices(resolver),
+            None,
+            timeout,
+            num_workers=resolver.num_workers,
+            worker_index=resolver.worker_index,
+        )
         self._resolver = resolver
         self._options = options
         self._sync_batch_norm = sync_batch_norm
-        self._num_workers = resolver.num_workers
-        self._worker_index = resolver.worker_index
         self._backend = self._pick_backend()
         self._comm_device = torch.device("cpu") if self._backend == "gloo" else self._devices[0]
         self._unbroadcast: list[weakref.ref[torch.Tensor]] = []
@@ -162,11 +167,18 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._closed = False
         self._group: WorkerGroup | None = None
         self._buckets: GradientBuckets | None = None
+        self._bucket_sync: BucketSync | None = None
         if self._num_workers > 1:
             self._group = self._join(join_timeout, heartbeat_timeout)
             if self._num_local_replicas == 1:
                 self._buckets = self._make_buckets(self._group)
-                self._step_sync = BucketSync(self._gradient_sync, self._buckets, self)
+                self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
+
+    @property
+    def step_sync(self) -> StepSync:
+        """The bucket sync with one local replica in a job of several workers, else the
+        in-process gradient sync (see `Strategy.step_sync`)."""
+        return self._bucket_sync if self._bucket_sync is not None else self._gradient_sync
 
     def _join(self, join_timeout: float | None, heartbeat_timeout: float | None) -> WorkerGroup:
         join = join_timeout
@@ -257,13 +269,13 @@ class MultiWorkerMirroredStrategy(Strategy):
         ``dirpath/workertemp_<task_id>`` (created here), which `remove_temp_dirpath` removes.
         A file path (``model.pt``) is answered as ``write_filepath`` would.
         """
-        from phalanx.callbacks import _distributed_files
+        from phalanx.strategies import _distributed_files
 
         return _distributed_files.write_dirpath(dirpath, self)
 
     def remove_temp_dirpath(self, dirpath: str) -> None:
         """Removes this worker's ``workertemp_<task_id>`` folder under ``dirpath`` (non-chief)."""
-        from phalanx.callbacks import _distributed_files
+        from phalanx.strategies import _distributed_files
 
         _distributed_files.remove_temp_dirpath(dirpath, self)
 
@@ -313,7 +325,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         assert self._group is not None
         fresh = [t for t in (ref() for ref in self._unbroadcast) if t is not None]
         self._unbroadcast = []
-        targets = [t._components[0] if isinstance(t, DistributedVariable) else t for t in fresh]
+        targets = [t.primary if isinstance(t, DistributedVariable) else t for t in fresh]
         with torch.no_grad():
             for dtype in dict.fromkeys(t.dtype for t in targets):
                 group = [t for t in targets if t.dtype == dtype]

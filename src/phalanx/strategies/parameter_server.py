@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
+from phalanx.protocols import StepSync
 from phalanx.ps.coordinator.chief import DEFAULT_CONNECT_TIMEOUT, Chief
 from phalanx.ps.coordinator.cluster_coordinator import ClusterCoordinator
 from phalanx.ps.variables import VariableHandle
@@ -48,6 +49,9 @@ class _NoStepsHere:
 
     def reset_thread(self) -> None:
         return None
+
+
+_NO_STEPS_HERE = _NoStepsHere()
 
 
 class ParameterServerStrategy(Strategy):
@@ -92,7 +96,11 @@ class ParameterServerStrategy(Strategy):
         self._resolver = cluster_resolver or resolve_cluster()
         self._chief = Chief(self, self._resolver, variable_partitioner, connect_timeout)
         self._ps = self._chief.ps  # the ps tasks' client (benchmarks read variables through it)
-        self._step_sync = _NoStepsHere()
+
+    @property
+    def step_sync(self) -> StepSync:
+        """Refuses steps: they belong in scheduled functions (see `Strategy.step_sync`)."""
+        return _NO_STEPS_HERE
 
     @property
     def cluster_resolver(self) -> ClusterResolver:

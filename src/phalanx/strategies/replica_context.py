@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from phalanx import context
+from phalanx.strategies._replica_collectives import all_gather_structure, all_reduce_structure
 from phalanx.values import ReduceOp, regroup, select_replica
 
 if TYPE_CHECKING:
     from phalanx.communication.communication_options import CommunicationOptions
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = ["ReplicaContext"]
 
@@ -25,7 +26,7 @@ class ReplicaContext:
         local_replica_index: The replica's index among this process's replicas.
     """
 
-    def __init__(self, strategy: Strategy, local_replica_index: int) -> None:
+    def __init__(self, strategy: DistributionStrategy, local_replica_index: int) -> None:
         self._strategy = strategy
         self.local_replica_index = local_replica_index
         # Global examples of the step being run, when the distributed input knows it.
@@ -35,7 +36,7 @@ class ReplicaContext:
         self._dropout_calls = 0
 
     @property
-    def strategy(self) -> Strategy:
+    def strategy(self) -> DistributionStrategy:
         """The strategy this replica belongs to."""
         return self._strategy
 
@@ -88,9 +89,9 @@ class ReplicaContext:
         gradients (MEAN divides both ways by the replica count). ``value`` may be a nested
         structure of tensors; same shapes and dtypes on every replica.
         """
-        from phalanx.strategies._replica_collectives import all_reduce_structure
-
-        return all_reduce_structure(self, ReduceOp.coerce(reduce_op), value, options)
+        return all_reduce_structure(
+            self._strategy, self.local_replica_index, ReduceOp.coerce(reduce_op), value, options
+        )
 
     def all_gather(self, value: Any, axis: int, options: CommunicationOptions | None = None) -> Any:
         """Concatenates every replica's ``value`` along ``axis``, in replica order (all replicas).
@@ -98,9 +99,7 @@ class ReplicaContext:
         Shapes may differ along ``axis`` only. Differentiable: each replica's gradient is its
         slice of the summed gradient.
         """
-        from phalanx.strategies._replica_collectives import all_gather_structure
-
-        return all_gather_structure(self, value, axis, options)
+        return all_gather_structure(self._strategy, self.local_replica_index, value, axis, options)
 
     def __repr__(self) -> str:
         return (

@@ -2,20 +2,22 @@
 
 Strategies differ by overriding a few documented hooks (how variables are made, how values
 cross workers, where input goes) and by the objects they compose: a `VariablePolicy`
-(``_make_variable_policy``), a `StepSync` (``_step_sync``) and the cross-device ops; never
-through checks of the strategy's type. The hooks and the internal API that phalanx's own
+(``_make_variable_policy``), a `StepSync` (the ``step_sync`` property) and the cross-device
+ops; never through checks of the strategy's type. The hooks and the internal API that phalanx's own
 modules use are listed in docs/architecture.md, "Extension points".
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from phalanx import context
+from phalanx import _hooks, context
 from phalanx.communication.cross_device_ops import (
     CrossDeviceOps,
     destination_devices,
@@ -23,10 +25,12 @@ from phalanx.communication.cross_device_ops import (
 )
 from phalanx.devices import canonical_name, torch_device
 from phalanx.mixed_precision.loss_scale import adopt_torch_grad_scalers
+from phalanx.nn import _registration
+from phalanx.nn._module_tensors import ReplicaWriteGuard
 from phalanx.strategies._batches import BatchLedger
 from phalanx.strategies._gradients import GradientSync
 from phalanx.strategies._reduction import CrossReplicaReduction
-from phalanx.strategies._rendezvous import Rendezvous
+from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
 from phalanx.strategies._replica_threads import ReplicaThreads, thread_modes
 from phalanx.strategies._run_checks import check_gpus_exist, check_run_call, device_scope
 from phalanx.strategies._tf_members import TFStrategyMembers
@@ -73,9 +77,11 @@ class Strategy(TFStrategyMembers):
             devices as TF does.
         timeout_seconds: How long a replica waits at a meeting point (merge_call, all_reduce,
             optimizer.step()) before failing with an error that names the missing replicas.
+        num_workers: Workers that step together (MultiWorkerMirrored: the cluster's workers).
+        worker_index: This worker's rank among them.
     """
 
-    _is_default = False
+    is_default = False
     _schedules_steps = False  # Model.fit schedules each step on a remote worker (ParameterServerStrategy)
     # BatchNorm layers registered in the scope become phalanx.nn.SyncBatchNorm (`sync_batch_norm=True`)
     _sync_batch_norm = False
@@ -85,6 +91,9 @@ class Strategy(TFStrategyMembers):
         devices: Sequence[str | torch.device],
         cross_device_ops: CrossDeviceOps | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        *,
+        num_workers: int = 1,
+        worker_index: int = 0,
     ) -> None:
         if not devices:
             raise ValueError("A strategy needs at least one device. Received: [].")
@@ -95,24 +104,23 @@ class Strategy(TFStrategyMembers):
         self._device_names = tuple(names)
         self._devices = tuple(torch_device(n) for n in names)
         self._num_local_replicas = len(names)
-        self._num_workers = 1
-        self._worker_index = 0
+        self._num_workers = num_workers
+        self._worker_index = worker_index
         self._cross_device_ops = cross_device_ops or select_cross_device_ops(self._devices)
         self._timeout = timeout_seconds
-        self._rendezvous = Rendezvous(self._num_local_replicas, timeout_seconds)
+        self._rendezvous = ReplicaRendezvous(self._num_local_replicas, timeout_seconds)
         self._threads = ReplicaThreads(self._num_local_replicas, type(self).__name__)
-        if self._num_local_replicas > 1:
-            adopt_torch_grad_scalers()  # a plain torch.amp.GradScaler gets per-replica state
+        if not self.is_default:
+            _hooks.track(self)  # torch's global hooks come off once no strategy is alive
         self._replica_contexts = [ReplicaContext(self, i) for i in range(self._num_local_replicas)]
-        self._replica_frame = context._Frame(self, self._replica_contexts[0])
+        self._replica_frame = context.Frame(self, self._replica_contexts[0])
         self._batches = BatchLedger()
         self._run_count = 0
         self._variable_policy = self._make_variable_policy()
         self._reduction = CrossReplicaReduction(self, self._cross_device_ops)
         # The in-process gradient path: sums at the end of backward passes inside `run`
-        # (prepared before each run); also the default step sync.
+        # (prepared before each run); also the default `step_sync`.
         self._gradient_sync = self._in_process_gradient_sync()
-        self._step_sync: StepSync = self._gradient_sync
 
     # ------------------------------------------------------------------ composition (overridable)
     def _make_variable_policy(self) -> VariablePolicy:
@@ -200,7 +208,7 @@ class Strategy(TFStrategyMembers):
         return self._devices
 
     @property
-    def rendezvous(self) -> Rendezvous:
+    def rendezvous(self) -> ReplicaRendezvous:
         """Where this worker's replica threads meet (merge_call, collectives, the step)."""
         return self._rendezvous
 
@@ -208,6 +216,12 @@ class Strategy(TFStrategyMembers):
     def cross_device_ops(self) -> CrossDeviceOps:
         """How this worker's replicas' values are summed onto one device."""
         return self._cross_device_ops
+
+    @property
+    def step_sync(self) -> StepSync:
+        """What ``optimizer.step()`` inside `run` does before and after the update: the
+        in-process gradient sync; a strategy whose steps differ overrides this property."""
+        return self._gradient_sync
 
     @property
     def variable_policy(self) -> VariablePolicy:
@@ -241,20 +255,30 @@ class Strategy(TFStrategyMembers):
         Raises:
             RuntimeError: Another strategy's scope is open on this thread.
         """
-        from phalanx import _hooks
-
-        current = context.get_strategy()
-        if current is not self and not current._is_default:
+        top = context.current_frame()
+        current = top.strategy if top is not None else self
+        if current is not self and not current.is_default:
             raise RuntimeError(
                 f"Mixing different strategies is not allowed: {self!r}.scope() was entered "
                 f"inside the scope (or run) of {current!r}. HINT: leave the other strategy's "
                 "scope first; one program uses one strategy."
             )
-        _hooks.install()
-        top = context._top()
+        self._use_torch_hooks()
         replica_context = top.replica_context if top is not None and top.strategy is self else None
         with context.push_frame(self, replica_context):
             yield self
+
+    def _use_torch_hooks(self) -> None:
+        """Installs phalanx's changes to torch (`phalanx._hooks`) if they are not in place."""
+        if self.is_default:
+            return
+        _hooks.install()
+        if self._num_local_replicas > 1:
+            adopt_torch_grad_scalers()  # a plain torch.amp.GradScaler gets per-replica state
+        if os.environ.get("PHALANX_TIMELINE"):  # opt-in tracing starts with the first scope
+            from phalanx import timeline
+
+            timeline.start()
 
     # ------------------------------------------------------------------ run
     def run(
@@ -282,6 +306,7 @@ class Strategy(TFStrategyMembers):
         """
         check_run_call(self, fn, args, kwargs)
         check_run_options(options)  # TF's options steer TPU compilation only: nothing to apply
+        self._use_torch_hooks()
         self._before_run()
         self._gradient_sync.prepare_run()
         try:
@@ -300,25 +325,24 @@ class Strategy(TFStrategyMembers):
             replica_ctx._example_offset = offsets[i] if offsets else 0
             replica_ctx._dropout_calls = 0
         if self._num_local_replicas == 1:
-            state = context._state
-            previous = state.replica
-            state.stack.append(self._replica_frame)
-            state.replica = (self, 0)
+            previous = context.push_replica_frame(self._replica_frame, 0)
             try:
                 return fn(*args, **kwargs)
             finally:
-                state.stack.pop()
-                state.replica = previous
-                self._step_sync.reset_thread()
+                context.pop_replica_frame(previous)
+                self.step_sync.reset_thread()
                 # The default strategy's replica context is also the one code outside any run
                 # sees: the step's global batch size must not outlive the step.
                 self._replica_contexts[0]._global_batch_size = None
         grad_mode = torch.is_grad_enabled()
         modes = thread_modes()
+        # modules hand replicas plain components: their in-place writes outside a step are checked
+        guarded = self._variable_policy.has_variables
 
         def call(i: int) -> Any:
+            guard = functools.partial(ReplicaWriteGuard, self, i) if guarded else None
             with (
-                context.push_frame(self, self._replica_contexts[i]),
+                context.push_frame(self, self._replica_contexts[i], guard),
                 torch.set_grad_enabled(grad_mode),
                 modes(),
                 device_scope(self._devices[i]),
@@ -326,7 +350,7 @@ class Strategy(TFStrategyMembers):
                 try:
                     return fn(*select_replica(i, args), **select_replica(i, kwargs))
                 finally:
-                    self._step_sync.reset_thread()
+                    self.step_sync.reset_thread()
 
         self._rendezvous.reset()
         return regroup(self._threads.run(call, self._rendezvous.abort, self._rendezvous))
@@ -400,6 +424,17 @@ class Strategy(TFStrategyMembers):
         """Called when ``parent`` registers ``child`` in this strategy's scope (cross-replica
         context); the base ignores it (FullyShardedStrategy learns the model's tree from it)."""
         return
+
+    def _made_in_scope(self, module: torch.nn.Module, attribute: str, tensor: Any) -> None:
+        """Called by `phalanx._hooks` after a module registered ``tensor`` (the replacement, if
+        any) in this strategy's scope outside ``run``; ``attribute`` is ``"_parameters"`` or
+        ``"_buffers"``."""
+        _registration.made_in_scope(module, attribute, self, tensor)
+
+    def _registered_submodule(self, submodule: torch.nn.Module, in_replica: bool) -> Any:
+        """What replaces a submodule registered in this strategy's scope or inside its `run`
+        (``in_replica``) (None: keep it). Called by `phalanx._hooks`."""
+        return _registration.registered_submodule(submodule, self, in_replica, self._sync_batch_norm)
 
     def _fetch_devices(self) -> tuple[torch.device, ...] | None:
         """Where distributed input is placed, per local replica (None: leave it where it is)."""

@@ -38,11 +38,11 @@ from typing import Any, Protocol
 
 import torch
 
-from phalanx import context
 from phalanx.checkpoint import Checkpoint
 from phalanx.checkpoint.manager import latest_checkpoint
+from phalanx.strategies.between_graph import BetweenGraphStrategy
+from phalanx.strategies.default import get_strategy
 from phalanx.strategies.strategy import Strategy
-from phalanx.train.between_graph import BetweenGraphStrategy
 from phalanx.train.hooks import (
     CheckpointSaverHook,
     CheckpointSaverListener,
@@ -198,7 +198,7 @@ class MonitoredTrainingSession:
         max_to_keep: int | None = 5,
         saving_listeners: list[CheckpointSaverListener] | None = None,
     ) -> None:
-        self._strategy: Strategy = strategy if strategy is not None else context.get_strategy()
+        self._strategy: Strategy = strategy if strategy is not None else get_strategy()
         self._backend: _Backend = strategy if strategy is not None else _LocalTraining()
         self._is_chief = self._strategy.is_chief if is_chief is None else bool(is_chief)
         self._checkpoint_dir = checkpoint_dir

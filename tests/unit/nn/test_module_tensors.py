@@ -53,12 +53,15 @@ def _padded_encoder(strategy: phalanx.Strategy) -> torch.Tensor:
 
 
 def test_the_fused_attention_path_runs_as_on_one_device(mirrored_2cpu):
-    """The fused path (nested tensors) leaves padded positions 0; the unfused path does not,
-    so equality shows the fast path ran under Mirrored too."""
+    """The fused path (nested tensors) leaves padded positions exactly 0; the unfused path does
+    not, so zeros on both sides show the fast path ran under Mirrored too. The unpadded outputs
+    agree to a tolerance only: a batch of 4 and two batches of 2 take different GEMM kernels on
+    some CPUs (Intel's differ in the last bits)."""
     expected = _padded_encoder(phalanx.OneDeviceStrategy("cpu"))
     got = _padded_encoder(mirrored_2cpu)
-    assert torch.equal(expected[:, 3:], torch.zeros_like(expected[:, 3:]))
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    for side in (expected, got):
+        assert torch.equal(side[:, 3:], torch.zeros_like(side[:, 3:]))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_an_unaggregated_write_in_a_replica_still_raises(mirrored_2cpu):

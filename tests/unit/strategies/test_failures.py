@@ -13,7 +13,7 @@ from torch import nn
 import phalanx
 from phalanx.communication.stall_inspector import CollectiveMismatchError
 from phalanx.devices import canonical_name
-from phalanx.strategies._rendezvous import Rendezvous, ReplicaAbortedError, ReplicaTimeoutError
+from phalanx.strategies._replica_rendezvous import ReplicaAbortedError, ReplicaRendezvous, ReplicaTimeoutError
 from phalanx.variables import set_aggregation
 
 
@@ -304,7 +304,7 @@ def _in_threads(n, target):
 
 
 def test_rendezvous_exchanges_and_leads_once_per_generation():
-    r = Rendezvous(3, 5.0)
+    r = ReplicaRendezvous(3, 5.0)
     leads = []
 
     def target(i):
@@ -317,13 +317,13 @@ def test_rendezvous_exchanges_and_leads_once_per_generation():
     results = _in_threads(3, target)
     assert results == [[3, 33, 63, [0, 1, 2]]] * 3
     assert leads == [[0, 1, 2], [10, 11, 12], [20, 21, 22]]
-    single = Rendezvous(1, 1.0)
+    single = ReplicaRendezvous(1, 1.0)
     assert single.exchange(0, 5) == [5]
     assert single.exchange(0, 5, lambda v: v[0] + 1) == 6
 
 
 def test_rendezvous_timeout_names_every_missing_replica():
-    r = Rendezvous(4, 0.2)
+    r = ReplicaRendezvous(4, 0.2)
     results = _in_threads(2, lambda i: r.exchange(i * 2, i, what="the test point"))  # replicas 0 and 2
     assert any(isinstance(e, ReplicaTimeoutError) for e in results)
     timeout = next(e for e in results if isinstance(e, ReplicaTimeoutError))
@@ -333,7 +333,7 @@ def test_rendezvous_timeout_names_every_missing_replica():
 
 
 def test_rendezvous_abort_wakes_waiters_and_reset_clears_it():
-    r = Rendezvous(2, 30.0)
+    r = ReplicaRendezvous(2, 30.0)
     started = time.monotonic()
     waiter = threading.Thread(target=lambda: results.append(_catch(lambda: r.exchange(0, "x"))))
     results = []
@@ -358,7 +358,7 @@ def _catch(fn):
 
 
 def test_rendezvous_leader_exceptions_reach_every_replica(mirrored_2cpu):
-    r = Rendezvous(3, 5.0)
+    r = ReplicaRendezvous(3, 5.0)
     results = _in_threads(3, lambda i: r.exchange(i, i, lambda v: 1 / 0))
     assert all(isinstance(e, ZeroDivisionError) for e in results)
     assert _in_threads(3, lambda i: r.exchange(i, i, sum)) == [3, 3, 3]  # the next meeting works

@@ -17,7 +17,7 @@ import phalanx
 from phalanx.communication.cross_device_ops import CrossDeviceOps
 from phalanx.strategies._gradients import GradientSync
 from phalanx.strategies._optimizer_state import PerReplicaState
-from phalanx.strategies._rendezvous import Rendezvous
+from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
 from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.values import ReduceOp
 from phalanx.variables import in_optimizer_step
@@ -42,7 +42,7 @@ class RecordingOps(CrossDeviceOps):
         return self.in_place
 
 
-class RecordingRendezvous(Rendezvous):
+class RecordingRendezvous(ReplicaRendezvous):
     """The real meeting point, recording what each meeting was for."""
 
     def __init__(self, n: int) -> None:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import phalanx
-from phalanx.strategies._rendezvous import Rendezvous
+from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
 from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.strategies.central_storage import CentralStoragePolicy
 
@@ -27,7 +27,7 @@ def test_the_replica_layout_of_every_in_process_strategy(any_strategy, request):
     assert strategy.worker_rank == 0
     assert strategy.first_replica_id == 0
     assert tuple(d.type for d in strategy.local_devices) == device_types
-    assert isinstance(strategy.rendezvous, Rendezvous)
+    assert isinstance(strategy.rendezvous, ReplicaRendezvous)
     assert isinstance(strategy.cross_device_ops, phalanx.ReductionToOneDevice)
     assert strategy.variable_policy.strategy is strategy
     assert strategy.num_replicas_in_sync == local

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.callbacks._distributed_files import remove_temp_dirpath, write_dirpath
 from phalanx.cluster import SimpleClusterResolver
+from phalanx.strategies._distributed_files import remove_temp_dirpath, write_dirpath
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 
 

@@ -29,7 +29,7 @@ def test_cluster_def_has_tf_field_names_and_round_trips():
     cluster_def = spec.as_cluster_def()
     assert cluster_def == ClusterDef((JobDef("worker", {0: "a:1", 1: "b:2"}), JobDef("ps", {3: "c:3"})))
     assert [job.name for job in cluster_def.job] == ["worker", "ps"]
-    assert cluster_def.as_cluster_spec() == spec
+    assert ClusterSpec(cluster_def) == spec  # TF: ClusterSpec(cluster_def)
 
 
 def test_a_local_server_serves_and_describes_itself(monkeypatch):
@@ -40,7 +40,7 @@ def test_a_local_server_serves_and_describes_itself(monkeypatch):
         assert isinstance(definition, ServerDef)
         assert (definition.job_name, definition.task_index, definition.protocol) == ("ps", 0, "grpc")
         assert server.target == f"grpc://127.0.0.1:{definition.port}"
-        assert definition.cluster.as_cluster_spec().as_dict() == {"ps": [f"127.0.0.1:{definition.port}"]}
+        assert ClusterSpec(definition.cluster).as_dict() == {"ps": [f"127.0.0.1:{definition.port}"]}
         # a real ps task: a coordinator's client can reach it
         from phalanx.ps.transport import RpcClient
 

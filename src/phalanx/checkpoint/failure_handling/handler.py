@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from phalanx import context
 from phalanx.checkpoint._files import atomic_write_text, chief_path
 from phalanx.checkpoint.checkpoint import Checkpoint
 from phalanx.checkpoint.failure_handling.coordination import PreemptionCoordinator, check_supported
 from phalanx.checkpoint.failure_handling.policy import Decision
 from phalanx.checkpoint.failure_handling.termination import TerminationConfig
 from phalanx.checkpoint.manager import CheckpointManager, latest_checkpoint
+from phalanx.strategies.default import get_strategy
 
 __all__ = ["STATE_FILE", "PreemptionCheckpointHandler"]
 
@@ -96,7 +96,7 @@ class PreemptionCheckpointHandler:
         checkpoint_dir: str | None = None,
         termination_config: TerminationConfig | None = None,
     ) -> None:
-        strategy = context.get_strategy()
+        strategy = get_strategy()
         check_supported(strategy, "PreemptionCheckpointHandler")
         workers = getattr(cluster_resolver, "num_workers", 1) if cluster_resolver is not None else 1
         if workers > 1 and strategy.num_workers_in_sync < workers:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from phalanx import context
 from phalanx.checkpoint.failure_handling.board import Board, board_for
+from phalanx.strategies.default import get_strategy
 
 __all__ = ["PreemptionWatcher"]
 
@@ -30,7 +30,7 @@ class PreemptionWatcher:
     """
 
     def __init__(self) -> None:
-        self._board: Board = board_for(context.get_strategy())
+        self._board: Board = board_for(get_strategy())
 
     @property
     def preemption_message(self) -> str | None:

@@ -1,2 +1,3 @@
 """A worker task of a parameter-server cluster: runs the functions the coordinator schedules
-(`environment.WorkerEnvironment`), with `strategy.WorkerStrategy` as their strategy."""
+(`environment.WorkerEnvironment`), with `phalanx.strategies.parameter_server_worker.WorkerStrategy`
+as their strategy."""

@@ -8,34 +8,27 @@ as a sparse gradient of the whole weight (the ps tasks apply it; optimizers with
 support get it as a dense gradient, which gives the same update). A module other than the
 embedding that uses the same weight (tied weights) makes the worker read it whole.
 
-The hooks are global torch module hooks, installed once per worker process; they act only
-while a scheduled function runs.
+The hooks are global torch module hooks, installed by the worker's environment through
+`phalanx._hooks` (removed with phalanx's other changes to torch once no strategy is alive);
+they act only while a scheduled function runs.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
+from phalanx import _hooks
 from phalanx.ps.worker import context
 
 __all__ = ["install", "sparse_gradient"]
 
-_lock = threading.Lock()
-_installed = False
 
 
 def install() -> None:
     """Installs the two global hooks (idempotent)."""
-    global _installed
-    with _lock:
-        if not _installed:
-            register_module_forward_pre_hook(_before_forward)
-            register_module_forward_hook(_after_forward)
-            _installed = True
+    _hooks.add_module_forward_hooks(_before_forward, _after_forward)
 
 
 def _before_forward(module: torch.nn.Module, args: Any) -> None:

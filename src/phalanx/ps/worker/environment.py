@@ -31,7 +31,7 @@ from phalanx.ps.variables import BufferChanges, PSClient, VariableHandle
 from phalanx.ps.worker import context, embedding
 from phalanx.ps.worker.after_push import AfterPush
 from phalanx.ps.worker.running import RunningClosure
-from phalanx.ps.worker.strategy import WorkerStrategy
+from phalanx.strategies.parameter_server_worker import WorkerStrategy
 
 __all__ = ["WorkerEnvironment"]
 

@@ -1,27 +1,40 @@
-"""WorkerStrategy: what ``strategy`` is inside a scheduled function on a worker."""
+"""WorkerStrategy: what ``strategy`` is inside a scheduled function on a worker; and
+`PushGradients`, the step of every strategy whose workers push gradients to ps tasks."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
+from phalanx.protocols import StepSync
 from phalanx.strategies.strategy import Strategy
 
-if TYPE_CHECKING:
-    from phalanx.ps.worker.environment import WorkerEnvironment
-
-__all__ = ["WorkerStrategy"]
+__all__ = ["GradientPusher", "PushGradients", "WorkerStrategy"]
 
 
-class _PushGradients:
-    """The worker strategy's optimizer-step hook (a `StepSync`): sends gradients to the ps tasks."""
+class GradientPusher(Protocol):
+    """What a `WorkerStrategy` runs on: a worker's environment (`phalanx.ps.worker.environment`)."""
 
-    def __init__(self, env: WorkerEnvironment) -> None:
-        self._env = env
+    @property
+    def worker_index(self) -> int:
+        """This worker's index in the cluster's ``worker`` job."""
+
+    def push_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Sends ``optimizer``'s gradients to the ps tasks, which apply them."""
+
+
+class PushGradients:
+    """A `StepSync` whose ``optimizer.step()`` pushes the gradients (``push(optimizer)``) to
+    the ps tasks instead of updating locally: a parameter-server worker's and a between-graph
+    worker's."""
+
+    def __init__(self, push: Callable[[torch.optim.Optimizer], None]) -> None:
+        self._push = push
 
     def before_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
-        self._env.push_gradients(optimizer)
+        self._push(optimizer)
 
     def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
         return None
@@ -40,10 +53,15 @@ class WorkerStrategy(Strategy):
         env: The worker's environment (its variables and the ps tasks' client).
     """
 
-    def __init__(self, env: WorkerEnvironment) -> None:
+    def __init__(self, env: GradientPusher) -> None:
         super().__init__(["cpu:0"])
         self._env = env
-        self._step_sync = _PushGradients(env)
+        self._push = PushGradients(env.push_gradients)
+
+    @property
+    def step_sync(self) -> StepSync:
+        """Pushes the gradients to the ps tasks (see `Strategy.step_sync`)."""
+        return self._push
 
     @property
     def worker_index(self) -> int:

@@ -28,11 +28,13 @@ import torch
 from phalanx.cluster._token import cluster_token
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.cluster.resolvers import ClusterResolver, SimpleClusterResolver, resolve_cluster
+from phalanx.protocols import StepSync
 from phalanx.ps.coordinator.local_copies import LocalCopies
 from phalanx.ps.coordinator.optimizer_state import OptimizerStates
 from phalanx.ps.messages import hyperparameters, optimizer_key
 from phalanx.ps.transport import RpcClient
 from phalanx.ps.variables import PSClient, VariableHandle
+from phalanx.strategies.parameter_server_worker import PushGradients
 from phalanx.strategies.strategy import Strategy
 
 __all__ = ["BetweenGraphStrategy", "replica_device_setter"]
@@ -80,22 +82,6 @@ def connect_ps(spec: ClusterSpec, timeout: float) -> PSClient:
     return PSClient(clients)
 
 
-class _PushGradients:
-    """The between-graph step hook (a `StepSync`): gradients go to the ps tasks."""
-
-    def __init__(self, strategy: BetweenGraphStrategy) -> None:
-        self._strategy = strategy
-
-    def before_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
-        self._strategy.push_gradients(optimizer)
-
-    def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
-        return None
-
-    def reset_thread(self) -> None:
-        return None
-
-
 class BetweenGraphStrategy(Strategy):
     """One worker's strategy in between-graph replication (TF1's ``replica_device_setter``).
 
@@ -129,7 +115,12 @@ class BetweenGraphStrategy(Strategy):
         self._optimizers = OptimizerStates(self._ps, self._copies)
         self._created: set[str] = set()
         self._buffers_read: dict[str, tuple[torch.Tensor, VariableHandle, torch.Tensor]] = {}
-        self._step_sync = _PushGradients(self)
+        self._push = PushGradients(self.push_gradients)
+
+    @property
+    def step_sync(self) -> StepSync:
+        """Pushes the gradients to the ps tasks (see `Strategy.step_sync`)."""
+        return self._push
 
     # ------------------------------------------------------------------ identity
     @property

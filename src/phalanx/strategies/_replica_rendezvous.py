@@ -1,6 +1,6 @@
 """Meeting points for the replica threads of one process, and their stall inspector.
 
-Every meeting (`Rendezvous.exchange`) is numbered within a ``run`` and labelled with what it
+Every meeting (`ReplicaRendezvous.exchange`) is numbered within a ``run`` and labelled with what it
 is for ("all_reduce", "merge_call", "optimizer.step()"). A replica whose paths differ from the
 others' is named at once when that is certain (it returned from the function given to
 ``strategy.run`` while the others wait, or it arrived at another meeting point), else after
@@ -19,7 +19,7 @@ from typing import Any
 from phalanx.communication.call_sites import call_site
 from phalanx.communication.stall_inspector import STALL_TIMEOUT_ENV, CollectiveMismatchError, StallSettings
 
-__all__ = ["ReplicaAbortedError", "ReplicaTimeoutError", "Rendezvous"]
+__all__ = ["ReplicaAbortedError", "ReplicaTimeoutError", "ReplicaRendezvous"]
 
 _REPLICA_HINT = (
     "HINT: every replica must make the same calls in the same order; the usual cause is a "
@@ -38,7 +38,7 @@ class ReplicaAbortedError(RuntimeError):
     """Another replica failed, so this replica's step was abandoned."""
 
 
-class Rendezvous:
+class ReplicaRendezvous:
     """Lets ``num_replicas`` threads exchange values; the last to arrive may compute for all.
 
     Each meeting is a generation: every replica calls `exchange` once per generation, in the

@@ -1,0 +1,170 @@
+"""The protocols between phalanx's layers: what the lower layers ask of a strategy.
+
+phalanx is layered (docs/architecture.md, "Layers"): contexts, distributed variables, values,
+device names and the torch hooks at the bottom; ``nn``, ``communication`` and the input
+pipeline above them; ``strategies`` above those. A lower layer never imports a strategy: it
+talks to the one it is given (or the one current on its thread) through these protocols,
+which `phalanx.Strategy` implements. A strategy author subclasses `phalanx.Strategy` and
+overrides the hooks listed in `DistributionStrategy` (the ones with a leading underscore are
+called by phalanx, never by users); the composed parts it may replace implement `StepSync`
+and `VariableHome`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+
+__all__ = ["DistributionStrategy", "StepSync", "VariableHome"]
+
+
+class StepSync(Protocol):
+    """Called around every ``optimizer.step()`` made in a replica context of the strategy.
+
+    `phalanx._hooks` calls these methods from torch's global optimizer-step hooks whenever an
+    optimizer steps inside ``strategy.run``. Implementations: in-process replicas meet and sum
+    gradients (`phalanx.strategies._gradients.GradientSync`); MultiWorkerMirrored's bucket
+    sync waits for the buckets all-reduced during backward; the parameter-server coordinator
+    refuses steps; a parameter-server worker pushes its gradients to the ps tasks.
+    """
+
+    def before_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
+        """Runs before the update (every local replica calls it, each on its own thread):
+        makes ``.grad`` hold what the update must apply, or raises."""
+
+    def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
+        """Runs after the update (every local replica)."""
+
+    def reset_thread(self) -> None:
+        """Clears this thread's step state when a replica's ``run`` ends (also after an error)."""
+
+
+class VariableHome(Protocol):
+    """Where a strategy's distributed variables live and how they are read and written
+    (`phalanx.strategies._variable_policy.VariablePolicy`; CentralStorage has its own)."""
+
+    @property
+    def has_variables(self) -> bool:
+        """Whether the strategy made any distributed variable."""
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever the set of variables or their components changes."""
+
+    def variables(self) -> Iterable[Any]:
+        """The live distributed variables."""
+
+    def materialize(self, var: Any) -> None:
+        """Makes missing components from the primary, or re-mirrors after cross-replica writes."""
+
+    def aggregate_sync_on_read(self, var: Any) -> torch.Tensor:
+        """The cross-replica value of a sync-on-read variable (a collective with several workers)."""
+
+    def merged_assign(
+        self, var: Any, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], index: int
+    ) -> Any:
+        """A replica's aggregated in-place write of a mirrored variable (all local replicas; blocks)."""
+
+    def reassign_buffer(self, module: torch.nn.Module, name: str, value: Any, ctx: Any) -> Any:
+        """A module re-assigned its buffer inside ``run`` (None: not a variable, let torch assign)."""
+
+
+class DistributionStrategy(Protocol):
+    """What contexts, variables, the torch hooks, ``nn``, the input pipeline and a strategy's
+    composed parts ask of a strategy. `phalanx.Strategy` implements all of it.
+
+    Identity and layout (read by everyone): `is_default`, `num_local_replicas`,
+    `num_replicas_in_sync`, `num_workers_in_sync`, `worker_rank`, `first_replica_id`,
+    `local_devices`, `rendezvous`, `cross_device_ops`, `variable_policy`, `step_sync`,
+    `replica_context`.
+
+    Hooks a strategy overrides (called by phalanx, never by users; see docs/architecture.md,
+    "Extension points"): `_create_parameter`, `_create_buffer`, `_made_in_scope`,
+    `_registered_submodule`, `_note_submodule` (`phalanx._hooks`, at registrations in the scope);
+    `_step_outside_run` (an ``optimizer.step()`` in the scope outside ``run``);
+    `_fetch_devices`, `_any_worker_has_data` (the input pipeline); `_cross_worker_all_reduce`,
+    `_cross_worker_all_gather` (reductions that cross processes).
+    """
+
+    @property
+    def is_default(self) -> bool:
+        """True for the pass-through default strategy only."""
+
+    @property
+    def num_local_replicas(self) -> int:
+        """Replicas in this process."""
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Replicas of all workers that step together."""
+
+    @property
+    def num_workers_in_sync(self) -> int:
+        """Workers that step together."""
+
+    @property
+    def worker_rank(self) -> int:
+        """This worker's rank among the workers that step together."""
+
+    @property
+    def first_replica_id(self) -> int:
+        """The global index of this worker's first replica."""
+
+    @property
+    def local_devices(self) -> tuple[torch.device, ...]:
+        """One device per local replica."""
+
+    @property
+    def rendezvous(self) -> Any:
+        """Where this worker's replicas meet (`phalanx.strategies._replica_rendezvous.ReplicaRendezvous`)."""
+
+    @property
+    def cross_device_ops(self) -> Any:
+        """How local replicas' values are reduced (`phalanx.CrossDeviceOps`)."""
+
+    @property
+    def variable_policy(self) -> VariableHome:
+        """Where this strategy's distributed variables live."""
+
+    @property
+    def step_sync(self) -> StepSync:
+        """What ``optimizer.step()`` inside ``run`` does before and after the update."""
+
+    def replica_context(self, index: int) -> Any:
+        """The `phalanx.ReplicaContext` of local replica ``index``."""
+
+    def scope(self) -> AbstractContextManager[Any]:
+        """Makes the strategy current on this thread."""
+
+    def run(self, fn: Callable[..., Any], args: Any = (), kwargs: dict[str, Any] | None = None) -> Any:
+        """Runs ``fn`` once per local replica."""
+
+    def remember_batch(self, batch: Any, global_count: int | None, offsets: list[int] | None) -> None:
+        """Notes a distributed batch's global size and per-replica offsets for the next ``run``."""
+
+    def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any: ...
+
+    def _create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any: ...
+
+    def _made_in_scope(self, module: torch.nn.Module, attribute: str, tensor: Any) -> None: ...
+
+    def _registered_submodule(self, submodule: torch.nn.Module, in_replica: bool) -> Any: ...
+
+    def _note_submodule(self, parent: torch.nn.Module, child: torch.nn.Module) -> None: ...
+
+    def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None: ...
+
+    def _fetch_devices(self) -> tuple[torch.device, ...] | None: ...
+
+    def _any_worker_has_data(self, has_data: bool) -> bool: ...
+
+    def _cross_worker_all_reduce(
+        self, tensor: torch.Tensor, op: Any, options: Any = None
+    ) -> torch.Tensor: ...
+
+    def _cross_worker_all_gather(
+        self, tensor: torch.Tensor, axis: int, local_sizes: list[int], options: Any = None
+    ) -> tuple[torch.Tensor, list[int]]: ...
