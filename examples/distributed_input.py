@@ -6,8 +6,7 @@ Every code cell of the guide is here, in order, with TF's names changed to phala
 (``tf.distribute`` -> ``phalanx``, ``tf.data`` -> ``phalanx.data``, ``tf.config`` ->
 ``phalanx.config``). Where PyTorch differs the line says so: there is no ``tf.function``
 to compile (the step functions run eagerly), the Keras ``StringLookup`` layer is a small
-``torch.nn.Module``, and ``Dataset.from_generator`` needs no ``output_types`` (the elements
-describe themselves).
+``torch.nn.Module``, and dtypes are torch's (``output_types=torch.float32``).
 """
 
 import numpy as np
@@ -250,11 +249,11 @@ mirrored_strategy = phalanx.MirroredStrategy()
 
 def input_gen():
     while True:
-        yield np.random.rand(4).astype(np.float32)  # TF: output_types=tf.float32
+        yield np.random.rand(4)
 
 
-# use Dataset.from_generator (TF's output_types/output_shapes: the elements carry them)
-dataset = phalanx.data.Dataset.from_generator(input_gen)
+# use Dataset.from_generator
+dataset = phalanx.data.Dataset.from_generator(input_gen, output_types=(torch.float32), output_shapes=(4,))
 dist_dataset = mirrored_strategy.experimental_distribute_dataset(dataset)
 iterator = iter(dist_dataset)
 for _ in range(4):

@@ -20,6 +20,7 @@ from phalanx.data.batching import Batch, Unbatch
 from phalanx.data.cardinality import INFINITE, describe, is_known
 from phalanx.data.combine import Concatenate, Zip
 from phalanx.data.dataset_options import Options
+from phalanx.data.generator_types import typed_generator
 from phalanx.data.interleave import Interleave
 from phalanx.data.op import Op
 from phalanx.data.parallel import AUTOTUNE, resolve_parallelism
@@ -101,14 +102,30 @@ class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         return Dataset(Range(builtins.range(*args), dtype))
 
     @staticmethod
-    def from_generator(generator: Callable[..., Iterable[Any]], args: tuple[Any, ...] = ()) -> Dataset:
+    def from_generator(
+        generator: Callable[..., Iterable[Any]],
+        output_types: Any = None,
+        output_shapes: Any = None,
+        args: tuple[Any, ...] | None = None,
+        output_signature: Any = None,
+    ) -> Dataset:
         """Elements from ``generator(*args)``, called anew for every pass; cardinality UNKNOWN.
+
+        With TF's ``output_types`` (and ``output_shapes``) or ``output_signature``, each
+        element becomes tensors of those dtypes and is checked against those shapes
+        (`phalanx.data.generator_types`); without them elements are taken as they come.
 
         Raises:
             TypeError: ``generator`` is not callable (at iteration: it returned no iterable).
+            ValueError: Declarations that break TF's rules, or (at iteration) an element that
+                does not match them.
         """
         require_callable("from_generator's generator", generator)
-        return Dataset(Generator(lambda: generator(*args)))
+        call_args = tuple(args or ())
+        made: Callable[[], Iterable[Any]] = lambda: generator(*call_args)  # noqa: E731
+        if output_types is not None or output_shapes is not None or output_signature is not None:
+            made = typed_generator(made, output_types, output_shapes, output_signature)
+        return Dataset(Generator(made))
 
     @staticmethod
     def from_files(paths: PathLike | Sequence[PathLike], reader: Callable[[str], Iterable[Any]]) -> Dataset:
