@@ -44,7 +44,7 @@ from phalanx.ps.worker import context
 
 if TYPE_CHECKING:
     from phalanx.input.per_worker import WorkerIterator
-    from phalanx.ps.variables import VariableHandle
+    from phalanx.ps.handles import VariableHandle
     from phalanx.ps.worker.environment import WorkerEnvironment
     from phalanx.strategies.parameter_server_worker import WorkerStrategy
 
