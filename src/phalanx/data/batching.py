@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from phalanx.data import structure
 from phalanx.data.cardinality import UNKNOWN, is_known
-from phalanx.data.op import Op
+from phalanx.data.op import Input, Op
 from phalanx.data.rows import batch_rows
-
-if TYPE_CHECKING:
-    from phalanx.data.dataset import Dataset
 
 __all__ = ["Batch", "Unbatch"]
 
@@ -29,7 +26,7 @@ class Batch(Op):
     def __init__(self, batch_size: int, drop_remainder: bool) -> None:
         self._size, self._drop = batch_size, drop_remainder
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         rows = inputs[0]._rows()
         if rows is not None:
             return batch_rows(rows, self._size, self._drop)
@@ -62,7 +59,7 @@ class Unbatch(Op):
 
     name = "unbatch"
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return (row for batch in inputs[0] for row in structure.unstack(batch))
 
     def cardinality(self, inputs: Sequence[int]) -> int:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from phalanx.data.cardinality import INFINITE, UNKNOWN, is_known
-from phalanx.data.op import Op
-
-if TYPE_CHECKING:
-    from phalanx.data.dataset import Dataset
+from phalanx.data.op import Input, Op
 
 __all__ = ["Concatenate", "Zip"]
 
@@ -23,7 +20,7 @@ class Zip(Op):
     def __init__(self, keys: list[str] | None) -> None:
         self._keys = keys  # None: tuples; else the dict keys, one per input
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         together = zip(*inputs, strict=False)
         if self._keys is None:
             return together
@@ -42,7 +39,7 @@ class Concatenate(Op):
 
     name = "concatenate"
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return itertools.chain(inputs[0], inputs[1])
 
     def cardinality(self, inputs: Sequence[int]) -> int:

@@ -7,15 +7,12 @@ chain keeps its source files, so FILE auto-sharding can rebuild it over a subset
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from phalanx.data import structure
 from phalanx.data.cardinality import UNKNOWN
-from phalanx.data.op import Op
+from phalanx.data.op import Input, Op
 from phalanx.data.prefetch import PrefetchIterator
-
-if TYPE_CHECKING:
-    from phalanx.data.dataset import Dataset
 
 __all__ = ["Interleave"]
 
@@ -49,7 +46,7 @@ class Interleave(Op):
             return PrefetchIterator(elements, max(self._block, 2), "phalanx-interleave")
         return elements
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return _Cycle(iter(inputs[0]), self._open, self._cycle, self._block).run()
 
     def cardinality(self, inputs: Sequence[int]) -> int:

@@ -1,7 +1,9 @@
 """Op: one step of a pipeline, either a source (no inputs) or a transformation of inputs.
 
 A `Dataset` is an op plus the datasets it reads from. Ops are immutable descriptions: each
-``iterate`` call starts a fresh pass, so a dataset can be iterated any number of times.
+``iterate`` call starts a fresh pass, so a dataset can be iterated any number of times. Ops
+see their inputs through `Input`, the little of a `Dataset` they use, so no op imports
+dataset.py (which imports every op).
 What differs between transformations lives in their op class, never in checks on a kind.
 """
 
@@ -9,14 +11,25 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from phalanx.data.dataset import Dataset
     from phalanx.data.dataset_options import Options
     from phalanx.data.rows import Rows
 
-__all__ = ["Op"]
+__all__ = ["Input", "Op"]
+
+
+class Input(Protocol):
+    """What an op reads from an input dataset: `Dataset` is the one implementation."""
+
+    def __iter__(self) -> Iterator[Any]:
+        """A fresh pass over the input's elements."""
+        ...
+
+    def _rows(self) -> Rows | None:
+        """The input's source tensors and row order, when its elements are plain rows."""
+        ...
 
 
 class Op(abc.ABC):
@@ -29,14 +42,14 @@ class Op(abc.ABC):
     name: str = "op"
 
     @abc.abstractmethod
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         """A fresh pass over the elements, reading from ``inputs``."""
 
     @abc.abstractmethod
     def cardinality(self, inputs: Sequence[int]) -> int:
         """The element count given the inputs' cardinalities (or INFINITE/UNKNOWN)."""
 
-    def rows(self, inputs: Sequence[Dataset]) -> Rows | None:
+    def rows(self, inputs: Sequence[Input]) -> Rows | None:
         """The source tensors and row order this op yields, when it yields plain rows of them.
 
         `batch` uses it to slice or gather whole batches instead of stacking element by

@@ -11,12 +11,9 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from phalanx.data.op import Op
-
-if TYPE_CHECKING:
-    from phalanx.data.dataset import Dataset
+from phalanx.data.op import Input, Op
 
 __all__ = ["Prefetch", "PrefetchIterator"]
 
@@ -139,7 +136,7 @@ class Prefetch(Op):
     def __init__(self, buffer_size: int) -> None:
         self._size = buffer_size
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         if self._size == 0:
             return iter(inputs[0])
         return PrefetchIterator(iter(inputs[0]), self._size)

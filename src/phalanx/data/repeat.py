@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from phalanx.data.cardinality import INFINITE, is_known
-from phalanx.data.op import Op
+from phalanx.data.op import Input, Op
 from phalanx.data.rows import Rows, indices
-
-if TYPE_CHECKING:
-    from phalanx.data.dataset import Dataset
 
 __all__ = ["Repeat"]
 
@@ -35,7 +32,7 @@ class Repeat(Op):
     def __init__(self, count: int) -> None:
         self._count = count
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return _passes(self._count, lambda: inputs[0])
 
     def cardinality(self, inputs: Sequence[int]) -> int:
@@ -46,7 +43,7 @@ class Repeat(Op):
             return 0
         return n * self._count if is_known(n) else n
 
-    def rows(self, inputs: Sequence[Dataset]) -> Rows | None:
+    def rows(self, inputs: Sequence[Input]) -> Rows | None:
         rows = inputs[0]._rows()
         if rows is None:
             return None

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from phalanx.data import structure
 from phalanx.data.cardinality import INFINITE, is_known
-from phalanx.data.op import Op
+from phalanx.data.op import Input, Op
 from phalanx.data.rows import Order, Rows, indices
-
-if TYPE_CHECKING:
-    from phalanx.data.dataset import Dataset
 
 __all__ = ["Shard", "Skip", "Take"]
 
@@ -35,7 +32,7 @@ class Take(Op):
     def __init__(self, count: int) -> None:
         self._count = count
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return itertools.islice(inputs[0], None if self._count < 0 else self._count)
 
     def cardinality(self, inputs: Sequence[int]) -> int:
@@ -46,7 +43,7 @@ class Take(Op):
             return self._count
         return min(n, self._count) if is_known(n) else n
 
-    def rows(self, inputs: Sequence[Dataset]) -> Rows | None:
+    def rows(self, inputs: Sequence[Input]) -> Rows | None:
         rows = inputs[0]._rows()
         if rows is None or self._count < 0:
             return rows
@@ -64,7 +61,7 @@ class Skip(Op):
     def __init__(self, count: int) -> None:
         self._count = count
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         if self._count < 0:
             return _drain(iter(inputs[0]))
         return itertools.islice(inputs[0], self._count, None)
@@ -75,7 +72,7 @@ class Skip(Op):
             return n
         return 0 if self._count < 0 else max(0, n - self._count)
 
-    def rows(self, inputs: Sequence[Dataset]) -> Rows | None:
+    def rows(self, inputs: Sequence[Input]) -> Rows | None:
         rows = inputs[0]._rows()
         if rows is None:
             return None
@@ -105,7 +102,7 @@ class Shard(Op):
     def __init__(self, num_shards: int, index: int, block: int = 1) -> None:
         self._num_shards, self._index, self._block = num_shards, index, block
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         rows = self.rows(inputs)
         if rows is not None:  # read only this shard's rows of the source tensors
             return (structure.index(rows.data, i) for i in indices(rows.order))
@@ -124,7 +121,7 @@ class Shard(Op):
         rest = n % cycle - self._index * self._block
         return n // cycle * self._block + min(max(rest, 0), self._block)
 
-    def rows(self, inputs: Sequence[Dataset]) -> Rows | None:
+    def rows(self, inputs: Sequence[Input]) -> Rows | None:
         rows = inputs[0]._rows()
         if rows is None:
             return None

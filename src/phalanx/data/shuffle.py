@@ -5,15 +5,12 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from phalanx.data.op import Op
+from phalanx.data.op import Input, Op
 from phalanx.data.rows import Order, Rows, indices
-
-if TYPE_CHECKING:
-    from phalanx.data.dataset import Dataset
 
 __all__ = ["Shuffle", "buffer_shuffle"]
 
@@ -54,13 +51,13 @@ class Shuffle(Op):
         epoch = next(self._passes) if self._reshuffle else 0
         return random.Random(f"phalanx-shuffle/{self._seed}/{epoch}")
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return buffer_shuffle(iter(inputs[0]), self._size, self._rng())
 
     def cardinality(self, inputs: Sequence[int]) -> int:
         return inputs[0]
 
-    def rows(self, inputs: Sequence[Dataset]) -> Rows | None:
+    def rows(self, inputs: Sequence[Input]) -> Rows | None:
         rows = inputs[0]._rows()
         if rows is None:
             return None

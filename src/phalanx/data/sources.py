@@ -5,17 +5,14 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from phalanx.data import structure
 from phalanx.data.cardinality import UNKNOWN
-from phalanx.data.op import Op
+from phalanx.data.op import Input, Op
 from phalanx.data.rows import Rows
-
-if TYPE_CHECKING:
-    from phalanx.data.dataset import Dataset
 
 __all__ = ["FileList", "Generator", "Range", "TensorSlices", "glob_files"]
 
@@ -30,13 +27,13 @@ class TensorSlices(Op):
     def __init__(self, data: Any, size: int) -> None:
         self._data, self._size = data, size
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return (structure.index(self._data, i) for i in range(self._size))
 
     def cardinality(self, inputs: Sequence[int]) -> int:
         return self._size
 
-    def rows(self, inputs: Sequence[Dataset]) -> Rows | None:
+    def rows(self, inputs: Sequence[Input]) -> Rows | None:
         return Rows(self._data, range(self._size))
 
     def describe(self) -> str:
@@ -51,7 +48,7 @@ class Range(Op):
     def __init__(self, values: range, dtype: torch.dtype) -> None:
         self._values, self._dtype = values, dtype
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return (torch.tensor(v, dtype=self._dtype) for v in self._values)
 
     def cardinality(self, inputs: Sequence[int]) -> int:
@@ -70,7 +67,7 @@ class Generator(Op):
     def __init__(self, generator: Callable[[], Iterable[Any]]) -> None:
         self._generator = generator
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         produced = self._generator()
         if not isinstance(produced, Iterable):
             raise TypeError(
@@ -92,7 +89,7 @@ class FileList(Op):
     def __init__(self, files: list[str]) -> None:
         self._files = list(files)
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return iter(list(self._files))
 
     def cardinality(self, inputs: Sequence[int]) -> int:

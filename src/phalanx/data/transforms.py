@@ -10,11 +10,10 @@ import torch
 
 from phalanx.data import structure
 from phalanx.data.cardinality import UNKNOWN
-from phalanx.data.op import Op
+from phalanx.data.op import Input, Op
 from phalanx.data.parallel import parallel_map
 
 if TYPE_CHECKING:
-    from phalanx.data.dataset import Dataset
     from phalanx.data.dataset_options import Options
 
 __all__ = ["Cache", "Enumerate", "Filter", "Map", "WithOptions"]
@@ -31,7 +30,7 @@ class Map(Op):
     def _call(self, element: Any) -> Any:
         return structure.to_tensors(structure.apply_unpacked(self._fn, element))
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         if self._workers == 1:
             return (self._call(e) for e in inputs[0])
         return parallel_map(self._call, iter(inputs[0]), self._workers)
@@ -51,7 +50,7 @@ class Filter(Op):
     def __init__(self, predicate: Callable[..., Any]) -> None:
         self._predicate = predicate
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return (e for e in inputs[0] if _truth(structure.apply_unpacked(self._predicate, e)))
 
     def cardinality(self, inputs: Sequence[int]) -> int:
@@ -75,7 +74,7 @@ class Enumerate(Op):
     def __init__(self, start: int) -> None:
         self._start = start
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return ((torch.tensor(i), e) for i, e in enumerate(inputs[0], self._start))
 
     def cardinality(self, inputs: Sequence[int]) -> int:
@@ -90,7 +89,7 @@ class WithOptions(Op):
     def __init__(self, options: Options) -> None:
         self._options = options.copy()
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         return iter(inputs[0])
 
     def cardinality(self, inputs: Sequence[int]) -> int:
@@ -117,12 +116,12 @@ class Cache(Op):
         self._elements: list[Any] | None = None
         self._lock = threading.Lock()
 
-    def iterate(self, inputs: Sequence[Dataset]) -> Iterator[Any]:
+    def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
         with self._lock:
             stored = self._elements
         return iter(stored) if stored is not None else self._fill(inputs[0])
 
-    def _fill(self, source: Dataset) -> Iterator[Any]:
+    def _fill(self, source: Input) -> Iterator[Any]:
         elements = []
         for e in source:
             elements.append(e)

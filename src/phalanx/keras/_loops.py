@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -11,9 +11,27 @@ from phalanx.input.input_options import AutoShardPolicy
 
 if TYPE_CHECKING:
     from phalanx.keras.data_adapter import DataHandler
-    from phalanx.keras.model import Model
 
-__all__ = ["evaluate_loop", "predict_loop", "train_epoch"]
+__all__ = ["LoopModel", "evaluate_loop", "predict_loop", "train_epoch"]
+
+
+class LoopModel(Protocol):
+    """What the loops use of a `phalanx.keras.Model` (the one implementation), named here so
+    this module does not import model.py, which imports it."""
+
+    stop_training: bool
+    training: bool
+    _steps_done: int
+
+    @property
+    def strategy(self) -> Any: ...
+    def train(self, mode: bool = True) -> Any: ...
+    def eval(self) -> Any: ...
+    def _logs(self) -> dict[str, float]: ...
+    def _train_step(self, x: Any, y: Any, sample_weight: Any = None) -> None: ...
+    def _test_step(self, x: Any, y: Any, sample_weight: Any = None) -> None: ...
+    def _predict_step(self, x: Any, y: Any = None, sample_weight: Any = None) -> Any: ...
+    def _reset_metrics(self) -> None: ...
 
 
 class _Options:
@@ -35,12 +53,12 @@ class _Epoch:
         return _Options(AutoShardPolicy.DATA)
 
 
-def _distributed(model: Model, handler: DataHandler, epoch: int, skip: int) -> Any:
+def _distributed(model: LoopModel, handler: DataHandler, epoch: int, skip: int) -> Any:
     return model.strategy.experimental_distribute_dataset(_Epoch(handler.epoch(epoch, skip)))
 
 
 def train_epoch(
-    model: Model, handler: DataHandler, epoch: int, skip: int, callbacks: Any
+    model: LoopModel, handler: DataHandler, epoch: int, skip: int, callbacks: Any
 ) -> dict[str, float]:
     """Trains one epoch from step ``skip``; returns the epoch's global logs."""
     strategy = model.strategy
@@ -59,7 +77,7 @@ def train_epoch(
 
 
 def _scheduled_train_epoch(
-    model: Model, handler: DataHandler, epoch: int, skip: int, callbacks: Any
+    model: LoopModel, handler: DataHandler, epoch: int, skip: int, callbacks: Any
 ) -> dict[str, float]:
     """One epoch under a strategy whose steps run on remote workers (ParameterServerStrategy):
     every global batch becomes a function scheduled on some worker, asynchronously; the epoch
@@ -83,12 +101,12 @@ def _scheduled_train_epoch(
     return logs
 
 
-def _train_step_on_worker(model: Model, batch: tuple[Any, ...]) -> None:
+def _train_step_on_worker(model: LoopModel, batch: tuple[Any, ...]) -> None:
     """Runs on a worker: the model, its optimizer and metrics resolve to the worker's copies."""
     model.strategy.run(model._train_step, args=batch)
 
 
-def evaluate_loop(model: Model, handler: DataHandler, callbacks: Any) -> dict[str, float]:
+def evaluate_loop(model: LoopModel, handler: DataHandler, callbacks: Any) -> dict[str, float]:
     """Runs the test step over one pass of ``handler``; returns global logs."""
     strategy = model.strategy
     model._reset_metrics()
@@ -108,7 +126,7 @@ def evaluate_loop(model: Model, handler: DataHandler, callbacks: Any) -> dict[st
     return logs
 
 
-def predict_loop(model: Model, handler: DataHandler, callbacks: Any) -> Any:
+def predict_loop(model: LoopModel, handler: DataHandler, callbacks: Any) -> Any:
     """Predictions for every example, in input order, gathered over replicas and workers."""
     strategy = model.strategy
     outputs: list[Any] = []

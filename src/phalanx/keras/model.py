@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from phalanx import mixed_precision
-from phalanx.keras import optimizers
+from phalanx.keras import _model_files, optimizers
 from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch
 from phalanx.keras.compile_utils import LossContainer, identifier_config, resolve_metrics
 from phalanx.keras.data_adapter import DataHandler, float_dtype_of, split_validation
@@ -315,28 +315,20 @@ class Model(nn.Module):
     # ------------------------------------------------------------------ inspection and saving
     def summary(self, print_fn: Any = print) -> None:
         """Prints the layers with their parameter counts (Keras' summary, without shapes)."""
-        from phalanx.keras.saving import summary_lines
-
-        for line in summary_lines(self):
+        for line in _model_files.summary_lines(self):
             print_fn(line)
 
     def save(self, filepath: str) -> None:
         """Saves architecture reference, weights, compile config and optimizer state (all workers)."""
-        from phalanx.keras.saving import save_model
-
-        save_model(self, filepath)
+        _model_files.save_model(self, filepath)
 
     def save_weights(self, filepath: str) -> None:
         """Saves the wrapped module's state dict (plain tensors; chief's file kept)."""
-        from phalanx.keras.saving import save_weights
-
-        save_weights(self, filepath)
+        _model_files.save_weights(self, filepath)
 
     def load_weights(self, filepath: str) -> None:
         """Loads weights saved by `save_weights` (or `save`) into every replica."""
-        from phalanx.keras.saving import load_weights
-
-        load_weights(self, filepath)
+        _model_files.load_weights(self, filepath)
 
     def get_weights(self) -> list[Any]:
         """The module's parameters and buffers as NumPy arrays, in state-dict order."""

@@ -12,6 +12,7 @@ from phalanx import losses
 from phalanx.losses._resolve import BY_NAME as LOSS_NAMES
 from phalanx.losses._utils import to_snake_case
 from phalanx.metrics import accuracy as acc
+from phalanx.metrics._functions import FUNCTIONS, accuracy_by_shapes
 from phalanx.metrics.auc import AUC
 from phalanx.metrics.metric import Metric
 from phalanx.metrics.precision_recall import Precision, Recall
@@ -40,20 +41,6 @@ _CLASSES: list[type[Metric]] = [
 # Names that compile(metrics=[...]) takes; Mean and Sum take values, not (y_true, y_pred).
 _COMPILABLE = [c for c in _CLASSES if c not in (Mean, Sum)]
 _ALIASES = {"mse": MeanSquaredError, "mae": MeanAbsoluteError}
-
-FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
-    fn.__name__: fn
-    for fn in (
-        acc.accuracy,
-        acc.binary_accuracy,
-        acc.categorical_accuracy,
-        acc.sparse_categorical_accuracy,
-        acc.top_k_categorical_accuracy,
-        acc.sparse_top_k_categorical_accuracy,
-        losses.mean_squared_error,
-        losses.mean_absolute_error,
-    )
-}
 
 
 def _by_name() -> dict[str, type[Metric]]:
@@ -91,19 +78,6 @@ def accuracy_for(loss: Any, name: str = "accuracy") -> Metric:
         if loss is cls or isinstance(loss, cls) or loss is fn or getattr(loss, "fn", None) is fn:
             return metric(name=name)
     return MeanMetricWrapper(accuracy_by_shapes, name=name)
-
-
-def accuracy_by_shapes(y_true: Any, y_pred: Any) -> torch.Tensor:
-    """Keras 3's rule: one output column (or rank 1) is binary; fewer target axes is sparse."""
-    true, pred = torch.as_tensor(y_true), torch.as_tensor(y_pred)
-    if pred.dim() <= 1 or pred.shape[-1] == 1:
-        return acc.binary_accuracy(true, pred)
-    if true.dim() < pred.dim() or true.shape[-1] == 1:
-        return acc.sparse_categorical_accuracy(true, pred)
-    return acc.categorical_accuracy(true, pred)
-
-
-FUNCTIONS[accuracy_by_shapes.__name__] = accuracy_by_shapes
 
 
 def get(identifier: Any, loss: Any = None) -> Metric:

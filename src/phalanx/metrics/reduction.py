@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from phalanx.losses._utils import divide_no_nan
+from phalanx.metrics._functions import FUNCTIONS
 from phalanx.metrics._samplewise import mean_over, reduce_to_samplewise_values, sum_over
 from phalanx.metrics.metric import Metric
 
@@ -116,8 +117,6 @@ class MeanMetricWrapper(Mean):
         """
         if cls is not MeanMetricWrapper:
             return cls(**config)
-        from phalanx.metrics._resolve import FUNCTIONS  # the registry imports this module
-
         config = dict(config)
         name = config.pop("fn", None)
         if name not in FUNCTIONS:

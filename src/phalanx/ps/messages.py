@@ -14,7 +14,7 @@ import cloudpickle
 import torch
 
 if TYPE_CHECKING:
-    from phalanx.ps.variables import VariableHandle
+    from phalanx.ps.handles import VariableHandle
 
 __all__ = [
     "MESSAGE_HINT",

@@ -44,8 +44,7 @@ from phalanx.ps.worker import context
 
 if TYPE_CHECKING:
     from phalanx.input.per_worker import WorkerIterator
-    from phalanx.ps.variables import VariableHandle
-    from phalanx.ps.worker.environment import WorkerEnvironment
+    from phalanx.ps.handles import VariableHandle
     from phalanx.strategies.parameter_server_worker import WorkerStrategy
 
 __all__ = [
@@ -170,7 +169,7 @@ def dumps_exception(exc: BaseException) -> bytes:
 
 
 # ---------------------------------------------------------------------- the worker's half
-def _worker() -> WorkerEnvironment:
+def _worker() -> context.Environment:
     env = context.current()
     if env is None:
         raise RuntimeError(

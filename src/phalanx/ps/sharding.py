@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from phalanx.ps.variables import VariableHandle
+    from phalanx.ps.handles import VariableHandle
 
 __all__ = ["join_state", "join_values", "rows_of", "split_gradient", "split_state", "split_value"]
 

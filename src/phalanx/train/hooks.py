@@ -12,17 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from phalanx.checkpoint import CheckpointManager
-
-if TYPE_CHECKING:
-    from phalanx.train.session import MonitoredTrainingSession
+from phalanx.checkpoint import Checkpoint, CheckpointManager
 
 __all__ = [
     "CheckpointSaverHook",
+    "HookedSession",
     "CheckpointSaverListener",
     "SessionRunContext",
     "SessionRunHook",
@@ -37,10 +36,37 @@ log = logging.getLogger("phalanx")
 CHECKPOINT_NAME = "model.ckpt"  # files model.ckpt-<global step>.pt, as TF1's names
 
 
+class HookedSession(Protocol):
+    """The session a hook runs in, as hooks see it: `MonitoredTrainingSession` is the one
+    implementation (named here so this module does not import the session, which imports it)."""
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """What the chief saves and restores."""
+        ...
+
+    @property
+    def global_step(self) -> int:
+        """The global step."""
+        ...
+
+    def should_stop(self) -> bool:
+        """Whether a hook asked to stop (or the session is closed)."""
+        ...
+
+    def request_stop(self) -> None:
+        """Ends the loop: `should_stop` turns True."""
+        ...
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Runs one training step ``fn(*args, **kwargs)``."""
+        ...
+
+
 class SessionRunContext:
     """What a hook sees of one ``session.run`` (tf.train.SessionRunContext)."""
 
-    def __init__(self, session: MonitoredTrainingSession) -> None:
+    def __init__(self, session: HookedSession) -> None:
         self.session = session
         self._stop_requested = False
 
@@ -66,7 +92,7 @@ class SessionRunHook:
     def begin(self) -> None:
         """Before the session initialises or restores the variables."""
 
-    def after_create_session(self, session: MonitoredTrainingSession) -> None:
+    def after_create_session(self, session: HookedSession) -> None:
         """Once the variables hold their initial, restored or (non-chief) the chief's values."""
 
     def before_run(self, run_context: SessionRunContext) -> None:
@@ -75,7 +101,7 @@ class SessionRunHook:
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         """After each step."""
 
-    def end(self, session: MonitoredTrainingSession) -> None:
+    def end(self, session: HookedSession) -> None:
         """When the session closes without an error."""
 
 
@@ -102,7 +128,7 @@ class StopAtStepHook(SessionRunHook):
         """The global step to stop at (known once the session exists)."""
         return self._last_step
 
-    def after_create_session(self, session: MonitoredTrainingSession) -> None:
+    def after_create_session(self, session: HookedSession) -> None:
         step = session.global_step
         if self._num_steps is not None:
             self._last_step = step + self._num_steps
@@ -120,14 +146,14 @@ class CheckpointSaverListener:
     def begin(self) -> None:
         """Before the session is created."""
 
-    def before_save(self, session: MonitoredTrainingSession, global_step: int) -> None:
+    def before_save(self, session: HookedSession, global_step: int) -> None:
         """Before the checkpoint of ``global_step`` is written."""
 
-    def after_save(self, session: MonitoredTrainingSession, global_step: int) -> bool | None:
+    def after_save(self, session: HookedSession, global_step: int) -> bool | None:
         """After it was written; True stops training."""
         return None
 
-    def end(self, session: MonitoredTrainingSession, global_step: int) -> None:
+    def end(self, session: HookedSession, global_step: int) -> None:
         """After the last checkpoint."""
 
 
@@ -183,7 +209,7 @@ class CheckpointSaverHook(SessionRunHook):
         for listener in self._listeners:
             listener.begin()
 
-    def after_create_session(self, session: MonitoredTrainingSession) -> None:
+    def after_create_session(self, session: HookedSession) -> None:
         self._manager = CheckpointManager(
             session.checkpoint, self._dir, self._max_to_keep, checkpoint_name=CHECKPOINT_NAME
         )
@@ -198,14 +224,14 @@ class CheckpointSaverHook(SessionRunHook):
         if self._timer.due(step) and self._save(run_context.session, step):
             run_context.request_stop()
 
-    def end(self, session: MonitoredTrainingSession) -> None:
+    def end(self, session: HookedSession) -> None:
         step = session.global_step
         if self._timer.last_step != step:
             self._save(session, step)
         for listener in self._listeners:
             listener.end(session, step)
 
-    def _save(self, session: MonitoredTrainingSession, step: int) -> bool:
+    def _save(self, session: HookedSession, step: int) -> bool:
         assert self._manager is not None
         for listener in self._listeners:
             listener.before_save(session, step)
@@ -278,7 +304,7 @@ class SummarySaverHook(SessionRunHook):
             self._writer.add_scalar(name, value, run_values.global_step)
         self._timer.mark(run_values.global_step)
 
-    def end(self, session: MonitoredTrainingSession) -> None:
+    def end(self, session: HookedSession) -> None:
         self._writer.flush()
 
 
@@ -291,7 +317,7 @@ class StepCounterHook(SessionRunHook):
         self._writer = summary_writer(output_dir) if output_dir is not None else None
         self._since: tuple[int, float] | None = None
 
-    def after_create_session(self, session: MonitoredTrainingSession) -> None:
+    def after_create_session(self, session: HookedSession) -> None:
         self._since = (session.global_step, time.monotonic())
         self._timer.mark(session.global_step)
 

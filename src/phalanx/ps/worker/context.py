@@ -10,18 +10,43 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from phalanx.ps.worker.environment import WorkerEnvironment
+    import torch
 
-__all__ = ["current", "running"]
+    from phalanx.ps.handles import VariableHandle
+    from phalanx.strategies.parameter_server_worker import WorkerStrategy
+
+__all__ = ["Environment", "current", "running"]
+
+
+class Environment(Protocol):
+    """What unpickling and the embedding hooks use of a worker's environment:
+    `phalanx.ps.worker.environment.WorkerEnvironment` is the one implementation (named here
+    so this module does not import it: it imports this one)."""
+
+    worker_index: int
+    num_workers: int
+    resources: dict[str, Any]
+    lazy: dict[str, VariableHandle]
+    strategy: WorkerStrategy
+
+    def variable(self, handle: VariableHandle) -> torch.Tensor: ...
+    def is_lazy(self, tensor: torch.Tensor) -> bool: ...
+    def read_whole(self, tensor: torch.Tensor) -> None: ...
+    def lookup_rows(self, tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor: ...
+    def dataset(self, dataset_id: str, pickled_fn: bytes) -> Any: ...
+    def iterator(self, iterator_id: str, dataset_id: str, pickled_fn: bytes) -> Any:
+        """This worker's iterator (a `phalanx.input.per_worker.WorkerIterator`)."""
+        ...
+
 
 _current = threading.local()
 
 
 @contextlib.contextmanager
-def running(env: WorkerEnvironment) -> Iterator[None]:
+def running(env: Environment) -> Iterator[None]:
     """Makes ``env`` the environment this thread's unpickling and hooks refer to."""
     previous = getattr(_current, "env", None)
     _current.env = env
@@ -31,7 +56,7 @@ def running(env: WorkerEnvironment) -> Iterator[None]:
         _current.env = previous
 
 
-def current() -> WorkerEnvironment | None:
+def current() -> Environment | None:
     """The environment of the function this thread runs, if any."""
-    env: WorkerEnvironment | None = getattr(_current, "env", None)
+    env: Environment | None = getattr(_current, "env", None)
     return env
