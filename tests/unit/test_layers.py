@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "phalanx.devices",
             "phalanx._hooks",
             "phalanx.protocols",
+            "phalanx.state_views",  # which state dicts sharded modules give (a per-thread switch)
             "phalanx.timeline",
         ),
     ),

@@ -120,6 +120,7 @@ def test_experimental_names_are_frozen():
         "CentralStorageStrategy",
         "CommunicationImplementation",
         "CommunicationOptions",
+        "FullyShardedStrategy",
         "MultiWorkerMirroredStrategy",
         "ParameterServerStrategy",
         "PreemptionCheckpointHandler",

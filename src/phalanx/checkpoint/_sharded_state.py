@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 from torch.distributed.tensor import DTensor
 
 from phalanx.checkpoint._objects import load_into, state_of
-from phalanx.strategies._sharded_views import sharded_state_dicts
+from phalanx.state_views import sharded_state_dicts
 
 __all__ = ["FORMAT", "apply", "collect", "is_sharded", "sharded_state_dicts"]
 

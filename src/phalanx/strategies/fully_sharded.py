@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.communication_options import CommunicationOptions
-from phalanx.strategies._sharded_views import sharded_state_dicts, sharded_views_open
+from phalanx.state_views import sharded_state_dicts, sharded_views_open
 from phalanx.strategies._sharding_plan import ShardingPlan
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from phalanx.strategies.step_sync import StepSync
