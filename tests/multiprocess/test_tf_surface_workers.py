@@ -1,59 +1,15 @@
-"""TF 2.21 members that need several workers: the preemption handler's agreement on a notice,
-PER_REPLICA input and HINT sharding, under MultiWorkerMirroredStrategy in real processes."""
+"""TF 2.21 members that need several workers: PER_REPLICA input and HINT sharding, under
+MultiWorkerMirroredStrategy in real processes (the preemption handler's agreement on a notice
+is tests/faults/test_preemption.py)."""
 
 from __future__ import annotations
-
-import os
-import tempfile
 
 import pytest
 import torch
 
 import phalanx
-from phalanx.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.multiprocess
-
-
-class _Exited(Exception):
-    pass
-
-
-def _preempted_worker_1_at_step_3(strategy, directory):
-    """Worker 1 alone gets the notice before step 3: both must save step 3 and exit there."""
-    steps = []
-
-    def notice():
-        return strategy.worker_rank == 1 and len(steps) == 3
-
-    def leave():
-        raise _Exited
-
-    config = phalanx.experimental.TerminationConfig(termination_watcher_fn=notice, exit_fn=leave)
-    with strategy.scope():
-        model = torch.nn.Linear(2, 1)
-        handler = phalanx.experimental.PreemptionCheckpointHandler(
-            strategy.cluster_resolver, Checkpoint(model=model), directory, config
-        )
-    try:
-        for step in range(10):
-            handler.run(steps.append, step)
-    except _Exited:
-        pass
-    return {
-        "steps": steps,
-        "total_run_calls": handler.total_run_calls,
-        "files": sorted(os.listdir(directory)),
-    }
-
-
-def test_a_notice_on_one_worker_makes_every_worker_save_the_same_step(mwms_2workers):
-    directory = tempfile.mkdtemp(prefix="phalanx-preemption-")
-    results = mwms_2workers.run(_preempted_worker_1_at_step_3, directory)
-    for result in results:
-        assert result["steps"] == [0, 1, 2]
-        assert result["total_run_calls"] == 3
-    assert "ckpt-3.pt" in results[0]["files"]  # the chief's file (both see the shared folder)
 
 
 def _per_replica_and_hint(strategy):

@@ -39,9 +39,9 @@ class ClusterSpec:
             cluster = {job.name: dict(job.tasks) for job in cluster.job}
         if cluster is not None and not isinstance(cluster, Mapping):
             raise ValueError(
-                "ClusterSpec takes a dict of job name -> tasks (or a ClusterSpec, or a ClusterDef). "
-                f"Received: {cluster!r} "
-                f"({type(cluster).__name__}). HINT: ClusterSpec({{'worker': ['host1:2222', 'host2:2222']}})."
+                f"ClusterSpec takes a dict of job name -> tasks. Received: {cluster!r} "
+                f"({type(cluster).__name__}). HINT: ClusterSpec({{'worker': ['host1:2222', 'host2:2222']}}) "
+                "(a ClusterSpec or a ClusterDef works too)."
             )
         self._jobs: dict[str, dict[int, str]] = {}
         for job, tasks in (cluster or {}).items():

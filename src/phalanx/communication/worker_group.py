@@ -361,8 +361,13 @@ class WorkerGroup:
             # a peer that raised on a mismatch and exited first is explained as one
             self._failure = self.failure or self._watch.suspicion() or exc.failure
             self._raise(what, exc)
-        if work.is_completed():  # finished with an error: a peer's socket closed
-            self._blame(exc, what)
+        if work.is_completed():
+            # A timed wait can run out just as the collective finishes: ask the finished work
+            # for its own outcome, so only a real error (a peer's socket closed) is blamed.
+            try:
+                work.wait()
+            except RuntimeError as final:
+                self._blame(final, what)
 
     def _verdict_soon(self) -> str | None:
         """The mismatch the stall inspector proves within a gossip round (it names where each
@@ -529,4 +534,5 @@ class WorkerGroup:
         self._shm_group = None  # a gloo backend of its own: dropping it joins its threads
         if self._ownership != "borrowed":
             self._pg = self._group = None
+            self._gloo.group = None  # its last reference to the gloo group
             self._works.clear()  # else the user's group may still run: hold them to the end
