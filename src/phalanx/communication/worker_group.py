@@ -427,6 +427,46 @@ class WorkerGroup:
         self._watched_wait(self.all_reduce_async(tensor, op), what, timeout, where_issued=True)
         return tensor
 
+    def try_reduce_scatter_async(
+        self, tensor: torch.Tensor, output: torch.Tensor, op: Any = dist.ReduceOp.SUM
+    ) -> Any | None:
+        """Starts a reduce-scatter where the transport has one of its own (shared memory) and
+        returns its work: ``tensor`` holds one part per worker, laid end to end, each the size of
+        ``output``, which receives this worker's part of the reduction. None where the transport
+        has none (the caller all-reduces instead; nothing was issued). All workers.
+        """
+        if (
+            self._shm is None
+            or not self._shm.handles(tensor, op)
+            or not output.is_contiguous()
+            or output.dtype != tensor.dtype
+            or tensor.numel() != self.world_size * output.numel()
+        ):
+            return None
+        self._check_usable("reduce_scatter")
+        signature, signed = self._sign(f"reduce_scatter({_op_name(op)})", tensor, "reduce_scatter")
+        return self._watch.attach(self._shm.reduce_scatter_async(tensor, output, op, signed), signature)
+
+    def try_all_gather_into_async(self, tensor: torch.Tensor, output: torch.Tensor) -> Any | None:
+        """Starts gathering every worker's ``tensor`` straight into ``output`` (the workers'
+        tensors laid end to end, in rank order) where the transport can (shared memory) and
+        returns its work; None elsewhere (the caller uses `all_gather_async`; nothing was
+        issued). All workers.
+        """
+        if (
+            self._shm is None
+            or self._ring is not None
+            or not output.is_contiguous()
+            or output.dtype != tensor.dtype
+            or output.numel() != self.world_size * tensor.numel()
+        ):
+            return None
+        self._check_usable("all_gather")
+        signature, signed = self._sign("all_gather", tensor, "all_gather")
+        rows = list(output.view(self.world_size, -1))
+        work, _ = self._shm.all_gather_async(tensor.contiguous().view(-1), signed, out=rows)
+        return self._watch.attach(work, signature)
+
     def broadcast_async(self, tensor: torch.Tensor, src: int) -> Any:
         """Starts an in-place broadcast of a contiguous tensor from worker ``src`` and returns its
         work; pass it to `wait` (all workers; same shape and dtype)."""
