@@ -24,6 +24,8 @@ TRANSPORTS = {
     "gloo": {"PHALANX_SHARED_MEMORY": "0"},
     "tls": {"PHALANX_COLLECTIVES": "tls", "PHALANX_SHARED_MEMORY": "0"},
 }
+# forced TLS on one machine: shared memory carries every collective, the ring none
+ALL_TRANSPORTS = {**TRANSPORTS, "tls_shared_memory": {"PHALANX_COLLECTIVES": "tls"}}
 DIVERGE = 5
 # what worker:1 issued at the mismatch (its stray collective, or its next one)
 STRAY = {
@@ -36,7 +38,7 @@ STRAY = {
 
 
 def _run(mode: str, transport: str, *args: str):
-    with LocalCluster(2, env=TRANSPORTS[transport]) as cluster:
+    with LocalCluster(2, env=ALL_TRANSPORTS[transport]) as cluster:
         run = cluster.start(SCRIPT, mode, *args).wait(timeout=150)
         names = [f"worker:{i} ({cluster.address(f'worker-{i}')})" for i in range(2)]
     return run, names
@@ -98,3 +100,10 @@ def test_a_stray_reduce_at_step_5_of_100000_ends_both_workers(transport):
     # issue 21's scenario: it ends because of the check (long before 100,000 steps)
     run, names = _run("reduce", transport, "100000")
     _check(run, names, DIVERGE, ["(loss.backward at desync.py:", STRAY["reduce"]])
+
+
+def test_forced_tls_on_one_machine_meets_a_broadcast_with_the_all_reduce_it_pairs_with():
+    # every collective of workers on one machine takes shared memory, TLS forced or not: a
+    # stray broadcast meets the gradient all-reduce in the same control block (not the ring)
+    run, names = _run("broadcast", "tls_shared_memory")
+    _check(run, names, DIVERGE, ["(loss.backward at desync.py:", STRAY["broadcast"]])

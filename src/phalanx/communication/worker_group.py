@@ -455,7 +455,6 @@ class WorkerGroup:
         """
         if (
             self._shm is None
-            or self._ring is not None
             or not output.is_contiguous()
             or output.dtype != tensor.dtype
             or output.numel() != self.world_size * tensor.numel()
@@ -472,7 +471,7 @@ class WorkerGroup:
         work; pass it to `wait` (all workers; same shape and dtype)."""
         self._check_usable("broadcast")
         signature, signed = self._sign(f"broadcast(from {src})", tensor, "broadcast")
-        transport = self._ring or self._shm or self._gloo
+        transport = self._shm or self._ring or self._gloo  # all-reduces' order: a mismatch is met
         return self._watch.attach(transport.broadcast_async(tensor, src, signed), signature)
 
     def broadcast(
@@ -488,7 +487,7 @@ class WorkerGroup:
         the list, in rank order, it fills (all workers; same shape and dtype everywhere)."""
         self._check_usable("all_gather")
         signature, signed = self._sign("all_gather", tensor, "all_gather")
-        transport = self._ring or self._shm or self._gloo
+        transport = self._shm or self._ring or self._gloo
         work, out = transport.all_gather_async(tensor, signed)
         return self._watch.attach(work, signature), out
 
