@@ -302,22 +302,16 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     def alltoall_base(
         self,
         output: torch.Tensor,
-        input: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
         out_splits: list[int],
         in_splits: list[int],
         opts: Any = None,
-    ) -> Any:  # noqa: A002, E501
+    ) -> Any:
         return self._gloo_only("all_to_all_single").alltoall_base(output, input, out_splits, in_splits)
 
-    def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        out_splits: list[int],
-        in_splits: list[int],
-        opts: Any = None,
-    ) -> Any:  # noqa: A002, E501
-        return self._gloo_only("all_to_all_single").alltoall_base(output, input, out_splits, in_splits)
+    def all_to_all_single(self, *args: Any) -> Any:
+        """torch's other name of `alltoall_base`."""
+        return self.alltoall_base(*args)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
         return self._gloo_only("send").send(tensors, dst, tag)
