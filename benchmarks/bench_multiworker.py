@@ -176,7 +176,9 @@ def _bench_engines(strategy, reference, rank: int, quick: bool) -> str:
 
     group = strategy._group
     ours = _mlp()
-    buckets = GradientBuckets(group.all_reduce_async, group.wait, workers=2)
+    buckets = GradientBuckets(
+        group.all_reduce_async, group.wait, workers=2, announce=group.announce_all_reduces
+    )
     for p in ours.parameters():
         buckets.add(p)
     view = nn.parallel.DistributedDataParallel(_mlp(), process_group=reference, gradient_as_bucket_view=True)

@@ -32,6 +32,7 @@ STRAY = {
     "user_all_reduce": "desync.py:",
     "broadcast": "desync.py:",
     "extra_backward": "(loss.backward at desync.py:",
+    "in_backward": "desync.py:",
 }
 
 
@@ -98,3 +99,22 @@ def test_a_stray_reduce_at_step_5_of_100000_ends_both_workers(transport):
     # issue 21's scenario: it ends because of the check (long before 100,000 steps)
     run, names = _run("reduce", transport, "100000")
     _check(run, names, DIVERGE, ["(loss.backward at desync.py:", STRAY["reduce"]])
+
+
+def test_a_collective_inside_backward_on_every_worker_is_no_mismatch():
+    # over gloo it breaks the announced gradient all-reduces on every worker alike
+    # (phalanx.communication.gloo_transport): the sums stay right
+    runs = {}
+    for mode in ("in_backward_all", "plain"):
+        with LocalCluster(2, env=TRANSPORTS["gloo"]) as cluster:
+            runs[mode] = cluster.start(SCRIPT, mode).wait(timeout=150)
+    for run in runs.values():
+        assert "finished without an error" in run.output, run.output
+        for rank in range(2):
+            assert run[f"worker-{rank}"].returncode == 0, run.output
+    last = {
+        (mode, rank): _checksum_after(run[f"worker-{rank}"].output, 7)
+        for mode, run in runs.items()
+        for rank in range(2)
+    }
+    assert len(set(last.values())) == 1, last

@@ -1,0 +1,473 @@
+"""The gloo transport of `WorkerGroup`: signed collectives issued from the caller's thread.
+
+Every signed collective starts with the *first message* of `phalanx.communication.signed_gloo`
+(a fixed size on every worker, whatever the collective, so gloo never meets two sizes and
+aborts): an all-reduce that fits in it is that one gloo call; anything else (the rest of a
+larger all-reduce, a broadcast, an all-gather) is a second gloo call *queued behind* the first
+message and issued only once its codes matched. Every gloo call is issued in the order the
+collectives were: on the caller's thread, under one lock, with the calls queued behind an
+unverified first message going before any later call. Nothing waits on a thread of its own:
+gloo's own threads move the bytes (overlapping with backward), and the waiter (or, for a
+torch-facing work with callbacks, gloo's completion callback) verifies and issues what was
+queued.
+
+**Announced all-reduces.** The gradient buckets know, at the first launch of a backward
+pass, every all-reduce of the pass (`GradientBuckets`): `GlooTransport.announce` sends one
+header-only first message whose code covers them all (their sizes, dtypes and numbers), and
+the announced all-reduces then go as single gloo calls with no first message of their own
+(queued behind the announcement until it verified). One small message per backward pass
+instead of one per bucket. A worker that issues anything else while announced all-reduces
+are still to come (a collective inside backward on one worker only, a backward pass that
+raised) *breaks* the announcement: it sends zeros of each remaining announced size (so gloo
+still meets equal sizes) and marks the last one; the last announced all-reduce reserves its
+final element for that mark, so a worker that kept to the announcement sees the break in it
+and raises before any result is used, and the breaking worker sees whether every worker
+broke at the same point (then it goes on) or not (a mismatch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from phalanx.communication.collective_check import Signed
+from phalanx.communication.signed_gloo import PIECES, Mismatch, first_message, verify_header
+
+__all__ = ["GlooTransport", "SignedWork"]
+
+Spec = tuple[int, torch.dtype, int]  # an announced all-reduce: element count, dtype, code
+
+
+def _span(timeout: float | None) -> timedelta | None:
+    return None if timeout is None else timedelta(seconds=max(timeout, 0.001))
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _wait_gloo(work: Any, timeout: float | None) -> None:
+    """Waits for a gloo work: raises RuntimeError while still running after ``timeout``, or its
+    error. Never waits inside the work's own completion callback: gloo completes a work's
+    future (running its callbacks) before the work itself, so there the future is asked."""
+    future = work.get_future()
+    if not future.done():
+        if timeout is None or work.is_completed():
+            work.wait()
+        else:
+            work.wait(_span(timeout))
+    future.value()  # gloo's error, if it failed
+
+
+def _finished(work: Any) -> bool:
+    return bool(work.is_completed() or work.get_future().done())
+
+
+class _Header:
+    """A signed first message in flight, verified once by whoever needs it first."""
+
+    def __init__(self, message: torch.Tensor, signed: Signed, world: int, mismatch: Mismatch) -> None:
+        self.message, self.signed, self._world, self._mismatch = message, signed, world, mismatch
+        self.work: Any = None
+        self.verified = False
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def completed(self) -> bool:
+        return self.verified or self.error is not None or _finished(self.work)
+
+    def verify(self, timeout: float | None = None) -> None:
+        """Waits for the message, then compares every worker's code with ours.
+
+        Raises:
+            RuntimeError: Still running after ``timeout``, or gloo's own error.
+            CollectiveMismatchError: (from ``mismatch``) another worker's collective differs.
+        """
+        if not self.verified and self.error is None:
+            _wait_gloo(self.work, timeout)
+        with self._lock:
+            if not self.verified and self.error is None:
+                try:
+                    verify_header(self.message, self._world, self.signed, self._mismatch)
+                except BaseException as exc:  # sticky: every waiter sees the same report
+                    self.error = exc
+                else:
+                    self.verified = True
+        if self.error is not None:
+            raise self.error
+
+
+class _Call:
+    """A gloo call that may wait, queued, for the first message before it to verify."""
+
+    __slots__ = ("start", "work")
+
+    def __init__(self, start: Callable[[], Any]) -> None:
+        self.start = start
+        self.work: Any = None
+
+
+class SignedWork:
+    """One signed collective: its first message (verified before anything of it is used), the
+    gloo call queued behind it, and what finishes it (copies, checks).
+
+    Waited on as a gloo work (`WorkerGroup.wait`): ``wait(timeout)`` raises RuntimeError
+    while it still runs. Callbacks (`add_done_callback`, for the phalanx process group) run
+    on the thread that finishes it.
+    """
+
+    def __init__(
+        self,
+        transport: GlooTransport,
+        header: _Header | None,
+        call: _Call | None = None,
+        finish: Callable[[], None] | None = None,
+    ) -> None:
+        self._transport, self._header, self._call, self._finish = transport, header, call, finish
+        self._lock = threading.Lock()
+        self._done = False
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[BaseException | None], None]] = []
+
+    def is_completed(self) -> bool:
+        """Whether it finished, or every gloo call of it did (its error then comes from `wait`)."""
+        if self._done:
+            return True
+        header = self._header
+        if header is not None and not header.verified:
+            if not header.completed():
+                return False
+            try:
+                header.verify()  # no wait: it completed
+            except BaseException:  # noqa: BLE001 (it failed: `wait` raises why)
+                return True
+        call = self._call
+        return call is None or (call.work is not None and _finished(call.work))
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Waits (raises RuntimeError "... timed out" while running), verifies, finishes.
+
+        Raises:
+            CollectiveMismatchError: Another worker's collective differs.
+            RuntimeError: gloo's error (a peer left).
+        """
+        if not self._done:
+            deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+            if self._header is not None:
+                self._header.verify(_left(deadline))
+            if self._call is not None:
+                self._transport.release(self._header)
+                if self._call.work is None:
+                    raise RuntimeError("the collective was dropped: its transport was closed")
+                _wait_gloo(self._call.work, _left(deadline))
+            self._complete(None)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def _complete(self, error: BaseException | None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            if error is None and self._finish is not None:
+                try:
+                    self._finish()
+                except BaseException as exc:  # a failed check fails the collective
+                    error = exc
+            self._error, self._done = error, True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(error)
+
+    # ---------------------------------------------------------------- callbacks (process group)
+    def add_done_callback(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Calls ``callback(error or None)`` once finished (at once if it is): progress is then
+        driven by gloo's completion callbacks, not only by a waiter."""
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(callback)
+                first = len(self._callbacks) == 1
+            else:
+                first = None
+        if first is None:
+            callback(self._error)
+        elif first:
+            self._advance()
+
+    def _advance(self) -> None:
+        """One step without blocking; chains itself on the gloo work it needs next."""
+        try:
+            pending = self._next_pending()
+        except BaseException as exc:  # the collective's error, for every callback
+            self._complete(exc)
+            return
+        if pending is None:
+            self._complete(None)
+        else:
+            pending.add_done_callback(lambda _: self._advance())
+
+    def _next_pending(self) -> Any:
+        """The future of the gloo work this collective waits for next (None: none left)."""
+        header = self._header
+        if header is not None and not header.completed():
+            return header.work.get_future()
+        if header is not None:
+            header.verify()
+        if self._call is None:
+            return None
+        self._transport.release(header)
+        if self._call.work is None:
+            raise RuntimeError("the collective was dropped: its transport was closed")
+        future = self._call.work.get_future()
+        if not future.done():
+            return future
+        future.value()  # gloo's error, if it failed
+        return None
+
+
+class _Announced:
+    """The all-reduces announced for one backward pass (`GlooTransport.announce`)."""
+
+    def __init__(self, header: _Header, specs: Sequence[Spec]) -> None:
+        self.header = header
+        self.left = list(specs)  # not launched yet, in order
+        self.total = len(specs)
+        self.launched: list[Signed] = []
+
+
+class GlooTransport:
+    """A gloo group as a `WorkerGroup` transport (see the module doc); gloo's own works when
+    the codes are off (``checked`` False).
+
+    Args:
+        group: The gloo group (a ``ProcessGroup`` or a gloo backend).
+        rank, world: This worker and the number of workers.
+        mismatch: The error of a collective whose code differs (`CollectiveCheck.mismatch`).
+        keep: Holds gloo's own works until the group is torn down (`RecentWorks.add`).
+        checked: Whether every worker signs its collectives.
+        wait: ``wait(work, what)``: the group's watched wait (deadline, health), for the few
+            places that must block before issuing (`WorkerGroup.wait`).
+    """
+
+    def __init__(
+        self,
+        group: Any,
+        rank: int,
+        world: int,
+        mismatch: Mismatch,
+        keep: Callable[[Any], Any],
+        checked: bool,
+        wait: Callable[[Any, str], None] | None = None,
+    ) -> None:
+        self.group, self._rank, self._world = group, rank, world
+        self._mismatch, self._keep = mismatch, keep
+        self.checked = checked
+        self._wait = wait or (lambda work, what: work.wait())
+        self._lock = threading.RLock()
+        self._gate: _Header | None = None  # the first message the queued calls wait for
+        self._queued: list[_Call] = []
+        self._announced: _Announced | None = None
+
+    # ---------------------------------------------------------------- ordering
+    def _issue(self, start: Callable[[], Any], then: Callable[[Any], None] | None = None) -> Any:
+        """Makes one gloo call after every call queued before it (first waits, outside the lock,
+        for their first message to verify); ``then(work)`` runs under the same lock, right after.
+
+        Raises:
+            CollectiveMismatchError: The first message the queued calls waited for differs.
+            PeerUnavailableError: (from ``wait``) a peer failed meanwhile.
+        """
+        while True:
+            with self._lock:
+                gate = self._gate
+                if gate is None or gate.verified:
+                    self.release(gate)
+                    work = self._keep(start())
+                    if then is not None:
+                        then(work)
+                    return work
+            self._wait(gate.work, "the collective before this one")  # names a peer that failed
+            gate.verify()
+
+    def release(self, gate: _Header | None) -> None:
+        """Issues the calls queued behind ``gate`` once it verified (raises its mismatch)."""
+        if gate is None:
+            return
+        with self._lock:
+            if self._gate is not gate:
+                return
+            gate.verify()
+            for call in self._queued:
+                call.work = self._keep(call.start())
+            self._queued.clear()
+            self._gate = None
+
+    def _behind(self, gate: _Header, call: _Call | None) -> Callable[[Any], None]:
+        """``then`` of `_issue` for a first message: keeps its work, queues ``call`` behind it."""
+
+        def then(work: Any) -> None:
+            gate.work = work
+            if call is not None:
+                self._gate = gate
+                self._queued.append(call)
+
+        return then
+
+    def _all_reduce_call(self, tensor: torch.Tensor, op: Any) -> Callable[[], Any]:
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        return lambda: self.group.allreduce([tensor], options)
+
+    # ---------------------------------------------------------------- collectives (all workers)
+    def all_reduce_async(self, tensor: torch.Tensor, op: Any, signed: Signed) -> Any:
+        """Starts an in-place all-reduce of a contiguous tensor (all workers, same order)."""
+        op = getattr(op, "op", op)
+        if not (self.checked and signed.code):
+            return self._keep(self._all_reduce_call(tensor, op)())
+        with self._lock:
+            announced = self._announced
+            if announced is not None and announced.left and announced.left[0][2] == signed.code:
+                return self._launch_announced(announced, tensor, signed)
+        self._break(signed)
+        flat = tensor.view(-1)
+        if flat.dtype == torch.bool:  # gloo's bool reductions are logical: MAX is OR, MIN is AND
+            staged = flat.to(torch.uint8)
+            either = op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.BOR)
+            return self._signed_all_reduce(
+                staged,
+                dist.ReduceOp.MAX if either else dist.ReduceOp.MIN,
+                signed,
+                lambda: flat.copy_(staged.bool()),
+            )
+        return self._signed_all_reduce(flat, op, signed)
+
+    def _signed_all_reduce(
+        self, flat: torch.Tensor, op: Any, signed: Signed, after: Callable[[], Any] | None = None
+    ) -> SignedWork:
+        header = _Header(
+            first_message(self._rank, self._world, signed, flat.dtype, op),
+            signed,
+            self._world,
+            self._mismatch,
+        )
+        capacity = header.message.numel() - PIECES * self._world
+        head = min(flat.numel(), capacity)
+        header.message[:head].copy_(flat[:head])
+        rest = _Call(self._all_reduce_call(flat[capacity:], op)) if flat.numel() > capacity else None
+
+        def finish() -> None:
+            flat[:head].copy_(header.message[:head])
+            if after is not None:
+                after()
+
+        self._issue(self._all_reduce_call(header.message, op), self._behind(header, rest))
+        return SignedWork(self, header, rest, finish)
+
+    def _header_first(self, signed: Signed, body: _Call) -> SignedWork:
+        """A header-only first message, then ``body`` once it verified."""
+        message = first_message(self._rank, self._world, signed, torch.float32, dist.ReduceOp.SUM)
+        header = _Header(message, signed, self._world, self._mismatch)
+        self._issue(self._all_reduce_call(message, dist.ReduceOp.SUM), self._behind(header, body))
+        return SignedWork(self, header, body)
+
+    def broadcast_async(self, tensor: torch.Tensor, src: int, signed: Signed) -> Any:
+        """Starts an in-place broadcast from worker ``src``."""
+        options = dist.BroadcastOptions()
+        options.rootRank = src
+        start = lambda: self.group.broadcast([tensor], options)  # noqa: E731
+        if not (self.checked and signed.code):
+            return self._keep(start())
+        self._break(signed)
+        return self._header_first(signed, _Call(start))
+
+    def all_gather_async(self, tensor: torch.Tensor, signed: Signed) -> tuple[Any, list[torch.Tensor]]:
+        """Starts gathering every worker's contiguous tensor: the work and the list it fills."""
+        out = [torch.empty_like(tensor) for _ in range(self._world)]
+        start = lambda: self.group.allgather([out], [tensor])  # noqa: E731
+        if not (self.checked and signed.code):
+            return self._keep(start()), out
+        self._break(signed)
+        return self._header_first(signed, _Call(start)), out
+
+    # ---------------------------------------------------------------- announced all-reduces
+    def announce(self, signed: Signed, specs: Sequence[Spec]) -> None:
+        """Announces the next ``len(specs)`` collectives of this worker: SUM all-reduces of
+        these sizes and dtypes, signed with these codes, the last one's final element
+        reserved for the break mark (see the module doc). ``signed``: the announcement's own
+        code, which covers them (all workers, same order)."""
+        if not (self.checked and signed.code) or not specs:
+            return
+        self._break(signed)
+        message = first_message(self._rank, self._world, signed, torch.float32, dist.ReduceOp.SUM)
+        header = _Header(message, signed, self._world, self._mismatch)
+        announced = _Announced(header, specs)
+
+        def then(work: Any) -> None:
+            header.work = work
+            self._gate, self._announced = header, announced
+
+        self._issue(self._all_reduce_call(message, dist.ReduceOp.SUM), then)
+        # the queued all-reduces start as soon as it arrives (on gloo's thread, once per pass)
+        header.work.get_future().add_done_callback(lambda _: self._on_arrival(header))
+
+    def _on_arrival(self, header: _Header) -> None:
+        """Starts what waits for ``header`` (gloo's completion callback: never raises; a
+        mismatch or gloo's error stays with the header for its waiters)."""
+        with contextlib.suppress(BaseException):  # its waiters raise it
+            self.release(header)
+
+    def _launch_announced(self, announced: _Announced, tensor: torch.Tensor, signed: Signed) -> SignedWork:
+        """An announced all-reduce: one gloo call (queued while the announcement is unverified)."""
+        announced.left.pop(0)
+        announced.launched.append(signed)
+        flat = tensor.view(-1)
+        finish = None
+        if not announced.left:  # the last: its final element carries the break mark
+            self._announced = None
+            flat[-1] = 1.0
+            finish = lambda: self._check_mark(announced, float(flat[-1]))  # noqa: E731
+        call = _Call(self._all_reduce_call(flat, dist.ReduceOp.SUM))
+        header = announced.header
+        if self._gate is header and not header.verified and header.completed():
+            header.verify()  # it arrived meanwhile (no wait): what was queued starts now
+        if self._gate is header and not header.verified:
+            self._queued.append(call)
+        else:
+            call.work = self._issue(call.start)
+        return SignedWork(self, header, call, finish)
+
+    def _check_mark(self, announced: _Announced, mark: float) -> None:
+        """After the last announced all-reduce: 1 from every worker unless one broke."""
+        if mark == self._world:
+            return
+        at = int(mark) - self._world - 1  # where the (one) breaking worker left the announcement
+        signed = announced.launched[at] if 0 <= at < announced.total else announced.launched[-1]
+        raise self._mismatch(signed, None)
+
+    def _break(self, signed: Signed) -> None:
+        """Before an unannounced collective: zeros for every announced all-reduce still to
+        come, the last marked; raises unless every worker broke at the same point."""
+        with self._lock:
+            announced, self._announced = self._announced, None
+        if announced is None or not announced.left:
+            return
+        at = announced.total - len(announced.left)
+        zeros = [torch.zeros(numel, dtype=dtype) for numel, dtype, _ in announced.left]
+        zeros[-1][-1] = 2 + at
+        works = [self._issue(self._all_reduce_call(z, dist.ReduceOp.SUM)) for z in zeros]
+        self._wait(works[-1], "the announced all-reduces")
+        if float(zeros[-1][-1]) != self._world * (2 + at):
+            raise self._mismatch(signed, None)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Forgets what is queued (nothing runs on a thread of its own; ``timeout`` unused)."""
+        with self._lock:
+            self._queued.clear()
+            self._gate, self._announced = None, None
