@@ -22,7 +22,9 @@ raised) *breaks* the announcement: it sends zeros of each remaining announced si
 still meets equal sizes) and marks the last one; the last announced all-reduce reserves its
 final element for that mark, so a worker that kept to the announcement sees the break in it
 and raises before any result is used, and the breaking worker sees whether every worker
-broke at the same point (then it goes on) or not (a mismatch).
+broke at the same point (then it goes on, and every worker stops announcing: a model that
+makes collectives inside backward would otherwise pay the zeros every pass) or not (a
+mismatch).
 """
 
 from __future__ import annotations
@@ -269,6 +271,7 @@ class GlooTransport:
         self.group, self._rank, self._world = group, rank, world
         self._mismatch, self._keep = mismatch, keep
         self.checked = checked
+        self.announces = checked  # whether `announce` is worth calling (see `_break`)
         self._wait = wait or (lambda work, what: work.wait())
         self._lock = threading.RLock()
         self._gate: _Header | None = None  # the first message the queued calls wait for
@@ -402,7 +405,7 @@ class GlooTransport:
         these sizes and dtypes, signed with these codes, the last one's final element
         reserved for the break mark (see the module doc). ``signed``: the announcement's own
         code, which covers them (all workers, same order)."""
-        if not (self.checked and signed.code) or not specs:
+        if not (self.announces and signed.code) or not specs:
             return
         self._break(signed)
         message = first_message(self._rank, self._world, signed, torch.float32, dist.ReduceOp.SUM)
@@ -465,6 +468,9 @@ class GlooTransport:
         self._wait(works[-1], "the announced all-reduces")
         if float(zeros[-1][-1]) != self._world * (2 + at):
             raise self._mismatch(signed, None)
+        # every worker broke here: a collective inside backward, most likely in every pass, so
+        # every worker stops announcing (each gradient all-reduce has its own first message)
+        self.announces = False
 
     def close(self, timeout: float = 5.0) -> None:
         """Forgets what is queued (nothing runs on a thread of its own; ``timeout`` unused)."""

@@ -19,7 +19,12 @@ reduction slot r holds worker r's code exactly in every dtype (bfloat16 holds in
 A first message between workers that called different collectives still has the same size
 on both (no abort) and shows the difference in its header: `CollectiveCheck.mismatch` names
 both sides. The extra cost is one 4 KiB all-reduce for broadcasts, all-gathers and
-all-reduces over 4 KiB (docs/multi_worker.md, "Mismatched collectives").
+all-reduces over 4 KiB, except the gradient all-reduces, which one first message announces
+per backward pass (docs/multi_worker.md, "Mismatched collectives").
+
+This module holds the message format and blocking versions of the three collectives (the
+shared-memory transport's gloo fallbacks); `phalanx.communication.gloo_transport` issues the
+same messages without blocking, from the caller's thread.
 """
 
 from __future__ import annotations

@@ -435,7 +435,7 @@ class WorkerGroup:
         element counts and dtypes, the last of which leaves its final element to the check
         (all workers, at the same point). Over gloo with the collective check on they then go
         as one gloo call each (`phalanx.communication.gloo_transport`); elsewhere a no-op."""
-        if self._shm is not None or self._ring is not None or not self._gloo.checked or not specs:
+        if self._shm is not None or self._ring is not None or not self._gloo.announces or not specs:
             return
         self._check_usable(what)
         codes = self._check.upcoming_codes("all_reduce(SUM)", list(specs))
