@@ -31,213 +31,25 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from phalanx.communication._gloo_works import Call, Header, SignedWork
 from phalanx.communication.collective_check import Signed
-from phalanx.communication.signed_gloo import PIECES, Mismatch, first_message, verify_header
+from phalanx.communication.signed_gloo import PIECES, Mismatch, first_message
 
-__all__ = ["GlooTransport", "SignedWork"]
+__all__ = ["GlooTransport", "SignedWork"]  # SignedWork: what its collectives return
 
 Spec = tuple[int, torch.dtype, int]  # an announced all-reduce: element count, dtype, code
-
-
-def _span(timeout: float | None) -> timedelta | None:
-    return None if timeout is None else timedelta(seconds=max(timeout, 0.001))
-
-
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else deadline - time.monotonic()
-
-
-def _wait_gloo(work: Any, timeout: float | None) -> None:
-    """Waits for a gloo work: raises RuntimeError while still running after ``timeout``, or its
-    error. Never waits inside the work's own completion callback: gloo completes a work's
-    future (running its callbacks) before the work itself, so there the future is asked."""
-    future = work.get_future()
-    if not future.done():
-        if timeout is None or work.is_completed():
-            work.wait()
-        else:
-            work.wait(_span(timeout))
-    future.value()  # gloo's error, if it failed
-
-
-def _finished(work: Any) -> bool:
-    return bool(work.is_completed() or work.get_future().done())
-
-
-class _Header:
-    """A signed first message in flight, verified once by whoever needs it first."""
-
-    def __init__(self, message: torch.Tensor, signed: Signed, world: int, mismatch: Mismatch) -> None:
-        self.message, self.signed, self._world, self._mismatch = message, signed, world, mismatch
-        self.work: Any = None
-        self.verified = False
-        self.error: BaseException | None = None
-        self._lock = threading.Lock()
-
-    def completed(self) -> bool:
-        return self.verified or self.error is not None or _finished(self.work)
-
-    def verify(self, timeout: float | None = None) -> None:
-        """Waits for the message, then compares every worker's code with ours.
-
-        Raises:
-            RuntimeError: Still running after ``timeout``, or gloo's own error.
-            CollectiveMismatchError: (from ``mismatch``) another worker's collective differs.
-        """
-        if not self.verified and self.error is None:
-            _wait_gloo(self.work, timeout)
-        with self._lock:
-            if not self.verified and self.error is None:
-                try:
-                    verify_header(self.message, self._world, self.signed, self._mismatch)
-                except BaseException as exc:  # sticky: every waiter sees the same report
-                    self.error = exc
-                else:
-                    self.verified = True
-        if self.error is not None:
-            raise self.error
-
-
-class _Call:
-    """A gloo call that may wait, queued, for the first message before it to verify."""
-
-    __slots__ = ("start", "work")
-
-    def __init__(self, start: Callable[[], Any]) -> None:
-        self.start = start
-        self.work: Any = None
-
-
-class SignedWork:
-    """One signed collective: its first message (verified before anything of it is used), the
-    gloo call queued behind it, and what finishes it (copies, checks).
-
-    Waited on as a gloo work (`WorkerGroup.wait`): ``wait(timeout)`` raises RuntimeError
-    while it still runs. Callbacks (`add_done_callback`, for the phalanx process group) run
-    on the thread that finishes it.
-    """
-
-    def __init__(
-        self,
-        transport: GlooTransport,
-        header: _Header | None,
-        call: _Call | None = None,
-        finish: Callable[[], None] | None = None,
-    ) -> None:
-        self._transport, self._header, self._call, self._finish = transport, header, call, finish
-        self._lock = threading.Lock()
-        self._done = False
-        self._error: BaseException | None = None
-        self._callbacks: list[Callable[[BaseException | None], None]] = []
-
-    def is_completed(self) -> bool:
-        """Whether it finished, or every gloo call of it did (its error then comes from `wait`)."""
-        if self._done:
-            return True
-        header = self._header
-        if header is not None and not header.verified:
-            if not header.completed():
-                return False
-            try:
-                header.verify()  # no wait: it completed
-            except BaseException:  # noqa: BLE001 (it failed: `wait` raises why)
-                return True
-        call = self._call
-        return call is None or (call.work is not None and _finished(call.work))
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        """Waits (raises RuntimeError "... timed out" while running), verifies, finishes.
-
-        Raises:
-            CollectiveMismatchError: Another worker's collective differs.
-            RuntimeError: gloo's error (a peer left).
-        """
-        if not self._done:
-            deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
-            if self._header is not None:
-                self._header.verify(_left(deadline))
-            if self._call is not None:
-                self._transport.release(self._header)
-                if self._call.work is None:
-                    raise RuntimeError("the collective was dropped: its transport was closed")
-                _wait_gloo(self._call.work, _left(deadline))
-            self._complete(None)
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def _complete(self, error: BaseException | None) -> None:
-        with self._lock:
-            if self._done:
-                return
-            if error is None and self._finish is not None:
-                try:
-                    self._finish()
-                except BaseException as exc:  # a failed check fails the collective
-                    error = exc
-            self._error, self._done = error, True
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(error)
-
-    # ---------------------------------------------------------------- callbacks (process group)
-    def add_done_callback(self, callback: Callable[[BaseException | None], None]) -> None:
-        """Calls ``callback(error or None)`` once finished (at once if it is): progress is then
-        driven by gloo's completion callbacks, not only by a waiter."""
-        with self._lock:
-            if not self._done:
-                self._callbacks.append(callback)
-                first = len(self._callbacks) == 1
-            else:
-                first = None
-        if first is None:
-            callback(self._error)
-        elif first:
-            self._advance()
-
-    def _advance(self) -> None:
-        """One step without blocking; chains itself on the gloo work it needs next."""
-        try:
-            pending = self._next_pending()
-        except BaseException as exc:  # the collective's error, for every callback
-            self._complete(exc)
-            return
-        if pending is None:
-            self._complete(None)
-        else:
-            pending.add_done_callback(lambda _: self._advance())
-
-    def _next_pending(self) -> Any:
-        """The future of the gloo work this collective waits for next (None: none left)."""
-        header = self._header
-        if header is not None and not header.completed():
-            return header.work.get_future()
-        if header is not None:
-            header.verify()
-        if self._call is None:
-            return None
-        self._transport.release(header)
-        if self._call.work is None:
-            raise RuntimeError("the collective was dropped: its transport was closed")
-        future = self._call.work.get_future()
-        if not future.done():
-            return future
-        future.value()  # gloo's error, if it failed
-        return None
 
 
 class _Announced:
     """The all-reduces announced for one backward pass (`GlooTransport.announce`)."""
 
-    def __init__(self, header: _Header, specs: Sequence[Spec]) -> None:
+    def __init__(self, header: Header, specs: Sequence[Spec]) -> None:
         self.header = header
         self.left = list(specs)  # not launched yet, in order
         self.total = len(specs)
@@ -274,8 +86,8 @@ class GlooTransport:
         self.announces = checked  # whether `announce` is worth calling (see `_break`)
         self._wait = wait or (lambda work, what: work.wait())
         self._lock = threading.RLock()
-        self._gate: _Header | None = None  # the first message the queued calls wait for
-        self._queued: list[_Call] = []
+        self._gate: Header | None = None  # the first message the queued calls wait for
+        self._queued: list[Call] = []
         self._announced: _Announced | None = None
 
     # ---------------------------------------------------------------- ordering
@@ -299,7 +111,7 @@ class GlooTransport:
             self._wait(gate.work, "the collective before this one")  # names a peer that failed
             gate.verify()
 
-    def release(self, gate: _Header | None) -> None:
+    def release(self, gate: Header | None) -> None:
         """Issues the calls queued behind ``gate`` once it verified (raises its mismatch)."""
         if gate is None:
             return
@@ -312,7 +124,7 @@ class GlooTransport:
             self._queued.clear()
             self._gate = None
 
-    def _behind(self, gate: _Header, call: _Call | None) -> Callable[[Any], None]:
+    def _behind(self, gate: Header, call: Call | None) -> Callable[[Any], None]:
         """``then`` of `_issue` for a first message: keeps its work, queues ``call`` behind it."""
 
         def then(work: Any) -> None:
@@ -354,7 +166,7 @@ class GlooTransport:
     def _signed_all_reduce(
         self, flat: torch.Tensor, op: Any, signed: Signed, after: Callable[[], Any] | None = None
     ) -> SignedWork:
-        header = _Header(
+        header = Header(
             first_message(self._rank, self._world, signed, flat.dtype, op),
             signed,
             self._world,
@@ -363,7 +175,7 @@ class GlooTransport:
         capacity = header.message.numel() - PIECES * self._world
         head = min(flat.numel(), capacity)
         header.message[:head].copy_(flat[:head])
-        rest = _Call(self._all_reduce_call(flat[capacity:], op)) if flat.numel() > capacity else None
+        rest = Call(self._all_reduce_call(flat[capacity:], op)) if flat.numel() > capacity else None
 
         def finish() -> None:
             flat[:head].copy_(header.message[:head])
@@ -371,14 +183,14 @@ class GlooTransport:
                 after()
 
         self._issue(self._all_reduce_call(header.message, op), self._behind(header, rest))
-        return SignedWork(self, header, rest, finish)
+        return SignedWork(self.release, header, rest, finish)
 
-    def _header_first(self, signed: Signed, body: _Call) -> SignedWork:
+    def _header_first(self, signed: Signed, body: Call) -> SignedWork:
         """A header-only first message, then ``body`` once it verified."""
         message = first_message(self._rank, self._world, signed, torch.float32, dist.ReduceOp.SUM)
-        header = _Header(message, signed, self._world, self._mismatch)
+        header = Header(message, signed, self._world, self._mismatch)
         self._issue(self._all_reduce_call(message, dist.ReduceOp.SUM), self._behind(header, body))
-        return SignedWork(self, header, body)
+        return SignedWork(self.release, header, body)
 
     def broadcast_async(self, tensor: torch.Tensor, src: int, signed: Signed) -> Any:
         """Starts an in-place broadcast from worker ``src``."""
@@ -388,7 +200,7 @@ class GlooTransport:
         if not (self.checked and signed.code):
             return self._keep(start())
         self._break(signed)
-        return self._header_first(signed, _Call(start))
+        return self._header_first(signed, Call(start))
 
     def all_gather_async(self, tensor: torch.Tensor, signed: Signed) -> tuple[Any, list[torch.Tensor]]:
         """Starts gathering every worker's contiguous tensor: the work and the list it fills."""
@@ -397,7 +209,7 @@ class GlooTransport:
         if not (self.checked and signed.code):
             return self._keep(start()), out
         self._break(signed)
-        return self._header_first(signed, _Call(start)), out
+        return self._header_first(signed, Call(start)), out
 
     # ---------------------------------------------------------------- announced all-reduces
     def announce(self, signed: Signed, specs: Sequence[Spec]) -> None:
@@ -409,7 +221,7 @@ class GlooTransport:
             return
         self._break(signed)
         message = first_message(self._rank, self._world, signed, torch.float32, dist.ReduceOp.SUM)
-        header = _Header(message, signed, self._world, self._mismatch)
+        header = Header(message, signed, self._world, self._mismatch)
         announced = _Announced(header, specs)
 
         def then(work: Any) -> None:
@@ -420,7 +232,7 @@ class GlooTransport:
         # the queued all-reduces start as soon as it arrives (on gloo's thread, once per pass)
         header.work.get_future().add_done_callback(lambda _: self._on_arrival(header))
 
-    def _on_arrival(self, header: _Header) -> None:
+    def _on_arrival(self, header: Header) -> None:
         """Starts what waits for ``header`` (gloo's completion callback: never raises; a
         mismatch or gloo's error stays with the header for its waiters)."""
         with contextlib.suppress(BaseException):  # its waiters raise it
@@ -436,7 +248,7 @@ class GlooTransport:
             self._announced = None
             flat[-1] = 1.0
             finish = lambda: self._check_mark(announced, float(flat[-1]))  # noqa: E731
-        call = _Call(self._all_reduce_call(flat, dist.ReduceOp.SUM))
+        call = Call(self._all_reduce_call(flat, dist.ReduceOp.SUM))
         header = announced.header
         if self._gate is header and not header.verified and header.completed():
             header.verify()  # it arrived meanwhile (no wait): what was queued starts now
@@ -444,7 +256,7 @@ class GlooTransport:
             self._queued.append(call)
         else:
             call.work = self._issue(call.start)
-        return SignedWork(self, header, call, finish)
+        return SignedWork(self.release, header, call, finish)
 
     def _check_mark(self, announced: _Announced, mark: float) -> None:
         """After the last announced all-reduce: 1 from every worker unless one broke."""
