@@ -130,3 +130,20 @@ def test_a_collective_dropped_by_closing_its_transport_says_so():
     group.release()
     with pytest.raises(RuntimeError, match="its transport was closed"):
         work.wait()
+
+
+def test_a_work_with_callbacks_finishes_by_itself_as_gloo_completes_its_calls():
+    # the phalanx process group's works (DDP's hooks chain on them): nobody waits
+    group = FakeGroup()
+    transport = _transport(group)
+    group.hold = True
+    big = torch.ones(3000)
+    work = transport.all_reduce_async(big, dist.ReduceOp.SUM, Signed(1, 11))
+    seen: list[BaseException | None] = []
+    work.add_done_callback(seen.append)
+    assert seen == []
+    assert len(group.calls) == 1
+    group.release()  # the first message completes: its callback verifies and starts the rest
+    assert seen == [None]
+    assert [kind for kind, _ in group.calls] == ["all_reduce", "all_reduce"]
+    assert work.is_completed()
