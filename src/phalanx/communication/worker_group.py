@@ -429,7 +429,7 @@ class WorkerGroup:
         return tensor
 
     def announce_all_reduces(
-        self, specs: Sequence[tuple[int, torch.dtype]], what: str = "gradient plan"
+        self, specs: Sequence[tuple[int, torch.dtype]], what: str = "the gradient all-reduces"
     ) -> None:
         """Announces this worker's next ``len(specs)`` collectives: SUM all-reduces of these
         element counts and dtypes, the last of which leaves its final element to the check
@@ -439,8 +439,11 @@ class WorkerGroup:
             return
         self._check_usable(what)
         codes = self._check.upcoming_codes("all_reduce(SUM)", list(specs))
-        kind = "announce(" + ", ".join(f"{str(d).removeprefix('torch.')}[{n}]" for n, d in specs) + ")"
-        _, signed = self._sign(kind, torch.empty(len(specs)), what)
+        shapes = tuple(torch.empty(n, dtype=d, device="meta") for n, d in specs)  # for the report
+        signature = self._watch.issue("announce(all_reduce(SUM))", shapes, what)
+        # the code covers every announced size (the report shows them as shapes)
+        sizes = ", ".join(f"{str(d).removeprefix('torch.')}[{n}]" for n, d in specs)
+        signed = self._check.sign(f"announce(all_reduce(SUM) of {sizes})", shapes[0], what, signature)
         self._gloo.announce(signed, [(n, d, c) for (n, d), c in zip(specs, codes, strict=True)])
 
     def broadcast_async(self, tensor: torch.Tensor, src: int) -> Any:
