@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from phalanx.communication._gloo_works import Call, Header, SignedWork
 from phalanx.communication.collective_check import Signed
-from phalanx.communication.signed_gloo import PIECES, Mismatch, first_message
+from phalanx.communication.signed_gloo import PIECES, Mismatch, first_bytes, first_message
 
 __all__ = ["GlooTransport", "SignedWork"]  # SignedWork: what its collectives return
 
@@ -212,6 +212,14 @@ class GlooTransport:
         return self._header_first(signed, Call(start)), out
 
     # ---------------------------------------------------------------- announced all-reduces
+    def worth_announcing(self, specs: Sequence[tuple[int, torch.dtype]]) -> bool:
+        """Whether announcing these all-reduces saves gloo calls: some do not fit in a first
+        message (those that fit are one call each anyway; the announcement is one more)."""
+        if not self.announces:
+            return False
+        first, header = first_bytes(self._world), PIECES * self._world
+        return any(n > first // d.itemsize - header for n, d in specs)
+
     def announce(self, signed: Signed, specs: Sequence[Spec]) -> None:
         """Announces the next ``len(specs)`` collectives of this worker: SUM all-reduces of
         these sizes and dtypes, signed with these codes, the last one's final element

@@ -433,9 +433,10 @@ class WorkerGroup:
     ) -> None:
         """Announces this worker's next ``len(specs)`` collectives: SUM all-reduces of these
         element counts and dtypes, the last of which leaves its final element to the check
-        (all workers, at the same point). Over gloo with the collective check on they then go
-        as one gloo call each (`phalanx.communication.gloo_transport`); elsewhere a no-op."""
-        if self._shm is not None or self._ring is not None or not self._gloo.announces or not specs:
+        (all workers, at the same point). Over gloo with the collective check on, when some
+        do not fit in a first message, they then go as one gloo call each
+        (`phalanx.communication.gloo_transport`); elsewhere a no-op."""
+        if self._shm is not None or self._ring is not None or not self._gloo.worth_announcing(specs):
             return
         self._check_usable(what)
         codes = self._check.upcoming_codes("all_reduce(SUM)", list(specs))

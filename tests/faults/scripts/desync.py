@@ -30,11 +30,13 @@ MODE = sys.argv[1]
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 DIVERGE = 5
 IN_BACKWARD = MODE in ("in_backward", "in_backward_all", "plain")
-# a bucket per tensor: the last layer's weight is the first all-reduce of a backward pass
+# a bucket per tensor: the last layer's weight is the first all-reduce of a backward pass; the
+# first layer's weight does not fit in gloo's first message, so gloo announces the pass's
+# all-reduces (phalanx.communication.gloo_transport) and the collective inside breaks that
 options = phalanx.CommunicationOptions(bytes_per_pack=64) if IN_BACKWARD else None
 strategy = phalanx.MultiWorkerMirroredStrategy(communication_options=options)
 rank = strategy.cluster_resolver.worker_index
-hidden = 17 if MODE == "shapes" and rank == 1 else 16
+hidden = 256 if IN_BACKWARD else 17 if MODE == "shapes" and rank == 1 else 16
 torch.manual_seed(0)
 with strategy.scope():
     model = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 2))

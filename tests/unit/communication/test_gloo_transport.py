@@ -147,3 +147,11 @@ def test_a_work_with_callbacks_finishes_by_itself_as_gloo_completes_its_calls():
     assert seen == [None]
     assert [kind for kind, _ in group.calls] == ["all_reduce", "all_reduce"]
     assert work.is_completed()
+
+
+def test_all_reduces_that_each_fit_in_a_first_message_are_not_worth_announcing():
+    transport = _transport(FakeGroup())
+    assert not transport.worth_announcing([(FIRST - 5, torch.float32), (9, torch.float32)])
+    assert transport.worth_announcing([(FIRST - 4, torch.float32), (9, torch.float32)])
+    assert not transport.worth_announcing([(2 * FIRST - 5, torch.float16)])  # 2 bytes each
+    assert transport.worth_announcing([(2 * FIRST - 4, torch.float16)])
