@@ -16,9 +16,10 @@ pass, every all-reduce of the pass (`GradientBuckets`): `GlooTransport.announce`
 header-only first message whose code covers them all (their sizes, dtypes and numbers), and
 the announced all-reduces then go as single gloo calls with no first message of their own
 (queued behind the announcement until it verified). One small message per backward pass
-instead of one per bucket. A worker that issues anything else while announced all-reduces
-are still to come (a collective inside backward on one worker only, a backward pass that
-raised) *breaks* the announcement: it sends zeros of each remaining announced size (so gloo
+instead of one per bucket (announced only when some of them do not fit in a first message:
+`GlooTransport.worth_announcing`). A worker that issues anything else while announced
+all-reduces are still to come (a collective inside backward on one worker only, a backward
+pass that raised) *breaks* the announcement: it sends zeros of each remaining announced size (so gloo
 still meets equal sizes) and marks the last one; the last announced all-reduce reserves its
 final element for that mark, so a worker that kept to the announcement sees the break in it
 and raises before any result is used, and the breaking worker sees whether every worker
