@@ -34,6 +34,7 @@ STRAY = {
     "user_all_reduce": "desync.py:",
     "broadcast": "desync.py:",
     "extra_backward": "(loss.backward at desync.py:",
+    "in_backward": "desync.py:",
 }
 
 
@@ -107,3 +108,22 @@ def test_forced_tls_on_one_machine_meets_a_broadcast_with_the_all_reduce_it_pair
     # stray broadcast meets the gradient all-reduce in the same control block (not the ring)
     run, names = _run("broadcast", "tls_shared_memory")
     _check(run, names, DIVERGE, ["(loss.backward at desync.py:", STRAY["broadcast"]])
+
+
+def test_a_collective_inside_backward_on_every_worker_is_no_mismatch():
+    # over gloo it breaks the announced gradient all-reduces on every worker alike
+    # (phalanx.communication.gloo_transport): the sums stay right
+    runs = {}
+    for mode in ("in_backward_all", "plain"):
+        with LocalCluster(2, env=TRANSPORTS["gloo"]) as cluster:
+            runs[mode] = cluster.start(SCRIPT, mode).wait(timeout=150)
+    for run in runs.values():
+        assert "finished without an error" in run.output, run.output
+        for rank in range(2):
+            assert run[f"worker-{rank}"].returncode == 0, run.output
+    last = {
+        (mode, rank): _checksum_after(run[f"worker-{rank}"].output, 7)
+        for mode, run in runs.items()
+        for rank in range(2)
+    }
+    assert len(set(last.values())) == 1, last

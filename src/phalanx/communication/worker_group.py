@@ -43,7 +43,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -54,6 +54,7 @@ from phalanx import timeline
 from phalanx.communication._work import PeerGoneError
 from phalanx.communication.collective_check import CollectiveCheck, Signed, check_enabled
 from phalanx.communication.collective_watch import CollectiveWatch
+from phalanx.communication.gloo_transport import GlooTransport
 from phalanx.communication.group_transports import Transports, open_transports
 from phalanx.communication.health import (
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -67,7 +68,6 @@ from phalanx.communication.leaving import LEAVE_TIMEOUT, leave_together
 from phalanx.communication.process_group import BACKEND, PhalanxProcessGroup, register_backend
 from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
-from phalanx.communication.signed_gloo import GlooTransport
 from phalanx.communication.stall_inspector import CollectiveMismatchError, StallSettings
 from phalanx.communication.tls_ring import CollectivesDifferError
 from phalanx.communication.transport_choice import check_settings
@@ -211,6 +211,7 @@ class WorkerGroup:
             self._check.mismatch,
             self._works.add,
             checked and backend == "gloo",
+            self.wait,
         )
         atexit.register(self._at_exit)
 
@@ -465,6 +466,25 @@ class WorkerGroup:
         rows = list(output.view(self.world_size, -1))
         work, _ = self._shm.all_gather_async(tensor.contiguous().view(-1), signed, out=rows)
         return self._watch.attach(work, signature)
+
+    def announce_all_reduces(
+        self, specs: Sequence[tuple[int, torch.dtype]], what: str = "the gradient all-reduces"
+    ) -> None:
+        """Announces this worker's next ``len(specs)`` collectives: SUM all-reduces of these
+        element counts and dtypes, the last of which leaves its final element to the check
+        (all workers, at the same point). Over gloo with the collective check on, when some
+        do not fit in a first message, they then go as one gloo call each
+        (`phalanx.communication.gloo_transport`); elsewhere a no-op."""
+        if self._shm is not None or self._ring is not None or not self._gloo.worth_announcing(specs):
+            return
+        self._check_usable(what)
+        codes = self._check.upcoming_codes("all_reduce(SUM)", list(specs))
+        shapes = tuple(torch.empty(n, dtype=d, device="meta") for n, d in specs)  # for the report
+        signature = self._watch.issue("announce(all_reduce(SUM))", shapes, what)
+        # the code covers every announced size (the report shows them as shapes)
+        sizes = ", ".join(f"{str(d).removeprefix('torch.')}[{n}]" for n, d in specs)
+        signed = self._check.sign(f"announce(all_reduce(SUM) of {sizes})", shapes[0], what, signature)
+        self._gloo.announce(signed, [(n, d, c) for (n, d), c in zip(specs, codes, strict=True)])
 
     def broadcast_async(self, tensor: torch.Tensor, src: int) -> Any:
         """Starts an in-place broadcast of a contiguous tensor from worker ``src`` and returns its
