@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from phalanx.communication import process_group
 from phalanx.communication._work import QueuedWork
+from phalanx.communication.call_sites import call_site
 from phalanx.communication.process_group import PhalanxProcessGroup, _create
 
 
@@ -172,3 +173,15 @@ def test_under_tls_the_group_keeps_the_name_torch_gives_it():
     group = _create(_Opts(), _OneWorker(uses_tls=True))
     group._set_group_name("7")
     assert group.group_name == "7"
+
+
+def test_a_users_all_reduce_is_named_by_torchs_entry_point_not_its_logging_decorator():
+    class Recording(_OneWorker):
+        def all_reduce_async(self, tensor, op=dist.ReduceOp.SUM):
+            self.issued.append(call_site())
+            return self._done("all_reduce")
+
+    engine = Recording()
+    group = PhalanxProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10), engine)
+    dist.all_reduce(torch.ones(2), group=group)  # through torch's _exception_logger decorator
+    assert engine.issued[0].startswith("all_reduce at test_process_group.py:"), engine.issued
