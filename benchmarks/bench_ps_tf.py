@@ -156,6 +156,7 @@ def _run_side(python: str, script: Path, case: tuple[str, int, int], args: Any) 
     cmd += ["--steps", str(args.steps)] if args.steps else []
     if script == Path(__file__).resolve():
         cmd.append("--phalanx-side")
+    cmd = cluster.in_host("chief:0") + cmd  # on its simulated host, if any (bench_ps_scaling --links)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env={**os.environ, **_TASK_ENV})
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
