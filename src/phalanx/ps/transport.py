@@ -74,7 +74,7 @@ _PROBE = "__phalanx_probe__"  # a method no task serves: its answer proves the h
 DATA_PATH_METHOD = "__data_path__"  # where a task's data path listens, and for which methods
 # the methods a client asks a task's data path for (a ps task's reads and writes)
 DATA_PATH_METHODS = frozenset(
-    {"read", "read_if_newer", "read_rows", "apply_gradients", "assign", "assign_add", "create"}
+    {"read", "read_if_newer", "read_rows", "apply_gradients", "assign", "assign_add", "create", "run"}
 )
 
 
@@ -177,7 +177,7 @@ class RpcServer:
         if not methods or data_path_mode() == "grpc":
             return None
         served = {m: self._handlers[m] for m in methods if m in self._handlers}
-        if not served:  # a worker task: its calls are small, and gRPC's
+        if not served:  # a task that serves none of them
             return None
         data = DataServer(host, token, names, served, name=self.name, limit=self._limit, insecure=insecure)
         announce = {"port": data.port, "methods": sorted(served)}
@@ -412,10 +412,20 @@ class RpcClient:
             if exc.remote_type == "UNIMPLEMENTED":  # a task without a data path
                 return frozenset()
             raise
+        port: Any = header.get("port")
+        methods: Any = header.get("methods")
+        if not _announcement_ok(port, methods):  # not a phalanx task of this version
+            log.warning(
+                "%s announced no usable data path (%s answered %r); its calls stay on gRPC.",
+                self.name,
+                DATA_PATH_METHOD,
+                header,
+            )
+            return frozenset()
         host = _ADDRESS.fullmatch(self.address).group(1)  # type: ignore[union-attr]
         self._data = DataClient(
             host,
-            int(header["port"]),
+            int(port),
             self._token,
             name=self.name,
             address=self.address,
@@ -423,7 +433,7 @@ class RpcClient:
             insecure=security.insecure_transport(),
             segments=data_path_mode() == "auto",
         )
-        return frozenset(header["methods"])
+        return frozenset(methods)
 
     def start(
         self,
@@ -439,6 +449,18 @@ class RpcClient:
             TaskUnavailableError: This client was closed.
             MessageTooLargeError: The request exceeds ``PHALANX_MAX_MESSAGE_BYTES``.
         """
+        for last in (False, True):
+            data = (
+                self._data if method in DATA_PATH_METHODS and method in self._on_data_path(timeout) else None
+            )
+            if data is None:
+                break
+            try:
+                return data.start(method, dict(header or {}), tensors, timeout)  # type: ignore[return-value]
+            except DataConnectError:
+                if last:
+                    raise
+                self._forget_data_path(data)
         request = self._pack(method, header, tensors)
         stub = self._stub(method)
         try:
@@ -496,6 +518,16 @@ class RpcClient:
         if self._data is not None:
             self._data.close()
         self._channel.close()
+
+
+def _announcement_ok(port: Any, methods: Any) -> bool:
+    """Whether a ``__data_path__`` reply names a port and a list of method names."""
+    return (
+        isinstance(port, int)
+        and 0 < port < 65536
+        and isinstance(methods, list)
+        and all(isinstance(m, str) for m in methods)
+    )
 
 
 class PendingCall:
