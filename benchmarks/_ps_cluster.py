@@ -180,6 +180,12 @@ def parse_common(argv: list[str] | None = None):  # noqa: ANN201 - argparse.Name
     return parser.parse_known_args(argv)[0]
 
 
+def warmup_steps(steps: int, workers: int) -> int:
+    """Steps before the timed rounds: enough for every worker to have run a few (its first
+    functions connect, build its dataset and read every variable: not what a step costs)."""
+    return max(steps // 5, 5, 4 * workers)
+
+
 def default_steps(workload: str, quick: bool) -> int:
     """Steps per timed round: a few seconds of training each."""
     if quick:

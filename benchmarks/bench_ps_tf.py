@@ -139,7 +139,9 @@ def _phalanx_case(args: Any) -> dict[str, Any]:
         run_steps, strategy = _chief(args, spec)
         steps = args.steps or cluster.default_steps(args.workload, args.quick)
         rounds = 1 if args.quick else args.rounds
-        result = cluster.measure(run_steps, tasks.pids(), steps, warmup=max(steps // 5, 5), rounds=rounds)
+        result = cluster.measure(
+            run_steps, tasks.pids(), steps, warmup=cluster.warmup_steps(steps, args.workers), rounds=rounds
+        )
     finally:
         if strategy is not None:
             strategy.close()
