@@ -19,7 +19,6 @@ import ssl
 import threading
 import time
 from collections.abc import Sequence
-from concurrent import futures
 from typing import Any
 
 import torch
@@ -30,7 +29,7 @@ from phalanx.ps import wire
 from phalanx.ps.data_frames import FrameError, Kind, Segment, read_frame, read_message, send_frame
 from phalanx.ps.rpc_errors import TaskUnavailableError, peer_not_authenticated, remote_error, too_large
 
-__all__ = ["SEGMENT_FROM", "DataClient", "DataConnectError", "DataPendingCall"]
+__all__ = ["SEGMENT_FROM", "DataClient", "DataConnectError"]
 
 SEGMENT_FROM = 1 << 16  # smaller messages go on the stream: a copy costs less than a segment
 _MIN_SEGMENT = 1 << 20
@@ -53,60 +52,6 @@ class _Connection:
 class DataConnectError(TaskUnavailableError):
     """The data path's port did not accept a connection: nothing was sent (the task may have
     restarted on another data port; its gRPC address tells)."""
-
-
-class _Cancel:
-    """Lets another thread end a call in flight: its connection is shut down."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._connection: _Connection | None = None
-        self.cancelled = False
-
-    def attach(self, connection: _Connection) -> None:
-        with self._lock:
-            self._connection = connection
-            cancelled = self.cancelled
-        if cancelled:
-            self.cancel()
-
-    def cancel(self) -> None:
-        with self._lock:
-            self.cancelled = True
-            connection = self._connection
-        if connection is not None:
-            with contextlib.suppress(OSError):
-                connection.sock.shutdown(socket.SHUT_RDWR)
-
-
-class DataPendingCall:
-    """A call started by `DataClient.start`: `phalanx.ps.transport.PendingCall`'s interface."""
-
-    def __init__(self, client: DataClient, method: str, future: futures.Future[Any], cancel: _Cancel) -> None:
-        self._client, self._method, self._future, self._cancel = client, method, future, cancel
-
-    def result(self, timeout: float) -> tuple[dict[str, Any], list[torch.Tensor]]:
-        """The reply, once it came.
-
-        Raises:
-            TimeoutError: Not within ``timeout`` seconds (the call goes on).
-            TaskUnavailableError: As `DataClient.call`, or the call was cancelled.
-        """
-        try:
-            return self._future.result(timeout=timeout)  # type: ignore[no-any-return]
-        except futures.TimeoutError:
-            raise TimeoutError(f"{self._method} on {self._client.name} is still running") from None
-        except TaskUnavailableError:
-            if self._cancel.cancelled:
-                raise TaskUnavailableError(
-                    f"{self._method} on {self._client.name} was cancelled (by PendingCall.cancel or "
-                    "RpcClient.close)."
-                ) from None
-            raise
-
-    def cancel(self) -> None:
-        """Gives up on the call (its connection is closed)."""
-        self._cancel.cancel()
 
 
 class DataClient:
@@ -140,7 +85,6 @@ class DataClient:
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._pool: futures.ThreadPoolExecutor | None = None
 
     def close(self) -> None:
         """Closes every idle connection; calls in flight close theirs when they end."""
@@ -149,28 +93,6 @@ class DataClient:
             idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-
-    def start(
-        self, method: str, header: dict[str, Any], tensors: Sequence[torch.Tensor], timeout: float
-    ) -> DataPendingCall:
-        """Starts a call on a thread of this client; see `DataPendingCall`."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = futures.ThreadPoolExecutor(4, thread_name_prefix=f"phalanx-data {self.name}")
-            pool = self._pool
-        cancel = _Cancel()
-        try:  # a refused connection raises here (the caller asks where the task listens now)
-            connection = self._take(method, time.monotonic() + timeout)
-        except DataConnectError:
-            raise
-        except TaskUnavailableError as exc:  # as a gRPC call's: at `result`
-            failed: futures.Future[Any] = futures.Future()
-            failed.set_exception(exc)
-            return DataPendingCall(self, method, failed, cancel)
-        future = pool.submit(self.call, method, header, tensors, timeout, cancel, connection)
-        return DataPendingCall(self, method, future, cancel)
 
     def call(
         self,
@@ -178,8 +100,6 @@ class DataClient:
         header: dict[str, Any],
         tensors: Sequence[torch.Tensor],
         timeout: float,
-        cancel: _Cancel | None = None,
-        connection: _Connection | None = None,
     ) -> tuple[dict[str, Any], list[torch.Tensor]]:
         """One call of ``method``; raises as `phalanx.ps.transport.RpcClient.call`."""
         parts = wire.pack_parts(header, tensors)
@@ -187,10 +107,7 @@ class DataClient:
         if size > self._limit:
             raise too_large(f"The request of {method} to {self.name}", size, self._limit)
         deadline = time.monotonic() + timeout
-        if connection is None:
-            connection = self._take(method, deadline)
-        if cancel is not None:
-            cancel.attach(connection)
+        connection = self._take(method, deadline)
         try:
             result = self._exchange(connection, method, parts, size, deadline)
         except TimeoutError:

@@ -19,6 +19,11 @@ give the same bytes:
   optimizer (its ``defaults``, ``state`` and ``param_groups``), a variable (its handle);
 * strings, bytes, numbers, tuples, frozensets and code objects cannot change.
 
+Recording costs about twice a plain pickling, so a function is recorded from its second
+schedule on (one made anew for every schedule, a lambda in the loop, never is), and a function
+whose closures changed twice in a row is pickled plainly, and recorded again every 32nd time
+(arguments that differ at every schedule).
+
 The recorded objects are held (strongly) by the cache entry, so an identity that matches is
 the same object, never a new one at a reused address. What reduces to new objects every time
 (a tensor that is not a variable: torch builds a new storage object for it) never passes the
@@ -247,7 +252,7 @@ class _Entry:
 
     def unchanged(self, root: Any, replace: Callable[[Any], Any]) -> bool:
         """Whether pickling ``root`` now would give ``self.data`` (see the module docstring)."""
-        if not _same(root, self.root):
+        if not (_same_function(root[0], self.root[0]) and _same(root[1:], self.root[1:])):
             return False
         for obj, keys, values in self.containers:
             if not _container_unchanged(obj, keys, values):
@@ -280,17 +285,52 @@ def _recorded(checker: _Recording, obj: Any) -> Any:
     return _materialized(reduced)[1]
 
 
+_TRACKED = 32  # functions whose schedules are counted (the least recently scheduled goes)
+_RETRY_EVERY = 32  # a function whose closures kept changing is recorded again this often
+
+
+def _key(fn: Any) -> Any:
+    """A function's key: a bound method is made anew at every ``obj.method`` access, so it is
+    known by its function and its object."""
+    if isinstance(fn, types.MethodType):
+        return (id(fn.__func__), id(fn.__self__))
+    return id(fn)
+
+
+def _same_function(a: Any, b: Any) -> bool:
+    if isinstance(a, types.MethodType) and isinstance(b, types.MethodType):
+        return a.__func__ is b.__func__ and a.__self__ is b.__self__
+    return a is b
+
+
+class _Track:
+    """One scheduled function: how often it was scheduled, how often in a row its closure
+    changed, and its recorded pickling."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.scheduled, self.changed = fn, 0, 0
+        self.entry: _Entry | None = None
+
+    def wants_recording(self) -> bool:
+        """Record a function from its second schedule on (a function made anew for every
+        schedule never is), and not while its closures keep changing (then every
+        `_RETRY_EVERY`-th time): recording costs about twice a plain pickling."""
+        if self.scheduled < 2:
+            return False
+        return self.changed < 2 or self.scheduled % _RETRY_EVERY == 0
+
+
 class PickleCache:
     """The last pickling of each scheduled function, reused while `_Entry.unchanged` holds.
     Thread-safe (the coordinator's worker threads pickle at once).
 
     Args:
-        size: How many functions to keep (the least recently used goes first).
+        size: How many functions to track (the least recently scheduled goes first).
     """
 
-    def __init__(self, size: int = 8) -> None:
+    def __init__(self, size: int = _TRACKED) -> None:
         self._size = size
-        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
+        self._tracks: collections.OrderedDict[Any, _Track] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
@@ -302,26 +342,39 @@ class PickleCache:
         Raises:
             Whatever pickling ``root`` raises.
         """
-        key = id(root[0])
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and entry.root[0] is root[0] and entry.unchanged(root, replace):
-                self._entries.move_to_end(key)
-                self.hits += 1
-                return entry.data
+            track = self._track(root[0])
+            entry = track.entry
+            if entry is not None:
+                if entry.unchanged(root, replace):
+                    self.hits += 1
+                    track.changed = 0
+                    return entry.data
+                track.entry, track.changed = None, track.changed + 1
+            record = track.wants_recording()
+            self.misses += 1
+        if not record:
+            return pickling.dumps(root, replace)
         buffer = io.BytesIO()
         pickler = _Recording(buffer, replace)
         pickler.dump(root)
         entry = _Entry(buffer.getvalue(), root, pickler)
         with self._lock:
-            self.misses += 1
-            self._entries[key] = entry
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
+            track.entry = entry
         return entry.data
+
+    def _track(self, fn: Any) -> _Track:
+        key = _key(fn)
+        track = self._tracks.get(key)
+        if track is None or not _same_function(track.fn, fn):
+            track = self._tracks[key] = _Track(fn)
+        self._tracks.move_to_end(key)
+        while len(self._tracks) > self._size:
+            self._tracks.popitem(last=False)
+        track.scheduled += 1
+        return track
 
     def clear(self) -> None:
         """Forgets every pickling (and the objects it held)."""
         with self._lock:
-            self._entries.clear()
+            self._tracks.clear()

@@ -74,7 +74,7 @@ _PROBE = "__phalanx_probe__"  # a method no task serves: its answer proves the h
 DATA_PATH_METHOD = "__data_path__"  # where a task's data path listens, and for which methods
 # the methods a client asks a task's data path for (a ps task's reads and writes)
 DATA_PATH_METHODS = frozenset(
-    {"read", "read_if_newer", "read_rows", "apply_gradients", "assign", "assign_add", "create", "run"}
+    {"read", "read_if_newer", "read_rows", "apply_gradients", "assign", "assign_add", "create"}
 )
 
 
@@ -177,7 +177,7 @@ class RpcServer:
         if not methods or data_path_mode() == "grpc":
             return None
         served = {m: self._handlers[m] for m in methods if m in self._handlers}
-        if not served:  # a task that serves none of them
+        if not served:  # a worker task: its calls are small, and gRPC's (docs/performance.md)
             return None
         data = DataServer(host, token, names, served, name=self.name, limit=self._limit, insecure=insecure)
         announce = {"port": data.port, "methods": sorted(served)}
@@ -449,18 +449,6 @@ class RpcClient:
             TaskUnavailableError: This client was closed.
             MessageTooLargeError: The request exceeds ``PHALANX_MAX_MESSAGE_BYTES``.
         """
-        for last in (False, True):
-            data = (
-                self._data if method in DATA_PATH_METHODS and method in self._on_data_path(timeout) else None
-            )
-            if data is None:
-                break
-            try:
-                return data.start(method, dict(header or {}), tensors, timeout)  # type: ignore[return-value]
-            except DataConnectError:
-                if last:
-                    raise
-                self._forget_data_path(data)
         request = self._pack(method, header, tensors)
         stub = self._stub(method)
         try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ import torch
 from phalanx.ps import wire
 from phalanx.ps.data_frames import SEGMENT_RESERVED, Segment
 from phalanx.ps.data_server import data_path_mode
-from phalanx.ps.rpc_errors import MessageTooLargeError, RemoteError, TaskUnavailableError
+from phalanx.ps.rpc_errors import MessageTooLargeError, RemoteError
 from phalanx.ps.transport import RpcClient, RpcServer
 
 TOKEN = "data-path-secret-0123456789"
@@ -151,83 +150,26 @@ def test_a_message_read_from_a_stream_checks_its_lengths_first():
         wire.read_header(read, 3)
 
 
-def _slow_server(release):
-    def run(header, tensors):
-        release.wait(30)
-        return {"ran": header["closure"]}, list(tensors)
-
-    server = RpcServer("127.0.0.1", 0, TOKEN, {"run": run}, name="worker:0 (test)", data_methods=["run"])
-    server.start()
-    return server
-
-
-@pytest.mark.parametrize("mode", ["auto", "stream", "grpc"])
-def test_a_started_call_runs_on_the_data_path_and_waits_in_steps(monkeypatch, mode):
-    """The coordinator's `run` to a worker: started, waited for one heartbeat interval at a
-    time (TimeoutError while it runs), then its reply."""
-    monkeypatch.setenv("PHALANX_PS_DATA_PATH", mode)
-    release = threading.Event()
-    server = _slow_server(release)
-    client = RpcClient(f"127.0.0.1:{server.port}", TOKEN, name="worker:0 (test)")
-    try:
-        call = client.start("run", {"closure": 7}, [torch.arange(3)], timeout=30)
-        with pytest.raises(TimeoutError):
-            call.result(timeout=0.05)
-        release.set()
-        header, (back,) = call.result(timeout=30)
-        assert header == {"ran": 7}
-        assert torch.equal(back, torch.arange(3))
-        assert ("run" in client._on_data_path(5)) == (mode != "grpc")
-    finally:
-        release.set()
-        client.close()
-        server.stop()
-
-
-@pytest.mark.parametrize("mode", ["auto", "grpc"])
-def test_a_cancelled_call_ends_at_once_and_the_next_call_works(monkeypatch, mode):
-    """A run given up on (the worker counted lost, or the closure deadline): `cancel` ends the
-    wait with TaskUnavailableError; the next call gets a new connection."""
-    monkeypatch.setenv("PHALANX_PS_DATA_PATH", mode)
-    release = threading.Event()
-    server = _slow_server(release)
-    client = RpcClient(f"127.0.0.1:{server.port}", TOKEN, name="worker:0 (test)")
-    try:
-        call = client.start("run", {"closure": 1}, [], timeout=30)
-        with pytest.raises(TimeoutError):
-            call.result(timeout=0.05)
-        call.cancel()
-        with pytest.raises(TaskUnavailableError, match="cancel|CANCELLED|Cancelled"):
-            call.result(timeout=10)
-        release.set()
-        header, _ = client.start("run", {"closure": 2}, [], timeout=30).result(timeout=30)
-        assert header == {"ran": 2}
-    finally:
-        release.set()
-        client.close()
-        server.stop()
-
-
 def test_a_task_that_announces_no_usable_data_path_is_called_on_grpc(caplog):
     """Something at a task's address that answers ``__data_path__`` without a port (not a
     phalanx task of this version; in the plaintext opt-out, anyone at the address) gets its
     calls on gRPC, as a task without a data path."""
 
-    def run(header, tensors):
+    def assign(header, tensors):
         return {"ran": True}, []
 
     server = RpcServer(
         "127.0.0.1",
         0,
         TOKEN,
-        {"run": run, "__data_path__": lambda header, tensors: ({"methods": "run"}, [])},
-        name="worker:0 (test)",
+        {"assign": assign, "__data_path__": lambda header, tensors: ({"methods": "assign"}, [])},
+        name="ps:0 (test)",
     )
     server.start()
-    client = RpcClient(f"127.0.0.1:{server.port}", TOKEN, name="worker:0 (test)")
+    client = RpcClient(f"127.0.0.1:{server.port}", TOKEN, name="ps:0 (test)")
     try:
         with caplog.at_level("WARNING", logger="phalanx"):
-            assert client.call("run")[0] == {"ran": True}
+            assert client.call("assign")[0] == {"ran": True}
         assert client._data is None
         assert "announced no usable data path" in caplog.text
     finally:
