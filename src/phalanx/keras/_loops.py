@@ -64,6 +64,10 @@ def train_epoch(
     strategy = model.strategy
     if strategy._schedules_steps:
         return _scheduled_train_epoch(model, handler, epoch, skip, callbacks)
+    if getattr(strategy, "membership", None) is not None:  # an elastic MultiWorkerMirrored job
+        from phalanx.keras._elastic_loop import elastic_train_epoch
+
+        return elastic_train_epoch(model, handler, epoch, skip, callbacks)
     logs: dict[str, float] = {}
     for step, batch in enumerate(_distributed(model, handler, epoch, skip), start=skip):
         callbacks.on_train_batch_begin(step)

@@ -1,0 +1,109 @@
+"""Step boundaries of an elastic MultiWorkerMirrored job: admitting joiners, recovering from a
+lost worker, and handing every new member the chief's state (used by ``Model.fit`` and
+`PreemptionCheckpointHandler.run`).
+
+* **Joiners** are admitted at a step boundary: one small all-reduce (MAX) per step tells
+  every member whether any of them sees a task waiting (`Membership.join_pending`); then all
+  re-form together and the chief broadcasts its state.
+* **A lost worker** makes a collective of the step fail on the survivors
+  (`PeerUnavailableError`). Each survivor re-forms (`MultiWorkerMirroredStrategy.reform`), and
+  the new chief (the lowest live task) broadcasts its state: the weights, the optimizer state,
+  the counters and the position. Updates follow the gradient all-reduce, so a survivor whose
+  step failed changed only gradients (which the next backward overwrites); a survivor whose
+  step completed (the lost worker's bytes had arrived) is set back to, or forward to, the
+  chief's state, so every survivor continues from one state and no step is applied twice.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from phalanx.communication.health import PeerUnavailableError
+from phalanx.communication.membership import BelowMinimumWorkersError
+
+__all__ = ["ElasticSync", "is_recoverable"]
+
+log = logging.getLogger("phalanx")
+
+
+def is_recoverable(strategy: Any, exc: BaseException) -> bool:
+    """Whether ``exc`` is a lost worker that an elastic ``strategy`` survives by re-forming."""
+    return (
+        getattr(strategy, "membership", None) is not None
+        and isinstance(exc, PeerUnavailableError)
+        and not isinstance(exc, BelowMinimumWorkersError)
+    )
+
+
+class ElasticSync:
+    """The step-boundary protocol of one training loop (every member, at the same boundaries).
+
+    Args:
+        strategy: An elastic `MultiWorkerMirroredStrategy` (its ``membership`` is set).
+        get_state: This worker's training state (picklable by ``torch.save``).
+        set_state: Loads a state `get_state` returned (on the chief).
+    """
+
+    def __init__(self, strategy: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None]) -> None:
+        self.strategy, self._get_state, self._set_state = strategy, get_state, set_state
+        # a task that joined a running job takes the chief's state at its first boundary
+        self._needs_state = strategy.membership.me.incarnation > 0
+        self.last_loss_at: float | None = None
+        self.recoveries = 0
+
+    def boundary(self) -> bool:
+        """At a step boundary: takes the chief's state if this task just joined, and admits
+        waiting joiners (all members). True when the state was replaced."""
+        if self._needs_state:
+            self._needs_state = False
+            self.sync_state()
+            return True
+        group = self.strategy._group
+        flag = torch.tensor([int(self.strategy.membership.join_pending)], dtype=torch.int64)
+        group.all_reduce(flag, torch.distributed.ReduceOp.MAX, what="the elastic join agreement")
+        if not flag.item():
+            return False
+        self.strategy.reform()
+        self.sync_state()
+        return True
+
+    def recover(self, exc: BaseException) -> None:
+        """After ``exc`` (a lost worker) in a step: re-forms and takes the chief's state.
+
+        Raises:
+            BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
+        """
+        self.last_loss_at = time.monotonic()
+        log.warning("%s re-forms the group after: %s", self._own_name(), str(exc).splitlines()[0])
+        self.strategy.reform()
+        self.sync_state()
+        self.recoveries += 1
+
+    def _own_name(self) -> str:
+        membership = self.strategy.membership
+        return membership._name(membership.me.task)  # type: ignore[no-any-return]
+
+    def sync_state(self) -> None:
+        """Every member takes the chief's state: one broadcast of its size, one of its bytes."""
+        group = self.strategy._group
+        payload = torch.zeros(0, dtype=torch.uint8)
+        if group.rank == 0:
+            buffer = io.BytesIO()
+            torch.save(self._get_state(), buffer)
+            payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+        group.broadcast(size, 0, what="the size of the chief's state")
+        if group.rank != 0:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        group.broadcast(payload, 0, what="the chief's state")
+        if group.rank != 0:
+            state = torch.load(
+                io.BytesIO(payload.numpy().tobytes()), weights_only=True
+            )  # tensors and plain values only
+            self._set_state(state)
