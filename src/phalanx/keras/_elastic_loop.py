@@ -35,6 +35,7 @@ class _FitState:
     def __init__(self, model: Any) -> None:
         self.model = model
         self.epoch, self.next_step = 0, 0
+        self.callbacks: list[Any] = []  # those of the running fit
 
     def get(self) -> dict[str, Any]:
         model = self.model
@@ -44,6 +45,7 @@ class _FitState:
             "run_count": model.strategy.run_count,
             "epoch": self.epoch,
             "next_step": self.next_step,
+            "callbacks": [_state_of_callback(c) for c in self.callbacks],
         }
 
     def set(self, state: dict[str, Any]) -> None:
@@ -52,6 +54,16 @@ class _FitState:
         load_into(model.optimizer, state["optimizer"], "optimizer")
         model.strategy.run_count = int(state["run_count"])
         self.epoch, self.next_step = int(state["epoch"]), int(state["next_step"])
+        for callback, callback_state in zip(self.callbacks, state["callbacks"], strict=False):
+            if callback_state is not None:
+                callback.load_elastic_state(callback_state)
+
+
+def _state_of_callback(callback: Any) -> Any:
+    """What a callback counts across steps (``elastic_state()``; e.g. BackupAndRestore's batches
+    since the last backup), so that every member saves at the same steps; None if nothing."""
+    method = getattr(callback, "elastic_state", None)
+    return method() if callable(method) else None
 
 
 def elastic_sync_of(model: Any) -> tuple[ElasticSync, _FitState]:
@@ -75,6 +87,7 @@ def elastic_train_epoch(
     """
     sync, state = elastic_sync_of(model)
     state.epoch, state.next_step = epoch, skip
+    state.callbacks = list(getattr(callbacks, "callbacks", []))
     iterator = _batches(model, handler, epoch, skip)
     logs: dict[str, float] = {}
     while True:
@@ -88,6 +101,7 @@ def elastic_train_epoch(
             step = state.next_step
             callbacks.on_train_batch_begin(step)
             model.strategy.run(model._train_step, args=batch)
+            sync.step_done()
             state.next_step = model._steps_done = step + 1
             logs = model._logs()
             callbacks.on_train_batch_end(step, logs)

@@ -277,7 +277,11 @@ class MultiWorkerMirroredStrategy(Strategy):
                 if isinstance(param, torch.nn.Parameter):
                     self._buckets.add(param)
             self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
-        self._unbroadcast = []  # the chief's state is handed over instead
+
+    def handed_over(self) -> None:
+        """Records that every member took the chief's state (an elastic job, after a re-form):
+        the initial values of the variables created so far need no broadcast of their own."""
+        self._unbroadcast = []
 
     def _timeouts(self, join_timeout: float | None, heartbeat_timeout: float | None) -> tuple[float, float]:
         join = join_timeout

@@ -26,6 +26,7 @@ import torch
 
 from phalanx.communication.health import PeerUnavailableError
 from phalanx.communication.membership import BelowMinimumWorkersError
+from phalanx.communication.stall_inspector import CollectiveMismatchError
 
 __all__ = ["ElasticSync", "is_recoverable"]
 
@@ -37,7 +38,7 @@ def is_recoverable(strategy: Any, exc: BaseException) -> bool:
     return (
         getattr(strategy, "membership", None) is not None
         and isinstance(exc, PeerUnavailableError)
-        and not isinstance(exc, BelowMinimumWorkersError)
+        and not isinstance(exc, (BelowMinimumWorkersError, CollectiveMismatchError))
     )
 
 
@@ -54,16 +55,32 @@ class ElasticSync:
         self.strategy, self._get_state, self._set_state = strategy, get_state, set_state
         # a task that joined a running job takes the chief's state at its first boundary
         self._needs_state = strategy.membership.me.incarnation > 0
+        self._synced = False  # the state was handed over and no step ran since
         self.last_loss_at: float | None = None
         self.recoveries = 0
 
+    @property
+    def joining(self) -> bool:
+        """Whether this task joined a running job and has not taken the chief's state yet."""
+        return self._needs_state
+
+    def step_done(self) -> None:
+        """Records that a step ran (the next boundary agrees on joiners again)."""
+        self._synced = False
+
     def boundary(self) -> bool:
         """At a step boundary: takes the chief's state if this task just joined, and admits
-        waiting joiners (all members). True when the state was replaced."""
+        waiting joiners (all members). True when the state was replaced.
+
+        Right after a handover (until `step_done`) a boundary does nothing, on every member:
+        a joiner that moves to the chief's epoch reaches its first step through another
+        boundary than the members, which go straight on to the step."""
         if self._needs_state:
             self._needs_state = False
             self.sync_state()
             return True
+        if self._synced:
+            return False
         group = self.strategy._group
         flag = torch.tensor([int(self.strategy.membership.join_pending)], dtype=torch.int64)
         group.all_reduce(flag, torch.distributed.ReduceOp.MAX, what="the elastic join agreement")
@@ -102,8 +119,8 @@ class ElasticSync:
         if group.rank != 0:
             payload = torch.empty(int(size.item()), dtype=torch.uint8)
         group.broadcast(payload, 0, what="the chief's state")
-        if group.rank != 0:
-            state = torch.load(
-                io.BytesIO(payload.numpy().tobytes()), weights_only=True
-            )  # tensors and plain values only
+        if group.rank != 0:  # tensors and plain values only
+            state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=True)
             self._set_state(state)
+        self.strategy.handed_over()
+        self._synced = True
