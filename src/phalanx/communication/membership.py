@@ -212,6 +212,11 @@ class Membership:
 
     # ------------------------------------------------------------------ forming (all workers)
     @property
+    def num_tasks(self) -> int:
+        """How many training tasks the cluster has (members or not)."""
+        return self._num_tasks
+
+    @property
     def rank(self) -> int:
         """This task's rank in the current epoch."""
         return self.members.index(self.me)
@@ -226,7 +231,7 @@ class Membership:
         self._start_thread()
         if self.me.incarnation == 0:
             if self._store.add("e/0/decider", 1) == 1:
-                self._publish(0, [Member(t, 0) for t in range(self._num_tasks)], [])
+                self._publish(0, [Member(t, 0) for t in range(self._num_tasks)])
             self._adopt(0)
             return
         self._store.set(f"join/{self.me.task}", str(self.me.incarnation))
@@ -270,7 +275,7 @@ class Membership:
                 break
             time.sleep(0.02)
         joiners = self._joiners({m.task for m in here})
-        self._publish(epoch, sorted(here + joiners, key=lambda m: m.task), joiners)
+        self._publish(epoch, sorted(here + joiners, key=lambda m: m.task))
 
     def _joiners(self, present: set[int]) -> list[Member]:
         joiners = []
@@ -283,20 +288,23 @@ class Membership:
             self._store.delete_key(f"join/{task}")
         return joiners
 
-    def _publish(self, epoch: int, members: list[Member], joiners: list[Member]) -> None:
+    def _publish(self, epoch: int, members: list[Member]) -> None:
         self._store.set(f"e/{epoch}/members", _members_text(members))
         self._store.set("epoch", str(epoch))
-        if epoch > 0:
-            left = [m for m in self.members if m not in members]
-            log.warning(
-                "Elastic membership epoch %d at %s: %d workers %s; left: %s; joined: %s.",
-                epoch,
-                time.strftime("%H:%M:%S"),
-                len(members),
-                [self._name(m.task) for m in members],
-                [self._name(m.task) for m in left],
-                [self._name(m.task) for m in joiners],
-            )
+
+    def _log_change(self, epoch: int, members: list[Member]) -> None:
+        """The chief (rank 0 of the new epoch) logs who left and who joined, and when."""
+        if epoch == 0 or members[0] != self.me:
+            return
+        log.warning(
+            "Elastic membership epoch %d at %s: %d workers %s; left: %s; joined: %s.",
+            epoch,
+            time.strftime("%H:%M:%S"),
+            len(members),
+            [self._name(m.task) for m in members],
+            [self._name(m.task) for m in self.members if m not in members],
+            [self._name(m.task) for m in members if m not in self.members],
+        )
 
     def _adopt(self, epoch: int) -> None:
         members = _parse_members(self._wait_for(f"e/{epoch}/members", f"the members of epoch {epoch}"))
@@ -311,6 +319,8 @@ class Membership:
                 f"the job's minimum of {self.settings.min_workers} ({MIN_WORKERS_ENV}). HINT: restart the "
                 "job; BackupAndRestore or a PreemptionCheckpointHandler resumes it."
             )
+        if self.members:
+            self._log_change(epoch, members)
         self.epoch, self.members, self._lost, self._join_pending = epoch, members, None, False
 
     # ------------------------------------------------------------------ watching

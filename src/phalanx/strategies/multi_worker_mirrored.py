@@ -261,6 +261,10 @@ class MultiWorkerMirroredStrategy(Strategy):
             self._buckets.release()
         if self._group is not None:
             self._group.abandon()
+        for ref in self._plain.values():  # a step cut short left partial sums in .grad: drop them
+            param = ref()
+            if param is not None:
+                param.grad = None
         for attempt in range(5):
             membership.reform()
             try:

@@ -97,7 +97,8 @@ class ElasticSync:
             BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
         """
         self.last_loss_at = time.monotonic()
-        log.warning("%s re-forms the group after: %s", self._own_name(), str(exc).splitlines()[0])
+        reason = str(exc).split(". HINT")[0]
+        log.warning("%s re-forms the group after: %s", self._own_name(), reason)
         self.strategy.reform()
         self.sync_state()
         self.recoveries += 1
