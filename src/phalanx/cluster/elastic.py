@@ -19,7 +19,9 @@ from typing import Any
 
 from phalanx.cluster._supervisor import Decision, Outcome, TaskState, describe_exit
 
-__all__ = ["ElasticLaunch"]
+__all__ = ["BELOW_MINIMUM_GRACE", "ElasticLaunch", "elastic_states"]
+
+BELOW_MINIMUM_GRACE = 10.0  # seconds the survivors get to stop with their own error below the minimum
 
 
 class ElasticLaunch:
@@ -44,6 +46,7 @@ class ElasticLaunch:
         self._left: set[str] = set()  # trainers that left the job for good
         self._handled: dict[str, int] = {}  # name -> pid whose exit was handled
         self._incarnation: dict[str, int] = {}
+        self._below_since: float | None = None
         (port,) = free_ports(1, "127.0.0.1")
         self._server = dist.TCPStore(
             "127.0.0.1", port, None, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
@@ -87,7 +90,7 @@ class ElasticLaunch:
                 f"elastic: {state.name} left at {self._stamp()} with code {code}{describe_exit(code)}; "
                 f"{alive} workers train on (minimum {self.min_workers})."
             )
-            if self.restarts < self.max_restarts:
+            if self.restarts < self.max_restarts and self._below_since is None:
                 self.restarts += 1
                 self._incarnation[state.name] = self._incarnation.get(state.name, 0) + 1
                 self._note(
@@ -100,16 +103,21 @@ class ElasticLaunch:
 
     def decide(self, states: Sequence[TaskState]) -> Decision | None:
         """The elastic rules before the launcher's usual ones: None to apply those to the
-        trainers still in the job (`kept`)."""
+        trainers still in the job (`kept`). Below the minimum, the survivors get
+        `BELOW_MINIMUM_GRACE` seconds to stop with their own error, then the job fails."""
         trainers = [s for s in states if s.is_trainer and s.name not in self._left]
-        if len(trainers) < self.min_workers:
-            return Decision(
-                Outcome.FAILED,
-                1,
-                f"elastic: only {len(trainers)} workers are left, fewer than --min-workers "
-                f"{self.min_workers}; stopping the job.",
-            )
-        return None
+        if len(trainers) >= self.min_workers:
+            return None
+        if self._below_since is None:
+            self._below_since = time.monotonic()
+        waiting = any(s.returncode is None for s in trainers)
+        if waiting and time.monotonic() - self._below_since < BELOW_MINIMUM_GRACE:
+            return None  # the survivors stop with BelowMinimumWorkersError themselves
+        return Decision(
+            Outcome.FAILED,
+            1,
+            f"elastic: fewer than --min-workers {self.min_workers} workers are left; stopping the job.",
+        )
 
     def kept(self, states: Sequence[TaskState]) -> list[TaskState]:
         """The tasks still in the job (not the trainers that left it)."""

@@ -35,6 +35,7 @@ class _FitState:
     def __init__(self, model: Any) -> None:
         self.model = model
         self.epoch, self.next_step = 0, 0
+        self.run_count = model.strategy.run_count  # after the last step done (not one cut short)
         self.callbacks: list[Any] = []  # those of the running fit
 
     def get(self) -> dict[str, Any]:
@@ -42,7 +43,7 @@ class _FitState:
         return {
             "module": state_of(model.module),
             "optimizer": state_of(model.optimizer),
-            "run_count": model.strategy.run_count,
+            "run_count": self.run_count,
             "epoch": self.epoch,
             "next_step": self.next_step,
             "callbacks": [_state_of_callback(c) for c in self.callbacks],
@@ -52,7 +53,7 @@ class _FitState:
         model = self.model
         load_into(model.module, state["module"], "module")
         load_into(model.optimizer, state["optimizer"], "optimizer")
-        model.strategy.run_count = int(state["run_count"])
+        model.strategy.run_count = self.run_count = int(state["run_count"])
         self.epoch, self.next_step = int(state["epoch"]), int(state["next_step"])
         for callback, callback_state in zip(self.callbacks, state["callbacks"], strict=False):
             if callback_state is not None:
@@ -86,7 +87,7 @@ def elastic_train_epoch(
         BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
     """
     sync, state = elastic_sync_of(model)
-    state.epoch, state.next_step = epoch, skip
+    state.epoch, state.next_step, state.run_count = epoch, skip, model.strategy.run_count
     state.callbacks = list(getattr(callbacks, "callbacks", []))
     iterator = _batches(model, handler, epoch, skip)
     logs: dict[str, float] = {}
@@ -103,6 +104,7 @@ def elastic_train_epoch(
             model.strategy.run(model._train_step, args=batch)
             sync.step_done()
             state.next_step = model._steps_done = step + 1
+            state.run_count = model.strategy.run_count
             logs = model._logs()
             callbacks.on_train_batch_end(step, logs)
         except Exception as exc:

@@ -261,10 +261,9 @@ class MultiWorkerMirroredStrategy(Strategy):
             self._buckets.release()
         if self._group is not None:
             self._group.abandon()
-        for ref in self._plain.values():  # a step cut short left partial sums in .grad: drop them
-            param = ref()
-            if param is not None:
-                param.grad = None
+        params = [p for p in (ref() for ref in self._plain.values()) if isinstance(p, torch.nn.Parameter)]
+        for param in params:  # a step cut short left partial sums in .grad: drop them
+            param.grad = None
         for attempt in range(5):
             membership.reform()
             try:
@@ -276,10 +275,8 @@ class MultiWorkerMirroredStrategy(Strategy):
         if self._num_local_replicas == 1:
             assert self._group is not None
             self._buckets = self._make_buckets(self._group)
-            for ref in self._plain.values():
-                param = ref()
-                if isinstance(param, torch.nn.Parameter):
-                    self._buckets.add(param)
+            for param in params:  # in creation order, as on every member
+                self._buckets.add(param)
             self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
 
     def handed_over(self) -> None:

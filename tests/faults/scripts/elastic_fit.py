@@ -4,8 +4,9 @@
 usage: elastic_fit.py OUT_DIR EPOCHS KILL_RANK KILL_AT_STEP [PAUSE]
 
 KILL_RANK < 0: nobody kills itself (the chaos test kills from outside). Every worker writes
-OUT_DIR/weights-<rank>-<incarnation>.pt (its final weights and the wall times of its steps),
-and the killer OUT_DIR/killed-at (the wall time just before its SIGKILL).
+OUT_DIR/weights-<rank>-<incarnation>.pt (its final weights and the wall times of its steps)
+and OUT_DIR/pid-<rank>-<incarnation>; the killer writes OUT_DIR/killed-at (the wall time just
+before its SIGKILL, at the start of step KILL_AT_STEP, while the others wait in that step).
 """
 
 import os
@@ -21,8 +22,10 @@ import phalanx
 out_dir, epochs, kill_rank, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 pause = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 strategy = phalanx.MultiWorkerMirroredStrategy()
-rank = int(os.environ["RANK"])
+rank = int(os.environ.get("RANK", "0"))
 incarnation = int(os.environ.get("PHALANX_ELASTIC_INCARNATION", "0"))
+with open(os.path.join(out_dir, f"pid-{rank}-{incarnation}"), "w") as f:
+    f.write(str(os.getpid()))
 
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(1)
@@ -44,13 +47,15 @@ class Steps(phalanx.callbacks.Callback):
         super().__init__()
         self.times, self.done = [], 0
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.done += 1
-        self.times.append(time.time())
-        if rank == kill_rank and incarnation == 0 and self.done == kill_at:
+    def on_train_batch_begin(self, batch, logs=None):
+        if rank == kill_rank and incarnation == 0 and self.done == kill_at:  # the others wait in the step
             with open(os.path.join(out_dir, "killed-at"), "w") as f:
                 f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.done += 1
+        self.times.append(time.time())
         if pause:
             time.sleep(pause)
 

@@ -36,7 +36,8 @@ with strategy.scope():
     model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     checkpoint = phalanx.checkpoint.Checkpoint(model=model, optimizer=optimizer)
-    handler = PreemptionCheckpointHandler(strategy.cluster_resolver, checkpoint, os.path.join(out_dir, "ckpt"))
+    folder = os.path.join(out_dir, "ckpt")
+    handler = PreemptionCheckpointHandler(strategy.cluster_resolver, checkpoint, folder)
 
 
 def train_step(step):

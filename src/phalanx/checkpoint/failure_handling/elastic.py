@@ -48,7 +48,7 @@ class ElasticSync:
     Args:
         strategy: An elastic `MultiWorkerMirroredStrategy` (its ``membership`` is set).
         get_state: This worker's training state (picklable by ``torch.save``).
-        set_state: Loads a state `get_state` returned (on the chief).
+        set_state: Loads a state `get_state` returned on the chief (every member, the chief too).
     """
 
     def __init__(self, strategy: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None]) -> None:
@@ -120,8 +120,9 @@ class ElasticSync:
         if group.rank != 0:
             payload = torch.empty(int(size.item()), dtype=torch.uint8)
         group.broadcast(payload, 0, what="the chief's state")
-        if group.rank != 0:  # tensors and plain values only
-            state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=True)
-            self._set_state(state)
+        # tensors and plain values only; the chief loads its own too (it sets back what a step
+        # cut short had counted, such as the strategy's run count)
+        state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=True)
+        self._set_state(state)
         self.strategy.handed_over()
         self._synced = True

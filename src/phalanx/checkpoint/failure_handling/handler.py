@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from phalanx.checkpoint._files import atomic_write_text, chief_path
-from phalanx.checkpoint.checkpoint import Checkpoint
 from phalanx.checkpoint._objects import load_into, state_of
+from phalanx.checkpoint.checkpoint import Checkpoint
 from phalanx.checkpoint.failure_handling.coordination import PreemptionCoordinator, check_supported
 from phalanx.checkpoint.failure_handling.elastic import ElasticSync, is_recoverable
 from phalanx.checkpoint.failure_handling.policy import Decision
@@ -122,6 +122,7 @@ class PreemptionCheckpointHandler:
             self._elastic = ElasticSync(strategy, self._elastic_state, self._load_elastic_state)
         if self._elastic is None or not self._elastic.joining:  # a joiner takes the chief's state
             self._restore()  # before SIGTERM is taken over: a restore that fails leaves it alone
+        self._run_count_done = strategy.run_count  # after the last step done (elastic jobs)
         self._coordinator = PreemptionCoordinator(strategy, config, "PreemptionCheckpointHandler")
 
     # ------------------------------------------------------------------ state
@@ -177,14 +178,14 @@ class PreemptionCheckpointHandler:
         return {
             "objects": {name: state_of(obj) for name, obj in objects.items()},
             "run_calls": self._run_calls,
-            "run_count": self._strategy.run_count,
+            "run_count": self._run_count_done,
         }
 
     def _load_elastic_state(self, state: dict[str, Any]) -> None:
         for name, obj in self._manager.checkpoint._objects.items():
             load_into(obj, state["objects"][name], name)
         self._run_calls = int(state["run_calls"])
-        self._strategy.run_count = int(state["run_count"])
+        self._strategy.run_count = self._run_count_done = int(state["run_count"])
 
     # ------------------------------------------------------------------ saving (all workers)
     def _save(self) -> None:
@@ -254,6 +255,7 @@ class PreemptionCheckpointHandler:
             result = distributed_train_function(*args, **kwargs)
         if self._elastic is not None:
             self._elastic.step_done()
+            self._run_count_done = self._strategy.run_count
         self._coordinator.step_took(time.monotonic() - start)
         self._run_calls += 1
         return result
