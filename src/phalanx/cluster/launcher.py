@@ -105,6 +105,7 @@ def launch(
             is given to the tasks).
     """
     count = _worker_count(workers, nproc_per_node, chief)
+    _check_elastic(min_workers, max_restarts, count + int(chief), ps)
     _check_timeout(timeout)
     argv = build_command(target, args, python)
     spec = local_cluster(count, ps, chief)
@@ -112,34 +113,35 @@ def launch(
     # secret: the user's, or a fresh one
     token = _given_token(env)
     env = {**(env or {}), TOKEN_ENV: check_token(token) if token is not None else new_token()}
-    elastic = _elastic_launch(min_workers, max_restarts, count + int(chief), ps, env, out)
+    elastic = _elastic_launch(min_workers, max_restarts, env, out)
     if elastic is not None:
         env = {**elastic.environment(env), **env}
     tasks = plan_tasks(spec, _all_tasks(spec))
     return run_tasks(argv, tasks, env, timeout, out, stop_auxiliary=True, elastic=elastic)
 
 
-def _elastic_launch(
-    min_workers: int | None,
-    max_restarts: int,
-    trainers: int,
-    ps: int,
-    env: Mapping[str, str],
-    out: IO[str] | None,
-) -> ElasticLaunch | None:
+def _check_elastic(min_workers: int | None, max_restarts: int, trainers: int, ps: int) -> None:
     if min_workers is None:
         if max_restarts:
             raise ValueError(
                 f"--max-restarts restarts lost workers of an elastic job, but no --min-workers was given. "
                 f"Received: max_restarts={max_restarts}. HINT: add --min-workers M (M <= --workers)."
             )
-        return None
+        return
     if not 1 <= min_workers <= trainers or max_restarts < 0 or ps:
         raise ValueError(
             "An elastic job needs 1 <= --min-workers <= the workers, --max-restarts >= 0, and no ps tasks "
             f"(MultiWorkerMirroredStrategy only). Received: min_workers={min_workers}, workers={trainers}, "
             f"max_restarts={max_restarts}, ps={ps}. HINT: e.g. --workers 3 --min-workers 2."
         )
+
+
+def _elastic_launch(
+    min_workers: int | None, max_restarts: int, env: Mapping[str, str], out: IO[str] | None
+) -> ElasticLaunch | None:
+    """The elastic side of a local launch (it serves the store), or None."""
+    if min_workers is None:
+        return None
     stream = out if out is not None else sys.stderr
 
     def note(text: str) -> None:
