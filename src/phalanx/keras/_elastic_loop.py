@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from phalanx.checkpoint._objects import load_into, state_of
 from phalanx.checkpoint.failure_handling.elastic import ElasticSync, is_recoverable
+from phalanx.keras._epoch import Epoch
 
 if TYPE_CHECKING:
-    from phalanx.keras._loops import LoopModel
     from phalanx.keras.data_adapter import DataHandler
 
 __all__ = ["MoveTo", "elastic_sync_of", "elastic_train_epoch"]
@@ -78,7 +78,7 @@ def elastic_sync_of(model: Any) -> tuple[ElasticSync, _FitState]:
 
 
 def elastic_train_epoch(
-    model: LoopModel, handler: DataHandler, epoch: int, skip: int, callbacks: Any
+    model: Any, handler: DataHandler, epoch: int, skip: int, callbacks: Any
 ) -> dict[str, float]:
     """`train_epoch` of an elastic job (every member).
 
@@ -118,13 +118,11 @@ def elastic_train_epoch(
     return logs or model._logs()
 
 
-def _batches(model: LoopModel, handler: DataHandler, epoch: int, skip: int) -> Any:
-    from phalanx.keras._loops import _Epoch  # the loops import this module
-
-    return iter(model.strategy.experimental_distribute_dataset(_Epoch(handler.epoch(epoch, skip))))
+def _batches(model: Any, handler: DataHandler, epoch: int, skip: int) -> Any:
+    return iter(model.strategy.experimental_distribute_dataset(Epoch(handler.epoch(epoch, skip))))
 
 
-def _reposition(model: LoopModel, handler: DataHandler, state: _FitState, epoch: int) -> Any:
+def _reposition(model: Any, handler: DataHandler, state: _FitState, epoch: int) -> Any:
     """The batches from the chief's position (this epoch), or `MoveTo` another epoch."""
     if state.epoch != epoch:
         raise MoveTo(state.epoch, state.next_step)

@@ -35,6 +35,8 @@ from phalanx.variables import DistributedVariable
 
 __all__ = ["MultiWorkerMirroredStrategy"]
 
+REFORM_JOIN_TIMEOUT = 30.0  # seconds the members of a re-formed group wait for each other
+
 
 def _local_devices(resolver: ClusterResolver) -> list[str]:
     """This worker's GPU (LOCAL_RANK's) or all its GPUs, else one CPU replica."""
@@ -222,6 +224,8 @@ class MultiWorkerMirroredStrategy(Strategy):
         assert membership is not None
         self._num_workers, self._worker_index = len(membership.members), membership.rank
         join, beat = self._group_settings
+        if membership.epoch > 0:  # every member is alive and waiting: a lost one must not cost 120 s
+            join = min(join, REFORM_JOIN_TIMEOUT)
         host, port = membership.settings.store
         return WorkerGroup(
             host,

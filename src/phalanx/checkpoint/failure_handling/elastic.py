@@ -28,9 +28,11 @@ from phalanx.communication.health import PeerUnavailableError
 from phalanx.communication.membership import BelowMinimumWorkersError
 from phalanx.communication.stall_inspector import CollectiveMismatchError
 
-__all__ = ["ElasticSync", "is_recoverable"]
+__all__ = ["MAX_RECOVERIES", "ElasticSync", "is_recoverable"]
 
 log = logging.getLogger("phalanx")
+
+MAX_RECOVERIES = 10  # losses in a row, while re-forming, before a worker gives up
 
 
 def is_recoverable(strategy: Any, exc: BaseException) -> bool:
@@ -97,10 +99,17 @@ class ElasticSync:
             BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
         """
         self.last_loss_at = time.monotonic()
-        reason = str(exc).split(". HINT")[0]
-        log.warning("%s re-forms the group after: %s", self._own_name(), reason)
-        self.strategy.reform()
-        self.sync_state()
+        for attempt in range(MAX_RECOVERIES):
+            reason = str(exc).split(". HINT")[0]
+            log.warning("%s re-forms the group after: %s", self._own_name(), reason)
+            try:
+                self.strategy.reform()
+                self.sync_state()
+                break
+            except Exception as again:  # another worker lost while re-forming: once more
+                if attempt == MAX_RECOVERIES - 1 or not is_recoverable(self.strategy, again):
+                    raise
+                exc = again
         self.recoveries += 1
 
     def _own_name(self) -> str:
