@@ -310,3 +310,20 @@ def test_when_the_last_bucket_is_solo_the_flags_travel_alone():
     assert recorder.launched == [64, 2]  # the gradient, then its two flags
     assert [[p.numel() for p in b] for b in buckets.buckets] == [[64]]
     torch.testing.assert_close(big.grad, torch.full((64,), 2.0 * WORKERS))
+
+
+def test_released_buckets_launch_nothing_and_leave_plain_gradients():
+    """An elastic job drops the buckets of a failed group: their hooks go, nothing waits."""
+    net = Net()
+    plain = copy.deepcopy(net)
+    recorder = Recorder()
+    buckets = _buckets(net.parameters(), recorder, workers=WORKERS)
+    buckets.release()
+    x = torch.randn(3, 8)
+    net(x).sum().backward()
+    plain(x).sum().backward()
+    assert recorder.launched == []  # no all-reduce: the hooks are gone
+    for mine, theirs in zip(net.parameters(), plain.parameters(), strict=True):
+        assert (mine.grad is None) == (theirs.grad is None)
+        if mine.grad is not None:
+            assert torch.equal(mine.grad, theirs.grad)  # autograd's own (not x WORKERS)

@@ -165,3 +165,23 @@ def test_a_task_left_out_of_an_epoch_is_told_so(server):
     keys.add("e/1/decider", 1)
     with pytest.raises(PeerUnavailableError, match="worker:1 was left out of membership epoch 1"):
         member.reform()
+
+
+def test_a_joiner_that_is_never_admitted_gives_up_by_name(server):
+    settings = ElasticSettings(("127.0.0.1", server), 1, incarnation=1, dead_after=1.0)
+    joiner = Membership(settings, 1, 2, lambda t: f"worker:{t}", timeout=0.5)
+    with pytest.raises(
+        PeerUnavailableError, match="worker:1 was not admitted to the running job within 0.5s"
+    ):
+        joiner.start()
+    joiner.stop()
+
+
+def test_a_decision_that_never_comes_is_named(server):
+    member = Membership(ElasticSettings(("127.0.0.1", server), 1), 0, 2, lambda t: f"worker:{t}", timeout=0.3)
+    member.members, member.epoch = [Member(0, 0), Member(1, 0)], 0
+    member.connect().add("e/1/decider", 1)  # another member took the decision, and died
+    with pytest.raises(
+        PeerUnavailableError, match="worker:0 gave up after 0.3s waiting for the members of epoch 1"
+    ):
+        member.reform()
