@@ -190,25 +190,40 @@ class MultiWorkerMirroredStrategy(Strategy):
         join, beat = self._timeouts(join_timeout, heartbeat_timeout)
         self._group_settings = (join, beat)
         settings = ElasticSettings.from_env()
-        if settings is not None:  # an elastic job: the membership decides who trains (and the ranks)
-            self._membership = Membership(
-                settings, self._worker_index, self._num_workers, _task_name(self._resolver), join
-            )
-            self._membership.start()
-            return self._make_group()
-        host, _, port = self._resolver.chief_address().rpartition(":")
+        if settings is None:  # the job's one group, its store served by the chief
+            host, _, port = self._resolver.chief_address().rpartition(":")
+            names = _task_name(self._resolver)
+            return self._new_group(host, int(port), self._worker_index, self._num_workers, names, join)
+        # an elastic job: the membership decides who trains, and the ranks
+        self._membership = Membership(
+            settings, self._worker_index, self._num_workers, _task_name(self._resolver), join
+        )
+        self._membership.start()
+        return self._make_group()
+
+    def _new_group(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world: int,
+        names: Callable[[int], str],
+        join: float,
+        elastic: ElasticGroup | None = None,
+    ) -> WorkerGroup:
         return WorkerGroup(
             host,
-            int(port),
-            self._worker_index,
-            self._num_workers,
+            port,
+            rank,
+            world,
             self._backend,
-            _task_name(self._resolver),
+            names,
             join_timeout=join,
             collective_timeout=self._timeout,
-            heartbeat_timeout=beat,
+            heartbeat_timeout=self._group_settings[1],
             own_host=self._own_host(),  # gloo binds this task's address from the cluster spec
             stall=StallSettings.from_env(self._options.stall_timeout_seconds),
+            elastic=elastic,
         )
 
     def _own_host(self) -> str:
@@ -223,23 +238,13 @@ class MultiWorkerMirroredStrategy(Strategy):
         membership = self._membership
         assert membership is not None
         self._num_workers, self._worker_index = len(membership.members), membership.rank
-        join, beat = self._group_settings
+        join = self._group_settings[0]
         if membership.epoch > 0:  # every member is alive and waiting: a lost one must not cost 120 s
             join = min(join, REFORM_JOIN_TIMEOUT)
         host, port = membership.settings.store
-        return WorkerGroup(
-            host,
-            port,
-            membership.rank,
-            len(membership.members),
-            self._backend,
-            membership.task_name,
-            join_timeout=join,
-            collective_timeout=self._timeout,
-            heartbeat_timeout=beat,
-            own_host=self._own_host(),
-            stall=StallSettings.from_env(self._options.stall_timeout_seconds),
-            elastic=ElasticGroup(f"phalanx/elastic/g{membership.epoch}/", membership.failure),
+        elastic = ElasticGroup(f"phalanx/elastic/g{membership.epoch}/", membership.failure)
+        return self._new_group(
+            host, port, membership.rank, len(membership.members), membership.task_name, join, elastic
         )
 
     @property
