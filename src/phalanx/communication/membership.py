@@ -17,7 +17,8 @@ incarnation, which joins as a new member.
   (`Membership.failure`), so a collective that waits for it fails within half a second.
 * **Re-forming** (`Membership.reform`, every survivor): each checks in under the next epoch;
   the first to check in decides: it waits until every old member checked in or is lost,
-  adds the tasks waiting to join, writes the members and moves ``epoch`` on.
+  adds the tasks waiting to join, writes the members and moves ``epoch`` on (a decider lost
+  before it wrote them is replaced by the next survivor that notices).
 * **Joining** (`Membership.join`, a restarted task): it writes ``join/<task>``; the members
   see it at the next step boundary (`Membership.join_pending`) and re-form with it.
 
@@ -203,12 +204,15 @@ class Membership:
         deadline = time.monotonic() + self._timeout
         while not self._store.check([key]):
             if time.monotonic() > deadline:
-                raise PeerUnavailableError(
-                    f"{self._name(self.me.task)} gave up after {self._timeout:g}s waiting for {what}. HINT: "
-                    "check the other tasks' logs and that the launcher (which serves the store) runs."
-                )
+                raise self._gave_up(what)
             time.sleep(0.02)
         return bytes(self._store.get(key))
+
+    def _gave_up(self, what: str) -> PeerUnavailableError:
+        return PeerUnavailableError(
+            f"{self._name(self.me.task)} gave up after {self._timeout:g}s waiting for {what}. HINT: "
+            "check the other tasks' logs and that the launcher (which serves the store) runs."
+        )
 
     # ------------------------------------------------------------------ forming (all workers)
     @property
@@ -230,7 +234,7 @@ class Membership:
         self._store.set(f"alive/{self.me.task}", f"{self.me.incarnation}:0")
         self._start_thread()
         if self.me.incarnation == 0:
-            if self._store.add("e/0/decider", 1) == 1:
+            if self._store.add("e/0/decider/0", 1) == 1:
                 self._publish(0, [Member(t, 0) for t in range(self._num_tasks)])
             self._adopt(0)
             return
@@ -261,9 +265,34 @@ class Membership:
         """
         epoch = self.epoch + 1
         self._store.set(f"e/{epoch}/here/{self.me}", "1")
-        if self._store.add(f"e/{epoch}/decider", 1) == 1:
-            self._decide(epoch)
+        self._decide_or_wait(epoch)
         self._adopt(epoch)
+
+    def _decide_or_wait(self, epoch: int) -> None:
+        """The first to check in decides; if that decider is lost before it publishes, the
+        next to notice takes over (numbered attempts: exactly one decider each)."""
+        deadline = time.monotonic() + self._timeout
+        attempt = 0
+        while True:
+            key = f"e/{epoch}/decider/{attempt}"
+            if self._store.add(key, 1) == 1:
+                self._store.set(f"{key}/task", str(self.me))
+                self._decide(epoch)
+                return
+            while not self._store.check([f"e/{epoch}/members"]):
+                if self._decider_lost(key):
+                    break
+                if time.monotonic() > deadline:
+                    raise self._gave_up(f"the members of epoch {epoch}")
+                time.sleep(0.02)
+            else:
+                return
+            attempt += 1
+
+    def _decider_lost(self, key: str) -> bool:
+        if not self._store.check([f"{key}/task"]):
+            return False
+        return self.lost_reason(Member.parse(self._store.get(f"{key}/task").decode())) is not None
 
     def _decide(self, epoch: int) -> None:
         old = self.members

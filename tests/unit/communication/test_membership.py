@@ -162,7 +162,7 @@ def test_a_task_left_out_of_an_epoch_is_told_so(server):
     member.members, member.epoch = [Member(0, 0), Member(1, 0)], 0
     keys = member.connect()
     keys.set("e/1/members", "0:0")  # the others decided without it
-    keys.add("e/1/decider", 1)
+    keys.add("e/1/decider/0", 1)
     with pytest.raises(PeerUnavailableError, match="worker:1 was left out of membership epoch 1"):
         member.reform()
 
@@ -180,8 +180,23 @@ def test_a_joiner_that_is_never_admitted_gives_up_by_name(server):
 def test_a_decision_that_never_comes_is_named(server):
     member = Membership(ElasticSettings(("127.0.0.1", server), 1), 0, 2, lambda t: f"worker:{t}", timeout=0.3)
     member.members, member.epoch = [Member(0, 0), Member(1, 0)], 0
-    member.connect().add("e/1/decider", 1)  # another member took the decision, and died
+    member.connect().add("e/1/decider/0", 1)  # another member took the decision (and never says who)
     with pytest.raises(
         PeerUnavailableError, match="worker:0 gave up after 0.3s waiting for the members of epoch 1"
     ):
         member.reform()
+
+
+def test_a_decider_lost_before_it_decides_is_replaced(server):
+    members = [_membership(server, t) for t in range(3)]
+    _all(*(m.start for m in members))
+    keys = members[2].connect()
+    keys.add("e/1/decider/0", 1)  # worker:2 takes the decision of epoch 1 ...
+    keys.set("e/1/decider/0/task", "2:0")
+    _mark_dead(members[2], 2)  # ... and is killed before it writes the members
+    members[2].stop()
+    _all(members[0].reform, members[1].reform)
+    assert members[0].epoch == members[1].epoch == 1
+    assert members[0].members == [Member(0, 0), Member(1, 0)]
+    for m in members[:2]:
+        m.stop()
