@@ -6,8 +6,9 @@ keeps it), tells the tasks where it is (``PHALANX_ELASTIC_STORE``) and the minim
 is marked ``dead`` in the store at once (the survivors re-form without waiting for a
 heartbeat to time out), the time it left is logged, and it is started again while restarts
 remain (``PHALANX_ELASTIC_INCARNATION`` counts them; a restarted task joins the running job at
-the next step boundary). The job fails once fewer trainers than the minimum are left; it
-succeeds when every trainer still in it exited 0.
+the next step boundary), unless a trainer has finished already (the job is ending). The job
+fails once fewer trainers than the minimum are left; it succeeds when every trainer still in
+it exited 0.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class ElasticLaunch:
                 f"elastic: {state.name} left at {self._stamp()} with code {code}{describe_exit(code)}; "
                 f"{alive} workers train on (minimum {self.min_workers})."
             )
-            if self.restarts < self.max_restarts and self._below_since is None:
+            finishing = any(s.returncode == 0 for s, _, _ in states)  # the members end together
+            if self.restarts < self.max_restarts and self._below_since is None and not finishing:
                 self.restarts += 1
                 self._incarnation[state.name] = self._incarnation.get(state.name, 0) + 1
                 self._note(

@@ -242,6 +242,11 @@ class Membership:
         log.warning("%s asks to join the running job.", self._name(self.me.task))
         deadline = time.monotonic() + self._timeout
         while True:
+            if self._store.check(["finished"]):
+                raise PeerUnavailableError(
+                    f"{self._name(self.me.task)} was restarted to join the job, but the job finished first "
+                    "(a member closed its strategy). HINT: nothing to do; the job's result is the others'."
+                )
             if self._store.check(["epoch"]):
                 epoch = int(self._store.get("epoch"))
                 if self.me in _parse_members(self._store.get(f"e/{epoch}/members")):
@@ -389,8 +394,14 @@ class Membership:
                 log.warning("The elastic membership watcher stopped: %s", exc)
                 return
 
-    def stop(self) -> None:
-        """Stops the beacon (this worker leaves; call at the end)."""
+    def stop(self, finished: bool = False) -> None:
+        """Stops the beacon (this worker leaves; call at the end). ``finished``: the job is
+        done (a member closed its strategy): a task still waiting to join is told so."""
+        if finished:
+            try:
+                self._store.set("finished", "1")
+            except Exception as exc:  # the launcher ended: nobody waits to join any more
+                log.debug("Could not record that the job finished: %s", exc)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)

@@ -536,6 +536,9 @@ class WorkerGroup:
             self._shm.close()
         if self._ring is not None:
             self._ring.close()
+        if self._ownership != "borrowed":  # close its connections: whatever waits on them fails now
+            with contextlib.suppress(Exception):
+                self._group.abort()
         self._gloo.close(timeout=0.5)
         self._health.stop()
         with contextlib.suppress(Exception):  # a peer's exit broke the group already

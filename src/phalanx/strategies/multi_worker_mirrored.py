@@ -567,5 +567,5 @@ class MultiWorkerMirroredStrategy(Strategy):
             if self._group is not None:
                 self._group.close()
             if self._membership is not None:
-                self._membership.stop()
+                self._membership.stop(finished=True)
             self._threads.close()

@@ -200,3 +200,14 @@ def test_a_decider_lost_before_it_decides_is_replaced(server):
     assert members[0].members == [Member(0, 0), Member(1, 0)]
     for m in members[:2]:
         m.stop()
+
+
+def test_a_joiner_is_told_when_the_job_finished_first(server):
+    member = _membership(server, 0, tasks=2, minimum=1)
+    member.connect().set("finished", "1")  # what a member's close() writes
+    joiner = _membership(server, 1, tasks=2, minimum=1, incarnation=1)
+    with pytest.raises(
+        PeerUnavailableError, match="worker:1 was restarted to join the job, but the job finished"
+    ):
+        joiner.start()
+    joiner.stop()

@@ -125,3 +125,14 @@ def test_below_the_minimum_the_job_fails_once_every_survivor_exited(launch_side)
     decision = elastic.decide(elastic.kept([_trainer("worker-0", 1), _trainer("worker-1", -9)]))
     assert decision is not None
     assert decision.exit_code == 1
+
+
+def test_no_restart_once_a_trainer_finished(launch_side):
+    elastic, notes = launch_side
+    restarted: list[str] = []
+    elastic.handle_exits(
+        [(_trainer("worker-0", 0), 10, 0), (_trainer("worker-1", -6), 11, 1)], restarted.append
+    )
+    assert restarted == []  # the job is ending: a replacement could never be admitted
+    assert elastic.kept([_trainer("worker-0", 0), _trainer("worker-1", -6)]) == [_trainer("worker-0", 0)]
+    assert any("worker-1 left at" in n and "SIGABRT" in n for n in notes)
