@@ -30,6 +30,22 @@ WORKLOADS = {
 # (workload, workers, ps): the cases the side-by-side table shows, in order
 CASES = [("mlp", 2, 1), ("emb", 2, 1), ("emb_split", 2, 1), ("emb_split", 2, 2), ("mlp", 4, 2)]
 IDS_POOL = 64  # batches of ids cycled by each worker's dataset (the same on both sides)
+# tasks on simulated hosts (`bench_ps_scaling.py --links`): JSON {"chief:0": [netns, ip], "worker:0":
+# [netns, ip], ..., "ps:0": [...]}; each task runs in its network namespace, at ip:HOST_PORT
+HOSTS_ENV = "PS_BENCH_HOSTS"
+HOST_PORT = 7070
+
+
+def hosts() -> dict[str, list[str]] | None:
+    """The simulated hosts of ``PS_BENCH_HOSTS`` (None: every task on 127.0.0.1)."""
+    value = os.environ.get(HOSTS_ENV, "")
+    return dict(json.loads(value)) if value else None
+
+
+def in_host(task: str) -> list[str]:
+    """The command prefix that runs ``task`` ("worker:0") on its simulated host ([] if none)."""
+    placed = hosts()
+    return ["ip", "netns", "exec", placed[task][0]] if placed else []
 
 
 def free_ports(n: int) -> list[int]:
@@ -45,7 +61,14 @@ def free_ports(n: int) -> list[int]:
 
 
 def cluster_spec(workers: int, ps: int) -> dict[str, list[str]]:
-    """A chief, ``workers`` workers and ``ps`` ps tasks on free local ports."""
+    """A chief, ``workers`` workers and ``ps`` ps tasks on free local ports (or on their
+    simulated hosts, `HOSTS_ENV`)."""
+    placed = hosts()
+    if placed:
+        return {
+            job: [f"{placed[f'{job}:{i}'][1]}:{HOST_PORT}" for i in range(n)]
+            for job, n in (("chief", 1), ("worker", workers), ("ps", ps))
+        }
     ports = iter(free_ports(1 + workers + ps))
     return {
         "chief": [f"127.0.0.1:{next(ports)}"],
@@ -111,6 +134,7 @@ def start_tasks(script: str, spec: dict[str, list[str]], args: list[str], env: d
     for job in ("ps", "worker"):
         for index in range(len(spec[job])):
             cmd = [sys.executable, script, "--serve", job, str(index), "--cluster", json.dumps(spec), *args]
+            cmd = in_host(f"{job}:{index}") + cmd
             tasks.processes[f"{job}:{index}"] = subprocess.Popen(cmd, env={**os.environ, **env})
     return tasks
 
@@ -154,6 +178,12 @@ def parse_common(argv: list[str] | None = None):  # noqa: ANN201 - argparse.Name
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     return parser.parse_known_args(argv)[0]
+
+
+def warmup_steps(steps: int, workers: int) -> int:
+    """Steps before the timed rounds: enough for every worker to have run a few (its first
+    functions connect, build its dataset and read every variable: not what a step costs)."""
+    return max(steps // 5, 5, 4 * workers)
 
 
 def default_steps(workload: str, quick: bool) -> int:

@@ -175,7 +175,11 @@ def main() -> None:
         run_steps = _chief(tf, args, spec)
         steps = args.steps or cluster.default_steps(args.workload, args.quick)
         result = cluster.measure(
-            run_steps, tasks.pids(), steps, warmup=max(steps // 5, 5), rounds=args.rounds
+            run_steps,
+            tasks.pids(),
+            steps,
+            warmup=cluster.warmup_steps(steps, args.workers),
+            rounds=args.rounds,
         )
     finally:
         tasks.stop()

@@ -15,6 +15,9 @@ Run: python benchmarks/bench_multiworker.py [--quick]
    transport) against DDP's C++ reducer as DDP builds it, and as DDP with
    ``gradient_as_bucket_view`` and a summing communication hook (phalanx's convention).
    Printed as CPU ms per step of worker 0 above the same loop with no all-reduce at all.
+4. The collective check's cost (`phalanx.communication.collective_check`): the loop of 2 with
+   the codes on and off in alternating rounds of the same run (skipped when the run has them
+   off). ratio = examples per second on / off (goal: within noise).
 
 Both sides of each case are timed in alternating rounds in the same processes; the best
 round of each counts. Nothing is asserted: the ratios are printed. Both workers run on this
@@ -176,7 +179,9 @@ def _bench_engines(strategy, reference, rank: int, quick: bool) -> str:
 
     group = strategy._group
     ours = _mlp()
-    buckets = GradientBuckets(group.all_reduce_async, group.wait, workers=2)
+    buckets = GradientBuckets(
+        group.all_reduce_async, group.wait, workers=2, announce=group.announce_all_reduces
+    )
     for p in ours.parameters():
         buckets.add(p)
     view = nn.parallel.DistributedDataParallel(_mlp(), process_group=reference, gradient_as_bucket_view=True)
@@ -203,6 +208,53 @@ def _bench_engines(strategy, reference, rank: int, quick: bool) -> str:
     return f"gradient engines, CPU ms/step of worker 0 above a loop without all-reduce ({alone:.1f}): {extra}"
 
 
+def _bench_check(strategy, rank: int, quick: bool) -> str:
+    """The collective check's cost in one run: the training loop of `_bench_training` with the
+    codes on and off in alternating rounds (both workers switch at the same point)."""
+    import phalanx
+
+    group = strategy._group
+    if not group._check.enabled:
+        return "collective check: off for this run (PHALANX_COLLECTIVE_CHECK=0), no A/B"
+
+    def switch(on: bool) -> None:  # measurement only: private switches, flipped by every worker alike
+        group._check.enabled = on
+        group._gloo.checked = group._gloo.announces = on
+
+    steps = 8 if quick else 25
+    g = torch.Generator().manual_seed(3)
+    data = [
+        (torch.randn(GLOBAL_BATCH, 784, generator=g), torch.randint(0, 10, (GLOBAL_BATCH,), generator=g))
+        for _ in range(steps)
+    ]
+    with strategy.scope():
+        model = _mlp()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    dataset = strategy.experimental_distribute_dataset(
+        data, phalanx.InputOptions(experimental_fetch_to_device=False)
+    )
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        per_example = nn.functional.cross_entropy(model(x), y, reduction="none")
+        phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def epoch(on: bool) -> None:
+        switch(on)
+        for x, y in dataset:
+            strategy.run(step, args=(x, y))
+
+    cpu: list[float] = []
+    on, off = _best_alternating(lambda: epoch(True), lambda: epoch(False), 1, 3 if quick else 5, cpu)
+    switch(True)
+    return (
+        f"collective check, same MLP loop   on {GLOBAL_BATCH * steps / on:7.0f} ex/s   off "
+        f"{GLOBAL_BATCH * steps / off:7.0f} ex/s   ratio {off / on:5.2f}   (on/off; goal: within noise)"
+        f"   CPU ms/step of worker 0: on {cpu[0] / steps * 1e3:5.1f}  off {cpu[1] / steps * 1e3:5.1f}"
+    )
+
+
 def worker(quick: bool) -> None:
     import phalanx
 
@@ -215,6 +267,7 @@ def worker(quick: bool) -> None:
     lines = _bench_all_reduce(strategy, reference, quick)
     lines.append(_bench_training(strategy, reference, rank, quick))
     lines.append(_bench_engines(strategy, reference, rank, quick))
+    lines.append(_bench_check(strategy, rank, quick))
     if rank == 0:
         group = strategy._group
         transport = "shared memory (same machine)" if group.uses_shared_memory else "gloo"

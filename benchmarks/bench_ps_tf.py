@@ -139,7 +139,9 @@ def _phalanx_case(args: Any) -> dict[str, Any]:
         run_steps, strategy = _chief(args, spec)
         steps = args.steps or cluster.default_steps(args.workload, args.quick)
         rounds = 1 if args.quick else args.rounds
-        result = cluster.measure(run_steps, tasks.pids(), steps, warmup=max(steps // 5, 5), rounds=rounds)
+        result = cluster.measure(
+            run_steps, tasks.pids(), steps, warmup=cluster.warmup_steps(steps, args.workers), rounds=rounds
+        )
     finally:
         if strategy is not None:
             strategy.close()
@@ -156,6 +158,7 @@ def _run_side(python: str, script: Path, case: tuple[str, int, int], args: Any) 
     cmd += ["--steps", str(args.steps)] if args.steps else []
     if script == Path(__file__).resolve():
         cmd.append("--phalanx-side")
+    cmd = cluster.in_host("chief:0") + cmd  # on its simulated host, if any (bench_ps_scaling --links)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env={**os.environ, **_TASK_ENV})
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -41,6 +41,11 @@ class StepSync(Protocol):
     def reset_thread(self) -> None:
         """Clears this thread's step state when a replica's ``run`` ends (also after an error)."""
 
+    # Optional, for strategies whose optimizers get their parameters at the first step
+    # (FullyShardedStrategy): ``before_unscale(optimizer)`` runs before a ``torch.amp.GradScaler``
+    # unscales the optimizer's gradients. A strategy whose step sync has it gets
+    # `phalanx.mixed_precision.loss_scale.adopt_torch_grad_scalers`.
+
 
 class VariableHome(Protocol):
     """Where a strategy's distributed variables live and how they are read and written

@@ -24,6 +24,8 @@ TRANSPORTS = {
     "gloo": {"PHALANX_SHARED_MEMORY": "0"},
     "tls": {"PHALANX_COLLECTIVES": "tls", "PHALANX_SHARED_MEMORY": "0"},
 }
+# forced TLS on one machine: shared memory carries every collective, the ring none
+ALL_TRANSPORTS = {**TRANSPORTS, "tls_shared_memory": {"PHALANX_COLLECTIVES": "tls"}}
 DIVERGE = 5
 # what worker:1 issued at the mismatch (its stray collective, or its next one)
 STRAY = {
@@ -32,11 +34,12 @@ STRAY = {
     "user_all_reduce": "desync.py:",
     "broadcast": "desync.py:",
     "extra_backward": "(loss.backward at desync.py:",
+    "in_backward": "desync.py:",
 }
 
 
 def _run(mode: str, transport: str, *args: str):
-    with LocalCluster(2, env=TRANSPORTS[transport]) as cluster:
+    with LocalCluster(2, env=ALL_TRANSPORTS[transport]) as cluster:
         run = cluster.start(SCRIPT, mode, *args).wait(timeout=150)
         names = [f"worker:{i} ({cluster.address(f'worker-{i}')})" for i in range(2)]
     return run, names
@@ -98,3 +101,29 @@ def test_a_stray_reduce_at_step_5_of_100000_ends_both_workers(transport):
     # issue 21's scenario: it ends because of the check (long before 100,000 steps)
     run, names = _run("reduce", transport, "100000")
     _check(run, names, DIVERGE, ["(loss.backward at desync.py:", STRAY["reduce"]])
+
+
+def test_forced_tls_on_one_machine_meets_a_broadcast_with_the_all_reduce_it_pairs_with():
+    # every collective of workers on one machine takes shared memory, TLS forced or not: a
+    # stray broadcast meets the gradient all-reduce in the same control block (not the ring)
+    run, names = _run("broadcast", "tls_shared_memory")
+    _check(run, names, DIVERGE, ["(loss.backward at desync.py:", STRAY["broadcast"]])
+
+
+def test_a_collective_inside_backward_on_every_worker_is_no_mismatch():
+    # over gloo it breaks the announced gradient all-reduces on every worker alike
+    # (phalanx.communication.gloo_transport): the sums stay right
+    runs = {}
+    for mode in ("in_backward_all", "plain"):
+        with LocalCluster(2, env=TRANSPORTS["gloo"]) as cluster:
+            runs[mode] = cluster.start(SCRIPT, mode).wait(timeout=150)
+    for run in runs.values():
+        assert "finished without an error" in run.output, run.output
+        for rank in range(2):
+            assert run[f"worker-{rank}"].returncode == 0, run.output
+    last = {
+        (mode, rank): _checksum_after(run[f"worker-{rank}"].output, 7)
+        for mode, run in runs.items()
+        for rank in range(2)
+    }
+    assert len(set(last.values())) == 1, last

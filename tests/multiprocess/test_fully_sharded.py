@@ -126,3 +126,44 @@ def test_tied_weights_are_one_parameter_sharded_once_with_adam(mwms_2workers, fs
     _compare(sharded, mirrored)
     assert "embed.weight" in sharded[0]["state"]
     assert "head.weight" in sharded[0]["state"]
+
+
+def _scaled(strategy: phalanx.Strategy) -> dict:
+    """A plain torch.amp.GradScaler: a normal step, then one whose gradient overflows only in
+    rows that FullySharded keeps on worker 1 (weight rows 6-7 of an 8-row layer)."""
+    torch.manual_seed(10 + strategy.worker_rank)
+    with strategy.scope():
+        model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    gen = torch.Generator().manual_seed(0)
+    data = [torch.randn(GLOBAL_BATCH, 5, generator=gen) for _ in range(2)]
+    boost = torch.ones(8)  # the hidden layer's gradient, scaled per unit (a finite loss)
+
+    def step(x: torch.Tensor) -> None:
+        hidden = model[0](x)
+        hidden.register_hook(lambda grad: grad * boost)
+        loss = model[2](torch.tanh(hidden)).square().mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+    states, scales = [], []
+    for i, x in enumerate(strategy.experimental_distribute_dataset(data)):
+        boost[6:] = 1.0 if i == 0 else 1e36  # x 2^16: inf in rows 6-7 of model[0] only
+        strategy.run(step, args=(x,))
+        states.append({k: v.detach().clone().numpy() for k, v in model.state_dict().items()})
+        scales.append(scaler.get_scale())
+    return {"states": states, "scales": scales}
+
+
+def test_a_plain_grad_scaler_skips_a_step_that_overflows_in_one_workers_shard(mwms_2workers, fsdp_2workers):
+    mirrored = mwms_2workers.run(_scaled)
+    sharded = fsdp_2workers.run(_scaled)
+    for worker in (*sharded, *mirrored):
+        assert worker["scales"] == [2.0**16, 2.0**15]  # the second step overflowed: scale halved
+        for key, value in worker["states"][1].items():
+            np.testing.assert_array_equal(value, worker["states"][0][key])  # and was skipped
+        for key, value in mirrored[0]["states"][0].items():
+            np.testing.assert_allclose(worker["states"][0][key], value, **TOL)  # the first was not

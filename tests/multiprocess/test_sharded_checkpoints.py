@@ -96,3 +96,37 @@ def test_two_sharded_workers_restore_on_three_workers_one_device_and_mirrored(fs
         _same(restore(mirrored, path), expected)
     finally:
         mirrored._threads.close()
+
+
+def fit_with_model_checkpoints(strategy: phalanx.Strategy, folder: str) -> dict:
+    torch.manual_seed(5)
+    x, y = torch.randn(32, 5).numpy(), torch.randn(32, 129).numpy()
+    with strategy.scope():
+        model = phalanx.Model(_model())
+        model.compile(optimizer=torch.optim.Adam(model.parameters(), lr=0.01), loss="mse")
+    callbacks = [
+        phalanx.callbacks.ModelCheckpoint(os.path.join(folder, "model-{epoch}")),  # sharded model: a folder
+        phalanx.callbacks.ModelCheckpoint(os.path.join(folder, "w-{epoch}.dcp"), save_weights_only=True),
+    ]
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+    return _full_state(model.module, model.optimizer)
+
+
+def test_model_checkpoint_of_sharded_workers_writes_each_part_once_and_loads_on_one_device(
+    fsdp_2workers, tmp_path: Path
+):
+    expected = fsdp_2workers.run(fit_with_model_checkpoints, str(tmp_path))[0]
+    assert sorted(os.listdir(tmp_path)) == ["model-1", "model-2", "w-1.dcp", "w-2.dcp"]  # nothing left over
+    files = sorted(os.listdir(tmp_path / "model-2"))
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # each worker its part
+    state_bytes = sum(v.numel() * 4 for v in expected["weights"].values()) * 3  # + Adam's 2 moments
+    on_disk = sum((tmp_path / "model-2" / f).stat().st_size for f in files if f.endswith(".distcp"))
+    assert state_bytes <= on_disk < 1.3 * state_bytes  # one copy in total
+
+    with phalanx.OneDeviceStrategy("cpu:0").scope():
+        loaded = phalanx.load_model(str(tmp_path / "model-2"))
+        weights_only = phalanx.Model(_model())
+    weights_only.load_weights(str(tmp_path / "w-2.dcp"))
+    _same(_full_state(loaded.module, loaded.optimizer), expected)
+    for key, value in expected["weights"].items():
+        np.testing.assert_allclose(weights_only.module.state_dict()[key].numpy(), value.numpy(), **TOL)

@@ -43,6 +43,7 @@ def test_shared_memory_all_reduce_agrees_with_gloo_and_is_identical_on_every_wor
         assert all(c["rank_order"] for c in cases.values()), cases  # one-shot and two-shot
         if workers == 2:  # a + b either way round: bit for bit what gloo gives
             assert all(c["equal"] for c in cases.values()), cases
+        assert all(all(checks.values()) for checks in result["moves"].values()), result["moves"]
         assert result["overlapped"] == sum(range(1, workers + 1))
         assert result["reduce_sum"] == sum(range(1, workers + 1))
         assert result["left_in_dev_shm"] == []
@@ -53,6 +54,7 @@ def test_the_environment_variable_turns_it_off(tmp_path, monkeypatch):
     for result in _run(tmp_path, 2, {SHARED_MEMORY_ENV: "0"}):
         assert not result["uses_shared_memory"]
         assert all(c["equal"] for c in result["cases"].values())  # gloo against itself
+        assert all(all(checks.values()) for checks in result["moves"].values()), result["moves"]
         assert result["gloo_threads_after_close"] == []
     monkeypatch.setenv(SHARED_MEMORY_ENV, "off")
     assert not shared_memory_supported()

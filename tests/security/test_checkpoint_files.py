@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from phalanx.checkpoint import Checkpoint, CheckpointManager, latest_checkpoint
-from phalanx.checkpoint._files import TEMP_PREFIX, atomic_save
+from phalanx.checkpoint._files import FOLDER_LOCK, TEMP_FOLDER_PREFIX, TEMP_PREFIX, atomic_save
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -211,3 +211,64 @@ def test_two_processes_saving_to_one_folder_never_remove_each_others_files(tmp_p
         "b-2.pt",
         "shared.pt",
     ]
+
+
+def _stale_folder(folder: Path, name: str, age: float = 60.0, lock_file: bool = True) -> Path:
+    path = folder / name
+    path.mkdir()
+    (path / "__0_0.distcp").write_bytes(b"x" * 1000)
+    if lock_file:
+        (path / FOLDER_LOCK).write_bytes(b"")
+    past = time.time() - age
+    os.utime(path, (past, past))
+    return path
+
+
+_FOLDER_WRITER = """
+import sys, time
+from phalanx.checkpoint._files import locked_temp_folder
+fd = locked_temp_folder(sys.argv[1], sys.argv[2])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_sharded_saves_folder_is_removed_by_the_next_save_and_nothing_else(tmp_path, sentinel):
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    stale = [
+        _stale_folder(folder, f"{TEMP_FOLDER_PREFIX}0123456789ab"),  # its lock file, unlocked
+        _stale_folder(folder, f"{TEMP_FOLDER_PREFIX}ba9876543210", lock_file=False),  # killed before it
+    ]
+    kept = [
+        _stale_folder(folder, f"{TEMP_FOLDER_PREFIX}0123456789AB"),  # not the 12 hex digits we write
+        _stale_folder(folder, f"{TEMP_FOLDER_PREFIX}0123456789abc"),  # one too many
+        _stale_folder(folder, f"{TEMP_FOLDER_PREFIX}aaaaaaaaaaaa", age=-3600),  # newer than the save
+        _stale_folder(folder, "model-1.dcp"),
+    ]
+    link = folder / f"{TEMP_FOLDER_PREFIX}cccccccccccc"
+    link.symlink_to(sentinel.parent)  # a folder outside
+    env = {**os.environ, "PYTHONPATH": SRC}
+    live_name = f"{TEMP_FOLDER_PREFIX}dddddddddddd"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _FOLDER_WRITER, str(folder), live_name], stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert writer.stdout.readline().decode().strip() == "locked"
+        live = folder / live_name
+        past = time.time() - 60
+        os.utime(live, (past, past))  # old enough: only its chief's lock protects it
+        model = nn.Linear(2, 2)
+        path = Checkpoint(model=model).save(str(folder / "model"), sharded=True)
+        assert os.path.isdir(path)
+        assert not os.path.exists(os.path.join(path, FOLDER_LOCK))  # let go once in place
+        assert [p for p in stale if p.exists()] == []
+        assert all(p.exists() for p in kept)
+        assert live.exists()  # a live save's folder is kept
+        assert link.is_symlink()  # a link is never followed nor removed
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)
+        writer.stdout.close()
+    Checkpoint(model=nn.Linear(2, 2)).save(str(folder / "model"), sharded=True)
+    assert not live.exists()  # its chief was killed: the next save removes it

@@ -8,6 +8,7 @@ from typing import Any
 
 from phalanx.callbacks.callback import Logs
 from phalanx.callbacks.monitor_callback import MonitorCallback
+from phalanx.keras._model_files import writes_sharded
 from phalanx.strategies._distributed_files import (
     chief_print,
     remove_temp_dir_with_filepath,
@@ -25,7 +26,10 @@ class ModelCheckpoint(MonitorCallback):
     ``{batch}`` (1-based, with an integer ``save_freq``) and any log key
     (``{val_loss:.2f}``). Every worker runs it and calls the save — the logs are global, so
     every worker takes the same decision, and a save may be collective; the chief writes
-    ``filepath``, the others a temporary copy that is removed at once.
+    ``filepath``, the others a temporary copy that is removed at once. A sharded model
+    (FullyShardedStrategy), or a path ending in ``.dcp``, is saved as a folder instead, each
+    worker writing its own part of one copy (``torch.distributed.checkpoint``; `load_model` and
+    ``load_weights`` read it under any strategy at any world size).
 
     Args:
         filepath: Where to save (a template).
@@ -136,14 +140,20 @@ class ModelCheckpoint(MonitorCallback):
         path = self._file_path(epoch, batch, logs)
         if not self._should_save(epoch, logs, path):
             return
+        if writes_sharded(self.model, path):  # every worker writes its part into the one folder
+            self._write(path)
+            return
         strategy = strategy_of(self.model)
         target = write_filepath(path, strategy)
         if os.path.dirname(target):
             os.makedirs(os.path.dirname(target), exist_ok=True)
         try:
-            if self.save_weights_only:
-                self.model.save_weights(target)
-            else:
-                self.model.save(target)
+            self._write(target)
         finally:
             remove_temp_dir_with_filepath(target, strategy)
+
+    def _write(self, target: str) -> None:
+        if self.save_weights_only:
+            self.model.save_weights(target)
+        else:
+            self.model.save(target)

@@ -8,6 +8,8 @@ An atomic save writes ``.tmp-phalanx-XXXXXXXX`` next to its target and renames i
 target. The writer holds an exclusive ``flock`` on that file until the rename, so a file of
 that name that nobody holds a lock on, and that is older than the current save, is what a
 killed writer left behind: the next save in the folder removes it (`remove_stale_temp_files`).
+A sharded save's temporary folder is treated alike: its chief holds the lock of a file inside
+it until the rename (`locked_temp_folder`, `remove_stale_temp_folders`).
 A live writer's file is never removed, whichever process (or machine, on a file system with
 working locks) it runs on.
 """
@@ -32,17 +34,26 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
+    "FOLDER_LOCK",
+    "TEMP_FOLDER_PREFIX",
     "TEMP_PREFIX",
     "atomic_save",
     "atomic_write_text",
     "chief_path",
+    "locked_temp_folder",
+    "release_temp_folder",
     "remove_stale_temp_files",
+    "remove_stale_temp_folders",
     "safe_load",
 ]
 
 TEMP_PREFIX = ".tmp-phalanx-"
 # Exactly the names `tempfile.mkstemp(prefix=TEMP_PREFIX)` makes: 8 characters of its alphabet.
 _TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[a-z0-9_]{8}", re.ASCII)
+# A sharded save's temporary folder (`phalanx.checkpoint._sharded`) and the file its chief locks.
+TEMP_FOLDER_PREFIX = TEMP_PREFIX + "dcp-"
+_TEMP_FOLDER = re.compile(re.escape(TEMP_FOLDER_PREFIX) + r"[0-9a-f]{12}", re.ASCII)
+FOLDER_LOCK = ".phalanx-writing"
 
 
 def atomic_save(obj: Any, path: str) -> None:
@@ -103,6 +114,57 @@ def remove_stale_temp_files(folder: str, before: float) -> list[str]:
             if _TEMP_NAME.fullmatch(name) and _remove_if_stale(path, before):
                 removed.append(path)
     return removed
+
+
+def locked_temp_folder(folder: str, name: str) -> int:
+    """Makes the temporary folder ``folder/name`` (a sharded save's) with its lock file, locked
+    by this process until `release_temp_folder`; returns the lock's descriptor."""
+    temp = os.path.join(folder, name)
+    os.makedirs(temp)
+    fd = os.open(os.path.join(temp, FOLDER_LOCK), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    _lock(fd, blocking=True)
+    return fd
+
+
+def release_temp_folder(fd: int, temp: str) -> None:
+    """Removes the lock file of a finished temporary folder and lets its lock go."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(temp, FOLDER_LOCK))
+    os.close(fd)
+
+
+def remove_stale_temp_folders(folder: str, before: float) -> list[str]:
+    """Removes what killed sharded saves left in ``folder``; returns the paths removed.
+
+    As `remove_stale_temp_files`, for folders: the name is exactly a sharded save's
+    (``.tmp-phalanx-dcp-`` and 12 hex digits), it is a folder (never a link) owned by this user,
+    modified before ``before``, and nobody holds the lock of its lock file (the saving chief
+    holds it until the folder is renamed into place). Errors are ignored.
+    """
+    removed = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if _TEMP_FOLDER.fullmatch(name) and _folder_is_stale(path, before):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+def _folder_is_stale(path: str, before: float) -> bool:
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mtime >= before:
+            return False
+        fd = os.open(os.path.join(path, FOLDER_LOCK), os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:  # killed before it made its lock file, or after removing it
+        return True
+    except OSError:
+        return False
+    try:
+        return _lock(fd, blocking=False)  # nobody writes it (False too where locks do not work)
+    finally:
+        os.close(fd)
 
 
 def _remove_if_stale(path: str, before: float) -> bool:

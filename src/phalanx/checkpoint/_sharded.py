@@ -6,7 +6,13 @@ A sharded checkpoint is a folder (``<prefix>-<n>.dcp``) holding DCP's files: one
 folder beside it (``.tmp-phalanx-dcp-...``, its name chosen by the chief); once DCP's last
 step (the chief writing ``.metadata`` after every worker reported its files) is done, the
 chief renames the folder into place: a reader sees the whole checkpoint or none. The folder
-must be one that every worker can write (a shared file system on several machines).
+must be one that every worker can write (a shared file system on several machines). The chief
+holds a lock on a file in the temporary folder until the rename; a temporary folder nobody
+holds the lock of, older than the current save, is a killed save's, and the chief removes it
+(`phalanx.checkpoint._files.remove_stale_temp_folders`).
+
+An asynchronous save copies the state into a staging copy kept for the next save (DCP's
+staging cache: later saves copy without allocating), then writes and renames on DCP's thread.
 
 DCP's ``.metadata`` is a pickle, and DCP loads non-tensor values with
 ``torch.load(weights_only=False)``: both would run code for whoever wrote the folder.
@@ -22,21 +28,30 @@ import io
 import os
 import pickle
 import shutil
+import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
+from torch.distributed.tensor import DTensor
 
-from phalanx.checkpoint._files import TEMP_PREFIX
+from phalanx.checkpoint._files import (
+    TEMP_FOLDER_PREFIX,
+    locked_temp_folder,
+    release_temp_folder,
+    remove_stale_temp_folders,
+)
 
 __all__ = ["SUFFIX", "SafeLoadPlanner", "SafeMetadataReader", "is_sharded", "load", "save"]
 
@@ -139,17 +154,28 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _temp_folder(path: str) -> str:
-    """A temporary folder beside ``path`` whose name every worker agrees on (the chief's)."""
-    name = [f"{TEMP_PREFIX}dcp-{uuid.uuid4().hex[:12]}"]
+def _temp_folder(path: str) -> tuple[str, int | None]:
+    """A temporary folder beside ``path`` whose name every worker agrees on (the chief's), and
+    the descriptor of its lock (the chief's; None elsewhere). The chief first removes what
+    killed saves left in that folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    chief = not _distributed() or dist.get_rank() == 0
+    name, lock = [f"{TEMP_FOLDER_PREFIX}{uuid.uuid4().hex[:12]}"], None
+    if chief:
+        os.makedirs(folder, exist_ok=True)
+        remove_stale_temp_folders(folder, before=time.time())
+        lock = locked_temp_folder(folder, name[0])
     if _distributed():
         dist.broadcast_object_list(name, src=0)
-    return os.path.join(os.path.dirname(os.path.abspath(path)), str(name[0]))
+    temp = os.path.join(folder, str(name[0]))
+    os.makedirs(temp, exist_ok=True)  # on another machine's view of a shared file system
+    return temp, lock
 
 
-def _publish(temp: str, path: str) -> None:
-    """The chief (rank 0) renames the finished folder into place (an older one of that name goes)."""
-    if _distributed() and dist.get_rank() != 0:
+def _publish(temp: str, path: str, lock: int | None) -> None:
+    """The chief (the holder of the lock) renames the finished folder into place (an older
+    one of that name goes), then lets the lock go."""
+    if lock is None:
         return
     for name in os.listdir(temp):  # DCP closes its files; make them durable before the rename
         fd = os.open(os.path.join(temp, name), os.O_RDONLY)
@@ -159,7 +185,15 @@ def _publish(temp: str, path: str) -> None:
             os.close(fd)
     if os.path.isdir(path):
         shutil.rmtree(path)
-    os.replace(temp, path)
+    os.replace(temp, path)  # the name is no temporary folder's any more: no cleaner takes it
+    release_temp_folder(lock, path)
+
+
+def _let_go(lock: int | None) -> None:
+    """A failed save's lock: the next save in the folder removes the folder."""
+    if lock is not None:
+        with contextlib.suppress(OSError):
+            os.close(lock)
 
 
 _async_group: Any = None
@@ -174,6 +208,58 @@ def _background_group() -> Any:
     return _async_group
 
 
+class _CachedStager(BlockingAsyncStager):
+    """DCP's blocking stager with its cache, which on a machine without an accelerator it
+    cannot make (it pins the copy's memory: "Cannot access accelerator device"). The helpers
+    are DCP's own (private in torch 2.13, which phalanx pins)."""
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        if self.state_dict_cache is None:
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+        return _copy_state_dict(state_dict, self.state_dict_cache)
+
+
+class _Staging:
+    """The staging copy of asynchronous saves, kept from one save to the next (DCP's
+    ``cache_staged_state_dict``): staging then only copies the state into it, where a new copy
+    would first allocate (and fault in) the whole state. One copy per process, for the last
+    layout of state saved; a save of another layout replaces it. The copy is reused only
+    once the save that last wrote from it finished."""
+
+    def __init__(self) -> None:
+        self._layout: tuple[Any, ...] | None = None
+        self._stager: BlockingAsyncStager | None = None
+        self._writing: Future[Any] | None = None
+
+    def stager(self, state: dict[str, Any]) -> BlockingAsyncStager:
+        layout = _layout(state)
+        if self._writing is not None:
+            self._writing.result()  # an earlier save still reads the copy: it finishes first
+            self._writing = None
+        if self._stager is None or layout != self._layout:
+            self._layout, self._stager = layout, _CachedStager(cache_staged_state_dict=True)
+        return self._stager
+
+    def writing(self, future: Future[Any]) -> None:
+        self._writing = future
+
+
+def _layout(value: Any) -> Any:
+    """What the staging copy must match: the nested keys, and every tensor's local shape and dtype."""
+    if isinstance(value, Mapping):
+        return tuple((key, _layout(item)) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return tuple(_layout(item) for item in value)
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.dtype, value.device.type)
+    return type(value)
+
+
+_staging = _Staging()
+
+
 def save(state: dict[str, Any], path: str, blocking: bool = True) -> Future[str] | None:
     """Writes ``state`` (DTensors: each worker its shards) as a sharded checkpoint at ``path``.
 
@@ -181,33 +267,50 @@ def save(state: dict[str, Any], path: str, blocking: bool = True) -> Future[str]
     a future as soon as the state is staged (copied to memory); the writing and the rename
     happen in the background and the future gives ``path`` when they are done.
     """
-    temp = _temp_folder(path)
-    os.makedirs(temp, exist_ok=True)
+    temp, lock = _temp_folder(path)
     writer = dcp.FileSystemWriter(temp, sync_files=True)
-    if blocking:
-        with _quiet_without_group():
-            dcp.save(state, storage_writer=writer, no_dist=not _distributed())
-        if _distributed():
-            dist.barrier()  # every worker's files are written (the chief's metadata last)
-        _publish(temp, path)
-        if _distributed():
-            dist.barrier()  # nobody reads before the rename
-        return None
-    group = _background_group()
-    with _quiet_without_group():
-        staged = dcp.async_save(state, storage_writer=writer, process_group=group, no_dist=group is None)
+    try:
+        if blocking:
+            _save_now(state, writer)
+            _publish(temp, path, lock)
+            if _distributed():
+                dist.barrier()  # nobody reads before the rename
+            return None
+        staged = _save_in_background(state, writer)
+    except BaseException:
+        _let_go(lock)
+        raise
     done: Future[str] = Future()
 
     def finish(written: Future[Any]) -> None:
         try:
             written.result()
-            _publish(temp, path)
+            _publish(temp, path, lock)
             done.set_result(path)
         except BaseException as exc:  # the caller sees it from result()
+            _let_go(lock)
             done.set_exception(exc)
 
-    staged.add_done_callback(finish)  # type: ignore[union-attr]
+    staged.add_done_callback(finish)
     return done
+
+
+def _save_now(state: dict[str, Any], writer: dcp.FileSystemWriter) -> None:
+    with _quiet_without_group():
+        dcp.save(state, storage_writer=writer, no_dist=not _distributed())
+    if _distributed():
+        dist.barrier()  # every worker's files are written (the chief's metadata last)
+
+
+def _save_in_background(state: dict[str, Any], writer: dcp.FileSystemWriter) -> Future[Any]:
+    group = _background_group()
+    stager = _staging.stager(state)
+    with _quiet_without_group():
+        staged = dcp.async_save(
+            state, storage_writer=writer, process_group=group, no_dist=group is None, async_stager=stager
+        )
+    _staging.writing(staged)  # type: ignore[arg-type]
+    return staged  # type: ignore[return-value]
 
 
 def load(state: dict[str, Any], path: str, apply: Callable[[dict[str, Any]], None]) -> None:

@@ -23,6 +23,8 @@ from phalanx.state_views import sharded_state_dicts
 __all__ = ["FORMAT", "apply", "collect", "is_sharded", "sharded_state_dicts"]
 
 FORMAT = "phalanx.checkpoint.sharded/1"
+
+
 def is_sharded(objects: Mapping[str, Any]) -> bool:
     """Whether a module among ``objects`` is sharded (FullyShardedStrategy's DTensors)."""
     return any(

@@ -30,6 +30,8 @@ class Bucket:
         dtype, device: Of every parameter.
         solo: All-reduce the one parameter's gradient in place (no buffer).
         flags: How many flag elements follow the gradients (packed buckets only).
+        tail: How many elements after the flags the transport may use (the announced
+            all-reduces' break mark, `phalanx.communication.gloo_transport`).
     """
 
     def __init__(
@@ -40,6 +42,7 @@ class Bucket:
         device: torch.device,
         solo: bool = False,
         flags: int = 0,
+        tail: int = 0,
     ) -> None:
         self.params, self.slots = params, slots
         self.dtype, self.device, self.solo = dtype, device, solo
@@ -53,8 +56,9 @@ class Bucket:
         # only when its gradient cannot be reduced in place (none here, strided, sparse)
         self.buffer: torch.Tensor | None = None
         if not solo:
-            self.buffer = torch.zeros(numel + flags, dtype=dtype, device=device)
-        self.flags = None if self.buffer is None else self.buffer[numel:]
+            self.buffer = torch.zeros(numel + flags + tail, dtype=dtype, device=device)
+        self.flags = None if self.buffer is None else self.buffer[numel : numel + flags]
+        self.size = numel + flags + tail  # the elements each round all-reduces
         self.tensor: torch.Tensor | None = self.buffer  # what this round all-reduces
         self.dead_here = [float(p.device.type == "meta") for p in params]
         self.had = [0.0] * len(params)  # this worker's flags for the current round

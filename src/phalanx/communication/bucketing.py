@@ -69,6 +69,8 @@ _FLAG_DTYPES = (torch.float32, torch.float64)  # hold the flags' counts exactly
 
 Launch = Callable[[torch.Tensor], Any]  # starts an async in-place SUM all-reduce, returns its work
 Wait = Callable[[Any, str], None]  # waits for that work (raises on failure)
+# tells every launch of a round (element count, dtype) before the first: `WorkerGroup.announce_all_reduces`
+Announce = Callable[[list[tuple[int, torch.dtype]]], None]
 
 
 class GradientBuckets:
@@ -86,6 +88,10 @@ class GradientBuckets:
         first_bucket_bytes: Size of the first bucket (default 1 MiB, capped at ``bucket_bytes``).
         solo_bytes: A gradient of at least this size (default 1 MiB, capped at
             ``bucket_bytes``) is its own bucket, all-reduced in place: no copy.
+        announce: ``announce(specs)`` is told every all-reduce of a round (element count and
+            dtype, in launch order) just before the first starts; the last bucket then
+            leaves its final element to the transport (the gloo transport's check of
+            announced all-reduces). None: no announcement, no extra element.
     """
 
     def __init__(
@@ -98,8 +104,10 @@ class GradientBuckets:
         sum_sparse: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
         workers: int = 1,
         solo_bytes: int = SOLO_BYTES,
+        announce: Announce | None = None,
     ) -> None:
         self._launch, self._wait, self._is_active = launch, wait, is_active
+        self._announce = announce
         self._sum_sparse = sum_sparse
         self._workers = workers
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
@@ -204,8 +212,10 @@ class GradientBuckets:
         if groups and (groups[-1][4] or groups[-1][3] not in _FLAG_DTYPES):
             groups.append(([], [], groups[-1][2], torch.float32, False))  # the flags alone
         flags = 2 * sum(len(group[0]) for group in groups)
+        tail = 0 if self._announce is None else 1
+        last = len(groups) - 1
         buckets = [
-            Bucket(members, slots, dtype, device, solo, flags if b == len(groups) - 1 else 0)
+            Bucket(members, slots, dtype, device, solo, flags if b == last else 0, tail if b == last else 0)
             for b, (members, slots, device, dtype, solo) in enumerate(groups)
         ]
         self._where = {id(p): (b, i) for b, bucket in enumerate(buckets) for i, p in enumerate(bucket.params)}
@@ -365,6 +375,8 @@ class GradientBuckets:
                 g = p.grad
                 if g is not None and bucket.owns(g):
                     p.grad = g.clone()
+            if self._next_launch == 0 and self._announce is not None:
+                self._announce([(b.size, b.dtype) for b in buckets])
             if self._next_launch == len(buckets) - 1:  # the last: every bucket's flags are known
                 _write_flags(buckets)
             assert bucket.tensor is not None

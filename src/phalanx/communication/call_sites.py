@@ -35,6 +35,9 @@ _SITE = ("site-packages", "dist-packages")
 # What the user wrote, for entry points whose own names say it badly.
 _TORCH_ENTRIES = {"Tensor.backward": "loss.backward", "backward": "torch.autograd.backward"}
 _PHALANX_ENTRIES = {"_before_step": "optimizer.step", "_after_step": "optimizer.step"}
+# torch's decorators around its entry points (``dist.all_reduce`` runs inside
+# ``c10d_logger._exception_logger``'s wrapper): the frame inside names the call
+_WRAPPERS = frozenset({"_exception_logger", "wrapper", "decorate_context", "_fn", "inner"})
 
 
 def _is_library(filename: str) -> bool:
@@ -82,6 +85,7 @@ def call_site(frame: FrameType | None = None) -> str:
             label = _entry_label(entry)
             where = f"{os.path.basename(code.co_filename)}:{here.f_lineno}"
             return f"{label} at {where}" if label else where
-        entry = code
+        if code.co_name not in _WRAPPERS:  # a decorator's frame says nothing of what was called
+            entry = code
         here = here.f_back
     return _entry_label(entry) or "?"

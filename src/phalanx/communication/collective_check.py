@@ -67,7 +67,11 @@ def check_enabled() -> bool:
 
 def code_of(seq: int, kind: str, tensor: torch.Tensor) -> int:
     """The 31-bit code of collective ``seq`` (1..2**31 - 1: 0 means "not checked")."""
-    text = f"{seq}|{kind}|{str(tensor.dtype).removeprefix('torch.')}|{tensor.numel()}"
+    return _code(seq, kind, tensor.dtype, tensor.numel())
+
+
+def _code(seq: int, kind: str, dtype: torch.dtype, numel: int) -> int:
+    text = f"{seq}|{kind}|{str(dtype).removeprefix('torch.')}|{numel}"
     return (zlib.crc32(text.encode()) & 0x7FFFFFFF) or 1
 
 
@@ -137,6 +141,13 @@ class CollectiveCheck:
         self._recent[self._seq] = signed
         self._recent.pop(self._seq - _RECENT, None)
         return signed
+
+    def upcoming_codes(self, kind: str, specs: list[tuple[int, torch.dtype]]) -> list[int]:
+        """The codes that the next ``len(specs)`` collectives get if they are ``kind`` of these
+        element counts and dtypes (after one more collective: the announcement itself)."""
+        if not self.enabled:
+            return [0] * len(specs)
+        return [_code(self._seq + 2 + i, kind, dtype, numel) for i, (numel, dtype) in enumerate(specs)]
 
     def peer_report(self) -> CollectiveMismatchError | None:
         """The report of a mismatch a peer saw (it published it in the store), joined by this

@@ -12,8 +12,10 @@ How each torch collective is carried (W workers, r this one):
 
 * ``allreduce``, ``allreduce_coalesced``: one all-reduce of the tensors laid end to end.
 * ``broadcast``; ``allgather`` (all its forms), ``gather``: all-gathers (gather keeps the root's).
-* ``reduce_scatter`` (all its forms), ``reduce``: an all-reduce of the input, of which this
-  worker keeps its part (W times the bytes of a true reduce-scatter: cheap at CPU sizes).
+* ``reduce_scatter_tensor`` and one-output ``reduce_scatter`` (FSDP2's): on shared memory a
+  true reduce-scatter (each worker sums only its part of every peer's slot); elsewhere, and
+  for the coalesced forms and ``reduce``, an all-reduce of the input of which this worker
+  keeps its part (W times the bytes of a true reduce-scatter).
 * ``scatter``: a broadcast from the root of every part; ``barrier``: an all-reduce of one number.
 * ``alltoall``, ``send``, ``recv``: the gloo group underneath (no signature check); refused
   under TLS, where gloo would carry them in plaintext between machines.
@@ -143,8 +145,24 @@ class PhalanxProcessGroup(dist.ProcessGroup):
 
     # ---------------------------------------------------------------- reduce-scatter
     def _reduce_scatter_one(self, output: torch.Tensor, stacked: torch.Tensor, op: Any, what: str) -> Work:
-        """All-reduces ``stacked`` (W parts laid end to end) and keeps this worker's part."""
-        staged = stacked.reshape(-1).clone()
+        """Reduce-scatters ``stacked`` (W parts laid end to end) into ``output``: the transport's
+        own reduce-scatter where it has one (shared memory), else an all-reduce of a copy of
+        which this worker keeps its part."""
+        check_cpu([output, stacked], what)
+        mean = op == dist.ReduceOp.AVG
+        if mean and not stacked.is_floating_point():
+            raise ValueError(f"AVG needs a floating-point tensor. Received: {what} of {stacked.dtype}.")
+        flat = stacked.reshape(-1)
+        inner = self._engine.try_reduce_scatter_async(flat, output, dist.ReduceOp.SUM if mean else op)
+        if inner is not None:
+
+            def finish() -> list[torch.Tensor]:
+                if mean:
+                    output.div_(self.size())
+                return [output]
+
+            return Work(self._engine, inner, what, finish)
+        staged = flat.clone()
         n = output.numel()
         me = self.rank()
         return self._all_reduce(
@@ -222,6 +240,11 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         return self._all_gather(end_to_end(inputs), "all_gather_coalesced", keep)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
+        check_cpu([input, output], "all_gather_into_tensor")
+        inner = self._engine.try_all_gather_into_async(input, output)
+        if inner is not None:  # straight into output (shared memory)
+            return Work(self._engine, inner, "all_gather_into_tensor", lambda: [output])
+
         def keep(parts: list[torch.Tensor]) -> list[torch.Tensor]:
             torch.cat([p.reshape(-1) for p in parts], out=output.view(-1))
             return [output]
@@ -279,22 +302,16 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     def alltoall_base(
         self,
         output: torch.Tensor,
-        input: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
         out_splits: list[int],
         in_splits: list[int],
         opts: Any = None,
-    ) -> Any:  # noqa: A002, E501
+    ) -> Any:
         return self._gloo_only("all_to_all_single").alltoall_base(output, input, out_splits, in_splits)
 
-    def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        out_splits: list[int],
-        in_splits: list[int],
-        opts: Any = None,
-    ) -> Any:  # noqa: A002, E501
-        return self._gloo_only("all_to_all_single").alltoall_base(output, input, out_splits, in_splits)
+    def all_to_all_single(self, *args: Any) -> Any:
+        """torch's other name of `alltoall_base`."""
+        return self.alltoall_base(*args)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
         return self._gloo_only("send").send(tensors, dst, tag)

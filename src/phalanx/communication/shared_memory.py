@@ -1,4 +1,4 @@
-"""Same-machine all-reduce through shared memory: the fast path between workers on one host.
+"""Same-machine collectives through shared memory: the fast path between workers on one host.
 
 gloo moves every byte through the loopback TCP stack, copying it through the kernel on both
 sides. Workers on the same machine can instead write their tensors into a shared-memory
@@ -24,6 +24,13 @@ The second meeting is cheap only when every worker runs on its own core: with mo
 than cores (4 on 2 cores) it cost more than it saved (4 MiB: 1.4 -> 2.0 ms), so two-shot is
 used where every worker's process may run on at least ``workers`` cores (agreed by all);
 ``PHALANX_SHM_TWO_SHOT=1`` or ``0`` forces it on or off.
+
+Broadcasts, all-gathers and reduce-scatters use the same meeting: the source (broadcast) or
+every worker writes its slot, publishes, waits; then a broadcast copies the source's slot, an
+all-gather every slot, and a reduce-scatter (each worker's slot holds one part per worker)
+sums only this worker's part of every slot, in rank order. FSDP2's per-layer all-gathers and
+reduce-scatters on the ``"phalanx"`` process group take this path: no copy through the loopback
+stack, and no gloo work holding a gathered layer after it is used.
 
 A worker writes set ``i % 2`` again only at call ``i + 2``, after every worker published
 ``i + 1``, that is after every worker finished reading set ``i % 2`` in call ``i``: one
@@ -76,7 +83,7 @@ __all__ = [
     "shared_memory_supported",
 ]
 
-CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per slot at most
+CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per slot at most: a 16 MiB segment for 2 workers
 TWO_SHOT_ELEMENTS = 1 << 18  # from 1 MiB of float32, with 3 or more workers
 TWO_SHOT_ENV = "PHALANX_SHM_TWO_SHOT"
 MIN_CAPACITY = 1 << 10
@@ -188,19 +195,40 @@ class SharedMemoryAllReduce:
         return self._lane.submit("shared-memory all_reduce", lambda: self._all_reduce(tensor, op, signed))
 
     def broadcast_async(self, tensor: torch.Tensor, src: int, signed: Signed = UNCHECKED) -> QueuedWork:
-        """Queues an in-place broadcast from ``src``: verified in the control block, then
-        carried by the transport's gloo group (all workers, in order with the all-reduces)."""
+        """Queues an in-place broadcast from ``src`` through the segments (all workers, in order
+        with the all-reduces)."""
         return self._lane.submit("shared-memory broadcast", lambda: self._broadcast(tensor, src, signed))
 
     def all_gather_async(
-        self, tensor: torch.Tensor, signed: Signed = UNCHECKED
+        self, tensor: torch.Tensor, signed: Signed = UNCHECKED, out: list[torch.Tensor] | None = None
     ) -> tuple[QueuedWork, list[torch.Tensor]]:
-        """Queues gathering every worker's tensor (as `broadcast_async`): the work and the list
-        it fills, in rank order."""
-        out = [torch.empty_like(tensor) for _ in range(self._world)]
+        """Queues gathering every worker's tensor through the segments (as `all_reduce_async`):
+        the work and the list it fills, in rank order (``out``: contiguous tensors of
+        ``tensor``'s size and dtype to fill, one per worker; default new ones)."""
+        if out is None:
+            out = [torch.empty_like(tensor) for _ in range(self._world)]
         return self._lane.submit(
             "shared-memory all_gather", lambda: self._all_gather(tensor, out, signed)
         ), out
+
+    def reduce_scatter_async(
+        self,
+        tensor: torch.Tensor,
+        output: torch.Tensor,
+        op: Any = dist.ReduceOp.SUM,
+        signed: Signed = UNCHECKED,
+    ) -> QueuedWork:
+        """Queues a reduce-scatter: ``tensor`` holds one part per worker laid end to end (each
+        of ``output``'s size); this worker's part of the sum over the workers goes into
+        ``output``. Each worker reads only its part of every peer's slot."""
+        if not self.handles(tensor, op) or not output.is_contiguous():
+            raise ValueError(
+                f"A shared-memory reduce-scatter takes contiguous CPU tensors and SUM, MAX or MIN. "
+                f"Received: {tensor.dtype} {tuple(tensor.shape)}, op {op}."
+            )
+        return self._lane.submit(
+            "shared-memory reduce_scatter", lambda: self._reduce_scatter(tensor, output, op, signed)
+        )
 
     # ---------------------------------------------------------------- the transport's thread
     def _gloo_after_meeting(self, tensor: torch.Tensor, op: Any, signed: Signed) -> None:
@@ -214,17 +242,64 @@ class SharedMemoryAllReduce:
         if not self._ensure_control():
             signed_broadcast(self._group, self._rank, self._world, tensor, src, signed, self._mismatch)
             return
-        self._meet(signed)
-        options = dist.BroadcastOptions()
-        options.rootRank = src
-        self._keep(self._group.broadcast([tensor], options)).wait()
+        flat = tensor.view(-1)
+        if flat.numel() == 0:
+            self._meet(signed)
+        for start in range(0, flat.numel(), CHUNK_ELEMENTS):
+            chunk = flat[start : start + CHUNK_ELEMENTS]
+            rows = self._exchange(chunk, signed, write=self._rank == src)
+            if rows is None:  # no segment of this size: the gloo group carries it
+                options = dist.BroadcastOptions()
+                options.rootRank = src
+                self._keep(self._group.broadcast([chunk], options)).wait()
+            elif self._rank != src:
+                chunk.copy_(rows[src, : chunk.numel()])
 
     def _all_gather(self, tensor: torch.Tensor, out: list[torch.Tensor], signed: Signed) -> None:
         if not self._ensure_control():
             signed_all_gather(self._group, self._rank, self._world, tensor, out, signed, self._mismatch)
             return
-        self._meet(signed)
-        self._keep(self._group.allgather([out], [tensor])).wait()
+        flat, targets = tensor.reshape(-1), [o.view(-1) for o in out]
+        if flat.numel() == 0:
+            self._meet(signed)
+        for start in range(0, flat.numel(), CHUNK_ELEMENTS):
+            chunk = flat[start : start + CHUNK_ELEMENTS]
+            n = chunk.numel()
+            pieces = [t[start : start + n] for t in targets]
+            rows = self._exchange(chunk, signed)
+            if rows is None:
+                self._keep(self._group.allgather([pieces], [chunk])).wait()
+                continue
+            for k, piece in enumerate(pieces):
+                piece.copy_(chunk if k == self._rank else rows[k, :n])
+
+    def _reduce_scatter(self, tensor: torch.Tensor, output: torch.Tensor, op: Any, signed: Signed) -> None:
+        parts = tensor.view(self._world, -1)  # row k: worker k's part
+        mine = output.view(-1)
+        if not self._ensure_control():
+            staged = tensor.reshape(-1).clone()
+            signed_all_reduce(self._group, self._rank, self._world, staged, op, signed, self._mismatch)
+            mine.copy_(staged.view(self._world, -1)[self._rank])
+            return
+        m = parts.shape[1]
+        if m == 0:
+            self._meet(signed)
+        step = max(1, CHUNK_ELEMENTS // self._world)
+        combine = _OPS[op]
+        for start in range(0, m, step):
+            columns = parts[:, start : start + step]  # (world, width): one chunk of every part
+            width = columns.shape[1]
+            rows = self._exchange(columns, signed)
+            out = mine[start : start + width]
+            if rows is None:
+                staged = columns.contiguous()
+                self._gloo_all_reduce(staged, op)
+                out.copy_(staged[self._rank])
+                continue
+            segment = slice(self._rank * width, (self._rank + 1) * width)
+            combine(rows[0, segment], rows[1, segment], out=out)
+            for k in range(2, self._world):
+                combine(out, rows[k, segment], out=out)
 
     def _all_reduce(self, tensor: torch.Tensor, op: Any, signed: Signed) -> None:
         flat = tensor.view(-1)
@@ -236,13 +311,11 @@ class SharedMemoryAllReduce:
             return
         for start in range(0, flat.numel(), CHUNK_ELEMENTS):
             chunk = flat[start : start + CHUNK_ELEMENTS]
-            self._announce(signed)
-            slots = self._slots(chunk.dtype, chunk.numel(), signed)
-            if slots is None:
-                self._meet(signed)
+            rows = self._exchange(chunk, signed)
+            if rows is None:
                 self._gloo_all_reduce(chunk, op)
             else:
-                self._reduce_chunk(chunk, slots, op, signed)
+                self._reduce_chunk(chunk, rows, op)
 
     # ---------------------------------------------------------------- signatures (control block)
     def _announce(self, signed: Signed) -> None:
@@ -280,7 +353,7 @@ class SharedMemoryAllReduce:
 
     def _meet(self, signed: Signed) -> None:
         """A call without data: every worker publishes it, waits for the others, and compares
-        codes (before a broadcast or all-gather on the gloo group, or an empty all-reduce)."""
+        codes (before a collective the gloo group carries, or an empty one)."""
         assert self._control is not None
         self._announce(signed)
         self._calls += 1
@@ -288,22 +361,39 @@ class SharedMemoryAllReduce:
         cells[self._rank] = self._calls
         self._wait_for_peers(cells[: self._world], self._calls, signed)
 
-    def _reduce_chunk(self, chunk: torch.Tensor, slots: torch.Tensor, op: Any, signed: Signed) -> None:
+    def _exchange(self, chunk: torch.Tensor, signed: Signed, write: bool = True) -> torch.Tensor | None:
+        """One meeting through the segment for ``chunk``'s size: writes ``chunk`` (any shape,
+        laid end to end) into this worker's slot unless ``write`` is False, publishes the call,
+        waits for every peer's and compares the codes. Returns the call's ``(world, capacity)``
+        slots, which peers leave alone until this worker's next call; None when no segment of
+        that size could be made (the peers met, the caller carries the data by gloo)."""
         assert self._control is not None
+        self._announce(signed)
         n = chunk.numel()
-        mine = slots[self._calls % 2]  # (world, capacity)
-        mine[self._rank, :n].copy_(chunk)
+        slots = self._slots(chunk.dtype, n, signed)
+        if slots is None:
+            self._meet(signed)
+            return None
+        rows = slots[self._calls % 2]
+        if write:
+            rows[self._rank, :n].view_as(chunk).copy_(chunk)
         self._calls += 1
         cells = self._control.tensor
         cells[self._rank] = self._calls  # after the slot: x86-64 keeps stores in order
         self._wait_for_peers(cells[: self._world], self._calls, signed)
+        return rows
+
+    def _reduce_chunk(self, chunk: torch.Tensor, rows: torch.Tensor, op: Any) -> None:
+        """Step 4 of the all-reduce: the slots summed in rank order into ``chunk``."""
+        assert self._control is not None
+        n = chunk.numel()
         combine = _OPS[op]
         if self._use_two_shot and self._world > 2 and n >= TWO_SHOT_ELEMENTS:
-            self._two_shot(chunk, mine[:, :n], combine, cells[self._world :])
+            self._two_shot(chunk, rows[:, :n], combine, self._control.tensor[self._world :])
             return
-        combine(mine[0, :n], mine[1, :n], out=chunk)
+        combine(rows[0, :n], rows[1, :n], out=chunk)
         for k in range(2, self._world):
-            combine(chunk, mine[k, :n], out=chunk)
+            combine(chunk, rows[k, :n], out=chunk)
 
     def _two_shot(
         self,

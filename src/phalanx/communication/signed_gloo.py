@@ -19,7 +19,12 @@ reduction slot r holds worker r's code exactly in every dtype (bfloat16 holds in
 A first message between workers that called different collectives still has the same size
 on both (no abort) and shows the difference in its header: `CollectiveCheck.mismatch` names
 both sides. The extra cost is one 4 KiB all-reduce for broadcasts, all-gathers and
-all-reduces over 4 KiB (docs/multi_worker.md, "Mismatched collectives").
+all-reduces over 4 KiB, except the gradient all-reduces, which one first message announces
+per backward pass (docs/multi_worker.md, "Mismatched collectives").
+
+This module holds the message format and blocking versions of the three collectives (the
+shared-memory transport's gloo fallbacks); `phalanx.communication.gloo_transport` issues the
+same messages without blocking, from the caller's thread.
 """
 
 from __future__ import annotations
@@ -30,16 +35,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx.communication._work import Lane
 from phalanx.communication.collective_check import Signed
 
 __all__ = [
     "PIECES",
-    "GlooTransport",
     "first_bytes",
+    "first_message",
     "signed_all_gather",
     "signed_all_reduce",
     "signed_broadcast",
+    "verify_header",
 ]
 
 PIECES = 5  # 7-bit pieces of a 31-bit code
@@ -81,8 +86,9 @@ def _reduce_op(op: Any) -> Any:
     return getattr(op, "op", op)
 
 
-def _first_message(rank: int, world: int, signed: Signed, dtype: torch.dtype, op: Any) -> torch.Tensor:
-    """An empty first message of ``dtype``, its header filled (the caller fills the payload)."""
+def first_message(rank: int, world: int, signed: Signed, dtype: torch.dtype, op: Any) -> torch.Tensor:
+    """An empty first message of ``dtype``, its header filled (the caller fills the payload;
+    ``op``: the reduction, whose neutral value fills the other workers' header slots)."""
     total = first_bytes(world) // torch.empty((), dtype=dtype).element_size()
     message = torch.zeros(total, dtype=dtype)
     header = message[total - PIECES * world :].view(world, PIECES)
@@ -91,7 +97,7 @@ def _first_message(rank: int, world: int, signed: Signed, dtype: torch.dtype, op
     return message
 
 
-def _verify(message: torch.Tensor, world: int, signed: Signed, mismatch: Mismatch) -> None:
+def verify_header(message: torch.Tensor, world: int, signed: Signed, mismatch: Mismatch) -> None:
     """Raises the mismatch report if any worker's code differs from this one's."""
     codes = _codes(message[message.numel() - PIECES * world :], world)
     for peer, code in enumerate(codes):
@@ -123,21 +129,21 @@ def signed_all_reduce(
         )
         flat.copy_(staged.bool())
         return
-    message = _first_message(rank, world, signed, flat.dtype, op)
+    message = first_message(rank, world, signed, flat.dtype, op)
     capacity = message.numel() - PIECES * world
     head = min(flat.numel(), capacity)
     message[:head].copy_(flat[:head])
     _all_reduce_once(group, message, op)
-    _verify(message, world, signed, mismatch)
+    verify_header(message, world, signed, mismatch)
     flat[:head].copy_(message[:head])
     if flat.numel() > capacity:
         _all_reduce_once(group, flat[capacity:], op)
 
 
 def _header_only(group: Any, rank: int, world: int, signed: Signed, mismatch: Mismatch) -> None:
-    message = _first_message(rank, world, signed, torch.float32, dist.ReduceOp.SUM)
+    message = first_message(rank, world, signed, torch.float32, dist.ReduceOp.SUM)
     _all_reduce_once(group, message, dist.ReduceOp.SUM)
-    _verify(message, world, signed, mismatch)
+    verify_header(message, world, signed, mismatch)
 
 
 def signed_broadcast(
@@ -162,70 +168,3 @@ def signed_all_gather(
     """Gathers every worker's tensor into ``out`` (rank order), verified first (all workers; blocks)."""
     _header_only(group, rank, world, signed, mismatch)
     group.allgather([out], [tensor]).wait()
-
-
-class GlooTransport:
-    """A gloo group as a `WorkerGroup` transport: its collectives verified first, in order on
-    a thread of their own (two gloo calls each at most), or gloo's own works when codes are
-    off (``checked`` False, or an unsigned collective).
-
-    Args:
-        group: The gloo group (a ``ProcessGroup`` or a gloo backend).
-        rank, world: This worker and the number of workers.
-        mismatch: The error of a collective whose code differs (`CollectiveCheck.mismatch`).
-        keep: Holds gloo's own works until the group is torn down (`RecentWorks.add`).
-        checked: Whether every worker signs its collectives.
-    """
-
-    def __init__(
-        self, group: Any, rank: int, world: int, mismatch: Mismatch, keep: Callable[[Any], Any], checked: bool
-    ) -> None:
-        self.group, self._rank, self._world = group, rank, world
-        self._mismatch, self._keep = mismatch, keep
-        self._lane = Lane("phalanx-gloo") if checked else None
-
-    def _run(self, what: str, signed: Signed, checked: Callable[[], None], direct: Callable[[], Any]) -> Any:
-        if self._lane is None or not signed.code:
-            return self._keep(direct())
-        return self._lane.submit(f"gloo {what}", checked)
-
-    def all_reduce_async(self, tensor: torch.Tensor, op: Any, signed: Signed) -> Any:
-        """Starts an in-place all-reduce of a contiguous tensor (all workers, same order)."""
-        options = dist.AllreduceOptions()
-        options.reduceOp = op
-        mine = self._rank, self._world
-        return self._run(
-            "all_reduce",
-            signed,
-            lambda: signed_all_reduce(self.group, *mine, tensor, op, signed, self._mismatch),
-            lambda: self.group.allreduce([tensor], options),
-        )
-
-    def broadcast_async(self, tensor: torch.Tensor, src: int, signed: Signed) -> Any:
-        """Starts an in-place broadcast from worker ``src``."""
-        options = dist.BroadcastOptions()
-        options.rootRank = src
-        mine = self._rank, self._world
-        return self._run(
-            "broadcast",
-            signed,
-            lambda: signed_broadcast(self.group, *mine, tensor, src, signed, self._mismatch),
-            lambda: self.group.broadcast([tensor], options),
-        )
-
-    def all_gather_async(self, tensor: torch.Tensor, signed: Signed) -> tuple[Any, list[torch.Tensor]]:
-        """Starts gathering every worker's contiguous tensor: the work and the list it fills."""
-        out = [torch.empty_like(tensor) for _ in range(self._world)]
-        mine = self._rank, self._world
-        work = self._run(
-            "all_gather",
-            signed,
-            lambda: signed_all_gather(self.group, *mine, tensor, out, signed, self._mismatch),
-            lambda: self.group.allgather([out], [tensor]),
-        )
-        return work, out
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stops the thread (after what was queued, at most ``timeout``)."""
-        if self._lane is not None:
-            self._lane.close(timeout)

@@ -44,7 +44,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -55,6 +55,7 @@ from phalanx import timeline
 from phalanx.communication._work import PeerGoneError
 from phalanx.communication.collective_check import CollectiveCheck, Signed, check_enabled
 from phalanx.communication.collective_watch import CollectiveWatch
+from phalanx.communication.gloo_transport import GlooTransport
 from phalanx.communication.group_transports import Transports, open_transports
 from phalanx.communication.health import (
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -68,7 +69,6 @@ from phalanx.communication.leaving import LEAVE_TIMEOUT, leave_together
 from phalanx.communication.process_group import BACKEND, PhalanxProcessGroup, register_backend
 from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
-from phalanx.communication.signed_gloo import GlooTransport
 from phalanx.communication.stall_inspector import CollectiveMismatchError, StallSettings
 from phalanx.communication.tls_ring import CollectivesDifferError
 from phalanx.communication.transport_choice import check_settings
@@ -228,6 +228,7 @@ class WorkerGroup:
             self._check.mismatch,
             self._works.add,
             checked and backend == "gloo",
+            self.wait,
         )
         atexit.register(self._at_exit)
 
@@ -445,12 +446,70 @@ class WorkerGroup:
         self._watched_wait(self.all_reduce_async(tensor, op), what, timeout, where_issued=True)
         return tensor
 
+    def try_reduce_scatter_async(
+        self, tensor: torch.Tensor, output: torch.Tensor, op: Any = dist.ReduceOp.SUM
+    ) -> Any | None:
+        """Starts a reduce-scatter where the transport has one of its own (shared memory) and
+        returns its work: ``tensor`` holds one part per worker, laid end to end, each the size of
+        ``output``, which receives this worker's part of the reduction. None where the transport
+        has none (the caller all-reduces instead; nothing was issued). All workers.
+        """
+        if (
+            self._shm is None
+            or not self._shm.handles(tensor, op)
+            or not output.is_contiguous()
+            or output.dtype != tensor.dtype
+            or tensor.numel() != self.world_size * output.numel()
+        ):
+            return None
+        self._check_usable("reduce_scatter")
+        signature, signed = self._sign(f"reduce_scatter({_op_name(op)})", tensor, "reduce_scatter")
+        return self._watch.attach(self._shm.reduce_scatter_async(tensor, output, op, signed), signature)
+
+    def try_all_gather_into_async(self, tensor: torch.Tensor, output: torch.Tensor) -> Any | None:
+        """Starts gathering every worker's ``tensor`` straight into ``output`` (the workers'
+        tensors laid end to end, in rank order) where the transport can (shared memory) and
+        returns its work; None elsewhere (the caller uses `all_gather_async`; nothing was
+        issued). All workers.
+        """
+        if (
+            self._shm is None
+            or not output.is_contiguous()
+            or output.dtype != tensor.dtype
+            or output.numel() != self.world_size * tensor.numel()
+        ):
+            return None
+        self._check_usable("all_gather")
+        signature, signed = self._sign("all_gather", tensor, "all_gather")
+        rows = list(output.view(self.world_size, -1))
+        work, _ = self._shm.all_gather_async(tensor.contiguous().view(-1), signed, out=rows)
+        return self._watch.attach(work, signature)
+
+    def announce_all_reduces(
+        self, specs: Sequence[tuple[int, torch.dtype]], what: str = "the gradient all-reduces"
+    ) -> None:
+        """Announces this worker's next ``len(specs)`` collectives: SUM all-reduces of these
+        element counts and dtypes, the last of which leaves its final element to the check
+        (all workers, at the same point). Over gloo with the collective check on, when some
+        do not fit in a first message, they then go as one gloo call each
+        (`phalanx.communication.gloo_transport`); elsewhere a no-op."""
+        if self._shm is not None or self._ring is not None or not self._gloo.worth_announcing(specs):
+            return
+        self._check_usable(what)
+        codes = self._check.upcoming_codes("all_reduce(SUM)", list(specs))
+        shapes = tuple(torch.empty(n, dtype=d, device="meta") for n, d in specs)  # for the report
+        signature = self._watch.issue("announce(all_reduce(SUM))", shapes, what)
+        # the code covers every announced size (the report shows them as shapes)
+        sizes = ", ".join(f"{str(d).removeprefix('torch.')}[{n}]" for n, d in specs)
+        signed = self._check.sign(f"announce(all_reduce(SUM) of {sizes})", shapes[0], what, signature)
+        self._gloo.announce(signed, [(n, d, c) for (n, d), c in zip(specs, codes, strict=True)])
+
     def broadcast_async(self, tensor: torch.Tensor, src: int) -> Any:
         """Starts an in-place broadcast of a contiguous tensor from worker ``src`` and returns its
         work; pass it to `wait` (all workers; same shape and dtype)."""
         self._check_usable("broadcast")
         signature, signed = self._sign(f"broadcast(from {src})", tensor, "broadcast")
-        transport = self._ring or self._shm or self._gloo
+        transport = self._shm or self._ring or self._gloo  # all-reduces' order: a mismatch is met
         return self._watch.attach(transport.broadcast_async(tensor, src, signed), signature)
 
     def broadcast(
@@ -466,7 +525,7 @@ class WorkerGroup:
         the list, in rank order, it fills (all workers; same shape and dtype everywhere)."""
         self._check_usable("all_gather")
         signature, signed = self._sign("all_gather", tensor, "all_gather")
-        transport = self._ring or self._shm or self._gloo
+        transport = self._shm or self._ring or self._gloo
         work, out = transport.all_gather_async(tensor, signed)
         return self._watch.attach(work, signature), out
 

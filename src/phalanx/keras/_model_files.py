@@ -7,21 +7,33 @@ Below model.py, so that the model does not import `saving`, whose ``load_model``
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch import nn
 
+from phalanx.checkpoint import _sharded, _sharded_state
 from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
 from phalanx.keras import architecture
 
-__all__ = ["FORMAT", "load_weights", "save_model", "save_weights", "summary_lines"]
+__all__ = [
+    "FORMAT",
+    "load_weights",
+    "read_description",
+    "save_model",
+    "save_weights",
+    "summary_lines",
+    "writes_sharded",
+]
 
 FORMAT = "phalanx.model/1"
+DESCRIPTION = "model_description"  # a sharded model folder's entry: the description, saved by torch.save
 
 
 def _class_path(module: nn.Module) -> str:
-    cls = type(module)
+    cls = architecture.class_of(module)
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
@@ -30,30 +42,102 @@ def _module_config(module: nn.Module) -> Any:
     return get_config() if callable(get_config) else None
 
 
-def save_model(model: Any, filepath: str) -> None:
-    """Writes `model` to ``filepath`` atomically (all workers call it; the chief's file is kept)."""
-    payload = {
+def _description(model: Any) -> dict[str, Any]:
+    """Everything `save_model` writes but the weights and the optimizer state."""
+    return {
         "format": FORMAT,
         "module_class": _class_path(model.module),
         "module_config": _module_config(model.module),
         "architecture": architecture.describe(model.module),
-        "weights": model.module.state_dict(),
         "compile": model._compile_config or None,
+    }
+
+
+def writes_sharded(model: Any, filepath: str) -> bool:
+    """Whether a save of ``model`` to ``filepath`` writes a sharded folder: the path ends in
+    ``.dcp``, or the model is sharded (FullyShardedStrategy: each worker writes its part, and
+    no worker gathers the whole model)."""
+    module = getattr(model, "module", None)  # a callback may be given any model-like object
+    sharded = isinstance(module, nn.Module) and _sharded_state.is_sharded({"model": module})
+    return str(filepath).endswith(_sharded.SUFFIX) or sharded
+
+
+def save_model(model: Any, filepath: str) -> None:
+    """Writes `model` to ``filepath`` atomically (all workers call it; the chief's file is
+    kept), or as a sharded folder (see `writes_sharded`)."""
+    if writes_sharded(model, filepath):
+        description = io.BytesIO()
+        torch.save(_description(model), description)  # read back with weights_only=True
+        objects = {"model": model.module}
+        if model.optimizer is not None:
+            objects["optimizer"] = model.optimizer
+        state = _sharded_state.collect(objects, model.strategy)
+        state["format"], state["save_counter"] = _sharded_state.FORMAT, 0
+        state[DESCRIPTION] = description.getvalue()
+        _sharded.save(state, filepath)
+        return
+    payload = {
+        **_description(model),
+        "weights": model.module.state_dict(),
         "optimizer_state": model.optimizer.state_dict() if model.optimizer is not None else None,
     }
     with chief_path(filepath, model.strategy) as target:
         atomic_save(payload, target)
 
 
+def read_description(filepath: str) -> dict[str, Any]:
+    """What `save_model` wrote of a model in a sharded folder, besides the tensors.
+
+    Raises:
+        ValueError: The folder holds no model description (not written by `save_model`).
+    """
+    state: dict[str, Any] = {"format": "", DESCRIPTION: b""}
+    found: dict[str, Any] = {}
+    try:
+        _sharded.load(state, filepath, found.update)
+    except ValueError as exc:  # `_sharded.load`'s, naming a missing key
+        if "Missing key" not in str(exc):
+            raise
+        raise ValueError(f"{filepath!r} is not a phalanx model folder (written by Model.save).") from exc
+    payload = torch.load(io.BytesIO(found[DESCRIPTION]), weights_only=True)
+    if found["format"] != _sharded_state.FORMAT or payload.get("format") != FORMAT:
+        raise ValueError(f"{filepath!r} is not a phalanx model folder (format {FORMAT}).")
+    return payload
+
+
 def save_weights(model: Any, filepath: str) -> None:
-    """Writes the wrapped module's state dict (plain tensors) atomically."""
+    """Writes the wrapped module's state dict (plain tensors) atomically, or as a sharded
+    folder (see `writes_sharded`)."""
+    if writes_sharded(model, filepath):
+        state = _sharded_state.collect({"model": model.module}, model.strategy)
+        state["format"], state["save_counter"] = _sharded_state.FORMAT, 0
+        _sharded.save(state, filepath)
+        return
     state = model.module.state_dict()
     with chief_path(filepath, model.strategy) as target:
         atomic_save(state, target)
 
 
 def load_weights(model: Any, filepath: str) -> None:
-    """Loads a `save_weights` or `save` file into the model (every replica is updated)."""
+    """Loads a `save_weights` or `save` file (or sharded folder) into the model (every
+    replica is updated)."""
+    if _sharded.is_sharded(filepath):
+        state = _sharded_state.collect({"model": model.module}, model.strategy)
+        state["format"] = ""
+
+        def apply(loaded: dict[str, Any]) -> None:
+            _sharded_state.apply({"model": model.module}, loaded, model.strategy)
+
+        try:
+            _sharded.load(state, filepath, apply)
+        except ValueError as exc:  # `_sharded.load`'s, naming a missing key
+            if "Missing key" not in str(exc):
+                raise
+            raise ValueError(
+                f"{filepath!r} holds no model weights saved by Model.save or Model.save_weights ({exc}). "
+                "HINT: a folder written by phalanx.train.Checkpoint is read with Checkpoint(...).read."
+            ) from exc
+        return
     payload = safe_load(filepath)
     if isinstance(payload, dict) and payload.get("format") == FORMAT:
         payload = payload["weights"]

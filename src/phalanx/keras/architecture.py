@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
-__all__ = ["ALLOWED_LAYERS", "CONTAINERS", "ArchitectureError", "build", "describe"]
+__all__ = ["ALLOWED_LAYERS", "CONTAINERS", "ArchitectureError", "build", "class_of", "describe"]
 
 CONTAINERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
 _ACTIVATIONS = """CELU ELU GELU GLU Hardshrink Hardsigmoid Hardswish Hardtanh LeakyReLU LogSigmoid LogSoftmax
@@ -74,8 +75,9 @@ def _argument_names(cls: type[nn.Module]) -> tuple[str, ...]:
 
 def _layer_config(module: nn.Module) -> dict[str, Any] | None:
     config: dict[str, Any] = {}
-    renamed = _ATTRIBUTES.get(type(module).__name__, {})
-    for name in _argument_names(type(module)):
+    cls = class_of(module)
+    renamed = _ATTRIBUTES.get(cls.__name__, {})
+    for name in _argument_names(cls):
         attribute = renamed.get(name, name)
         if not hasattr(module, attribute):
             return None  # an argument the module does not keep: not describable
@@ -88,8 +90,19 @@ def _layer_config(module: nn.Module) -> dict[str, Any] | None:
     return config
 
 
-def _torch_nn_name(module: nn.Module) -> str | None:
+def class_of(module: nn.Module) -> type[nn.Module]:
+    """The module's own class: under FullyShardedStrategy, the class FSDP2's ``fully_shard``
+    derived from (it gives a sharded module a class ``FSDP<Name>(FSDPModule, <Name>)``)."""
     cls = type(module)
+    if isinstance(module, FSDPModule):
+        for base in cls.__bases__:
+            if base is not FSDPModule and issubclass(base, nn.Module):
+                return base
+    return cls
+
+
+def _torch_nn_name(module: nn.Module) -> str | None:
+    cls = class_of(module)
     # Only the class torch.nn exports under that name counts, never a subclass or a look-alike.
     return cls.__name__ if getattr(nn, cls.__name__, None) is cls else None
 

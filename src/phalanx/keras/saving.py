@@ -20,8 +20,17 @@ from typing import Any
 from torch import nn
 
 from phalanx.checkpoint._files import safe_load
+from phalanx.checkpoint._sharded import is_sharded
+from phalanx.checkpoint.checkpoint import Checkpoint
 from phalanx.keras import architecture, optimizers
-from phalanx.keras._model_files import FORMAT, load_weights, save_model, save_weights, summary_lines
+from phalanx.keras._model_files import (
+    FORMAT,
+    load_weights,
+    read_description,
+    save_model,
+    save_weights,
+    summary_lines,
+)
 from phalanx.keras.compile_utils import rebuild
 from phalanx.strategies.default import get_strategy
 
@@ -87,14 +96,18 @@ def load_model(
     from phalanx import losses, metrics
     from phalanx.keras.model import Model
 
-    payload = safe_load(filepath)
+    folder = is_sharded(filepath)
+    payload = read_description(filepath) if folder else safe_load(filepath)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{filepath!r} is not a phalanx model file (format {FORMAT}).")
     with get_strategy().scope():
         net = module if module is not None else _build_module(payload, custom_objects or {})
-        net.load_state_dict(payload["weights"])
+        if not folder:
+            net.load_state_dict(payload["weights"])
         model = Model(net)
     config = payload.get("compile")
+    if folder and not (compile and config):  # each worker reads what its tensors hold
+        load_weights(model, filepath)
     if compile and config:
         with model.strategy.scope():
             optimizer = optimizers.from_config(config["optimizer"], model.parameters())
@@ -105,6 +118,8 @@ def load_model(
             loss_weights=config.get("loss_weights"),
             jit_compile=bool(config.get("jit_compile")),
         )
-        if payload.get("optimizer_state") is not None:
+        if folder:  # weights and optimizer state, each worker what its tensors hold
+            Checkpoint(model=net, optimizer=optimizer).read(filepath)
+        elif payload.get("optimizer_state") is not None:
             optimizer.load_state_dict(payload["optimizer_state"])
     return model

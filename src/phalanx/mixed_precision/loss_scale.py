@@ -16,7 +16,9 @@ A plain ``torch.amp.GradScaler`` works too: once a strategy with several local r
 has entered its scope or run (`adopt_torch_grad_scalers`), the first ``scale``/``unscale_``/
 ``step``/``update``/``get_scale`` a replica calls on one turns it into a per-replica scaler in
 place (its state so far becomes replica 0's). Outside replica contexts, and with one replica
-per process, torch's class behaves exactly as before.
+per process, torch's class behaves exactly as before. Under FullyShardedStrategy ``unscale_``
+first hands the optimizer its sharded parameters (which it otherwise gets at its first step);
+the overflow check of sharded gradients is every worker's (DTensor all-reduces the flag).
 """
 
 from __future__ import annotations
@@ -173,8 +175,13 @@ def _adopting(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: torch.amp.GradScaler, *args: Any, **kwargs: Any) -> Any:
         replica = context.current_replica()
-        if replica is not None and replica[0].num_local_replicas > 1 and not isinstance(self, GradScaler):
+        if replica is None:
+            return method(self, *args, **kwargs)
+        if replica[0].num_local_replicas > 1 and not isinstance(self, GradScaler):
             _adopt(self)
+        sync = replica[0].step_sync
+        if method.__name__ == "unscale_" and hasattr(sync, "before_unscale"):
+            sync.before_unscale(args[0] if args else kwargs["optimizer"])
         return method(self, *args, **kwargs)
 
     return call

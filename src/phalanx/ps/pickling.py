@@ -55,6 +55,7 @@ __all__ = [
     "dumps_for_worker",
     "iterator_on_worker",
     "loads",
+    "replace_for_worker",
     "scaler_on_worker",
     "strategy_on_worker",
     "value_on_worker",
@@ -148,7 +149,12 @@ def dumps_for_worker(obj: Any, chief: ChiefObjects) -> bytes:
         TypeError: ``obj`` reaches the ClusterCoordinator.
         ValueError: An optimizer it reaches holds a tensor not created in ``strategy.scope()``.
     """
-    return dumps(obj, lambda x: _chief_reference(chief, x))
+    return dumps(obj, replace_for_worker(chief))
+
+
+def replace_for_worker(chief: ChiefObjects) -> Callable[[Any], Any]:
+    """The ``replace`` of `dumps` that sends ``chief``'s objects by reference (the table above)."""
+    return lambda x: _chief_reference(chief, x)
 
 
 def loads(data: bytes) -> Any:

@@ -177,7 +177,7 @@ class RpcServer:
         if not methods or data_path_mode() == "grpc":
             return None
         served = {m: self._handlers[m] for m in methods if m in self._handlers}
-        if not served:  # a worker task: its calls are small, and gRPC's
+        if not served:  # a worker task: its calls are small, and gRPC's (docs/performance.md)
             return None
         data = DataServer(host, token, names, served, name=self.name, limit=self._limit, insecure=insecure)
         announce = {"port": data.port, "methods": sorted(served)}
@@ -412,10 +412,20 @@ class RpcClient:
             if exc.remote_type == "UNIMPLEMENTED":  # a task without a data path
                 return frozenset()
             raise
+        port: Any = header.get("port")
+        methods: Any = header.get("methods")
+        if not _announcement_ok(port, methods):  # not a phalanx task of this version
+            log.warning(
+                "%s announced no usable data path (%s answered %r); its calls stay on gRPC.",
+                self.name,
+                DATA_PATH_METHOD,
+                header,
+            )
+            return frozenset()
         host = _ADDRESS.fullmatch(self.address).group(1)  # type: ignore[union-attr]
         self._data = DataClient(
             host,
-            int(header["port"]),
+            int(port),
             self._token,
             name=self.name,
             address=self.address,
@@ -423,7 +433,7 @@ class RpcClient:
             insecure=security.insecure_transport(),
             segments=data_path_mode() == "auto",
         )
-        return frozenset(header["methods"])
+        return frozenset(methods)
 
     def start(
         self,
@@ -496,6 +506,16 @@ class RpcClient:
         if self._data is not None:
             self._data.close()
         self._channel.close()
+
+
+def _announcement_ok(port: Any, methods: Any) -> bool:
+    """Whether a ``__data_path__`` reply names a port and a list of method names."""
+    return (
+        isinstance(port, int)
+        and 0 < port < 65536
+        and isinstance(methods, list)
+        and all(isinstance(m, str) for m in methods)
+    )
 
 
 class PendingCall:

@@ -113,6 +113,12 @@ class _ShardedStep:
     def reset_thread(self) -> None:
         """Nothing is kept per thread."""
 
+    def before_unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """A ``torch.amp.GradScaler`` unscales the sharded gradients: the parameters first (the
+        scaler finds them in the optimizer). Its overflow check is every worker's: DTensor's
+        dispatch all-reduces the found-inf flag of sharded gradients."""
+        self.before_step(optimizer, 0)
+
 
 class FullyShardedStrategy(MultiWorkerMirroredStrategy):
     """MultiWorkerMirrored's synchronous training with the model sharded across workers (FSDP2).

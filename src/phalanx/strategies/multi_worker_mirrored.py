@@ -319,6 +319,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             bucket_bytes=self._options.bytes_per_pack,
             sum_sparse=self._cross_worker_sparse_sum,
             workers=self._num_workers,
+            announce=group.announce_all_reduces,
         )
 
     def _pick_backend(self) -> str:

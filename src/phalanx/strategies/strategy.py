@@ -273,8 +273,8 @@ class Strategy(TFStrategyMembers):
         if self.is_default:
             return
         _hooks.install()
-        if self._num_local_replicas > 1:
-            adopt_torch_grad_scalers()  # a plain torch.amp.GradScaler gets per-replica state
+        if self._num_local_replicas > 1 or hasattr(self.step_sync, "before_unscale"):
+            adopt_torch_grad_scalers()  # per-replica state; sharded parameters before unscale_
         if os.environ.get("PHALANX_TIMELINE"):  # opt-in tracing starts with the first scope
             from phalanx import timeline
 

@@ -11,6 +11,10 @@ usage: desync.py MODE [STEPS]
   broadcast       worker:1 calls torch.distributed.broadcast at step DIVERGE
   extra_backward  worker:1 runs backward twice at step DIVERGE
   shapes          worker:1 builds its model with another hidden width
+  in_backward     worker:1 calls torch.distributed.all_reduce inside backward at step DIVERGE,
+                  between two gradient buckets (one bucket per tensor)
+  in_backward_all every worker does so at every step: no mismatch (``plain``: nobody does;
+                  both with the same buckets, so their weights must agree)
 """
 
 import sys
@@ -25,9 +29,14 @@ from phalanx.errors import CollectiveMismatchError
 MODE = sys.argv[1]
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 DIVERGE = 5
-strategy = phalanx.MultiWorkerMirroredStrategy()
+IN_BACKWARD = MODE in ("in_backward", "in_backward_all", "plain")
+# a bucket per tensor: the last layer's weight is the first all-reduce of a backward pass; the
+# first layer's weight does not fit in gloo's first message, so gloo announces the pass's
+# all-reduces (phalanx.communication.gloo_transport) and the collective inside breaks that
+options = phalanx.CommunicationOptions(bytes_per_pack=64) if IN_BACKWARD else None
+strategy = phalanx.MultiWorkerMirroredStrategy(communication_options=options)
 rank = strategy.cluster_resolver.worker_index
-hidden = 17 if MODE == "shapes" and rank == 1 else 16
+hidden = 256 if IN_BACKWARD else 17 if MODE == "shapes" and rank == 1 else 16
 torch.manual_seed(0)
 with strategy.scope():
     model = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 2))
@@ -52,6 +61,21 @@ def stray(step):
         dist.broadcast(torch.ones(2), src=0)
 
 
+def in_backward(step):
+    """Whether this worker all-reduces inside this step's backward pass."""
+    return MODE == "in_backward_all" or (MODE == "in_backward" and rank == 1 and step == DIVERGE)
+
+
+def all_reduce_in_backward(param):
+    if in_backward(current_step):
+        dist.all_reduce(torch.ones(3))
+
+
+if IN_BACKWARD:  # after the first gradient all-reduce of the pass started, before the others
+    model[2].weight.register_post_accumulate_grad_hook(all_reduce_in_backward)
+current_step = 0
+
+
 def train_step(x, extra):
     loss = model(x).square().mean()
     loss.backward()  # the gradient all-reduces
@@ -65,6 +89,7 @@ def train_step(x, extra):
 done = 0
 try:
     for step in range(STEPS):
+        current_step = step
         stray(step)
         extra = MODE == "extra_backward" and rank == 1 and step == DIVERGE
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))

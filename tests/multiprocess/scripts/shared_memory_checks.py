@@ -67,6 +67,44 @@ for i, (dtype_name, numel, op) in enumerate(cases):
         "same_on_every_worker": all(torch.equal(c, ours) for c in copies),
     }
 
+# all-gather, broadcast and reduce-scatter: every worker regenerates every peer's input, so
+# each result is compared exactly with what it must be (copies, and sums in rank order)
+world = dist.get_world_size()
+
+
+def _values(case: int, numel: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    return [
+        torch.randn(numel, generator=torch.Generator().manual_seed(7919 * case + r)).to(dtype)
+        for r in range(world)
+    ]
+
+
+result["moves"] = {}
+for i, (dtype, numel) in enumerate(
+    [(torch.float32, 1), (torch.float32, 5001), (torch.bfloat16, 300), (torch.float32, CHUNK_ELEMENTS + 3)]
+):
+    values = _values(i, numel, dtype)
+    gathered = group.all_gather(values[rank].clone())
+    into = torch.empty(numel * world, dtype=dtype)
+    dist.all_gather_into_tensor(into, values[rank].clone())  # the default group: phalanx's
+    sent = values[rank].clone()
+    group.broadcast(sent, src=world - 1)
+    parts = _values(100 + i, numel * world, dtype)  # worker r's input: world parts of numel
+    mine = torch.empty(numel, dtype=dtype)
+    dist.reduce_scatter_tensor(mine, parts[rank].clone())  # the default group: phalanx's
+    expected = parts[0][rank * numel : (rank + 1) * numel].clone()
+    for other in parts[1:]:
+        expected = expected + other[rank * numel : (rank + 1) * numel]
+    averaged = torch.empty(numel, dtype=dtype)
+    dist.reduce_scatter_tensor(averaged, parts[rank].clone(), op=dist.ReduceOp.AVG)
+    result["moves"][f"{i}-{dtype}-{numel}"] = {
+        "all_gather": all(torch.equal(g, v) for g, v in zip(gathered, values, strict=True)),
+        "all_gather_into_tensor": bool(torch.equal(into, torch.cat(values))),
+        "broadcast": bool(torch.equal(sent, values[world - 1])),
+        "reduce_scatter": bool(torch.equal(mine, expected)),
+        "reduce_scatter_avg": bool(torch.allclose(averaged.double(), (expected / world).double(), atol=0.02)),
+    }
+
 # an async all-reduce overlapping a gloo collective of the training thread
 pending = torch.full((4096,), float(rank + 1))
 work = group.all_reduce_async(pending)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
 
 import phalanx
-from phalanx.checkpoint import Counter
+from phalanx.checkpoint import Counter, _sharded
 from phalanx.train import Checkpoint
 
 
@@ -56,6 +58,38 @@ def test_an_asynchronous_save_returns_a_future_of_the_folder(tmp_path):
     other = nn.Linear(4, 3)
     Checkpoint(model=other, optimizer=torch.optim.Adam(other.parameters())).read(future.result())
     torch.testing.assert_close(other.state_dict(), model.state_dict())
+
+
+class _SlowWriter(dcp.FileSystemWriter):
+    """Writes a moment late: the next save's staging comes first unless it waits."""
+
+    def write_data(self, *args, **kwargs):
+        time.sleep(0.3)
+        return super().write_data(*args, **kwargs)
+
+
+def test_asynchronous_saves_in_a_row_each_keep_the_state_of_their_own_moment(tmp_path, monkeypatch):
+    # the staging copy is reused from one save to the next: a save may not overwrite it while
+    # the previous one still writes from it, and a model of another layout gets a new copy
+    monkeypatch.setattr(_sharded.dcp, "FileSystemWriter", _SlowWriter)
+    model, optimizer = _trained()
+    checkpoint = Checkpoint(model=model, optimizer=optimizer)
+    futures, expected = [], []
+    for step in range(3):
+        with torch.no_grad():
+            model.weight.fill_(float(step))
+        futures.append(checkpoint.save(str(tmp_path / "a"), blocking=False))
+        expected.append(model.weight.detach().clone())
+    bigger = nn.Linear(8, 3)
+    bigger_future = Checkpoint(model=bigger).save(str(tmp_path / "b"), blocking=False)
+    for future, weight in zip(futures, expected, strict=True):
+        other = nn.Linear(4, 3)
+        restore = Checkpoint(model=other, optimizer=torch.optim.Adam(other.parameters()))
+        restore.read(future.result(timeout=60))
+        torch.testing.assert_close(other.weight, weight)
+    restored = nn.Linear(8, 3)
+    Checkpoint(model=restored).read(bigger_future.result(timeout=60))
+    torch.testing.assert_close(restored.state_dict(), bigger.state_dict())
 
 
 class _RunsCode:

@@ -312,6 +312,26 @@ def test_when_the_last_bucket_is_solo_the_flags_travel_alone():
     torch.testing.assert_close(big.grad, torch.full((64,), 2.0 * WORKERS))
 
 
+def test_each_pass_announces_its_all_reduces_once_before_the_first_and_the_last_keeps_a_spare_element():
+    small, big = nn.Parameter(torch.ones(4)), nn.Parameter(torch.ones(64))
+    recorder, announced = Recorder(), []
+
+    def announce(specs):
+        announced.append((list(specs), len(recorder.launched)))
+
+    wait = lambda work, what: work.wait()  # noqa: E731
+    buckets = GradientBuckets(recorder.launch, wait, solo_bytes=256, announce=announce)
+    for p in (small, big):
+        buckets.add(p)
+    for _ in range(2):
+        (big * 2).sum().add(small.sum()).backward()
+    # the big one alone, then the small one with 2 x 2 flags and the transport's element
+    specs = [(64, torch.float32), (4 + 4 + 1, torch.float32)]
+    assert announced == [(specs, 0), (specs, 2)]  # before each pass's first launch
+    assert recorder.launched == [64, 9, 64, 9]
+    torch.testing.assert_close(small.grad, torch.full((4,), 2.0 * WORKERS))  # two passes' sums
+
+
 def test_released_buckets_launch_nothing_and_leave_plain_gradients():
     """An elastic job drops the buckets of a failed group: their hooks go, nothing waits."""
     net = Net()

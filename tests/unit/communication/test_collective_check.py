@@ -76,7 +76,7 @@ def test_every_workers_code_survives_the_reduction_of_the_first_message(dtype, o
         }[op],
     )
     codes = [2**31 - 1, 12345, 1]
-    messages = [signed_gloo._first_message(r, world, Signed(1, codes[r]), dtype, op) for r in range(world)]
+    messages = [signed_gloo.first_message(r, world, Signed(1, codes[r]), dtype, op) for r in range(world)]
     assert {m.numel() * m.element_size() for m in messages} == {signed_gloo.first_bytes(world)}
     reduced = messages[0]
     for m in messages[1:]:
@@ -92,14 +92,14 @@ def test_a_differing_code_raises_the_report_with_the_peer():
         seen.append(peer)
         return CollectiveMismatchError("differs")
 
-    mine = signed_gloo._first_message(0, 2, Signed(1, 77), torch.float32, dist.ReduceOp.SUM)
-    theirs = signed_gloo._first_message(1, 2, Signed(1, 78), torch.float32, dist.ReduceOp.SUM)
+    mine = signed_gloo.first_message(0, 2, Signed(1, 77), torch.float32, dist.ReduceOp.SUM)
+    theirs = signed_gloo.first_message(1, 2, Signed(1, 78), torch.float32, dist.ReduceOp.SUM)
     with pytest.raises(CollectiveMismatchError, match="differs"):
-        signed_gloo._verify(mine + theirs, 2, Signed(1, 77), mismatch)
+        signed_gloo.verify_header(mine + theirs, 2, Signed(1, 77), mismatch)
     assert seen == [1]
     garbled = torch.full_like(mine, 1e6)  # another collective's data where the header should be
     with pytest.raises(CollectiveMismatchError):
-        signed_gloo._verify(garbled, 2, Signed(1, 77), mismatch)
+        signed_gloo.verify_header(garbled, 2, Signed(1, 77), mismatch)
     assert seen == [1, None]
 
 

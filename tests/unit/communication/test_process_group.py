@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from phalanx.communication import process_group
 from phalanx.communication._work import QueuedWork
+from phalanx.communication.call_sites import call_site
 from phalanx.communication.process_group import PhalanxProcessGroup, _create
 
 
@@ -39,13 +40,50 @@ class _OneWorker:
     def all_gather_async(self, tensor):
         return self._done("all_gather"), [tensor.clone()]
 
+    def try_all_gather_into_async(self, tensor, output):
+        return None  # no transport of its own: the group uses all_gather_async
+
+    def try_reduce_scatter_async(self, tensor, output, op=dist.ReduceOp.SUM):
+        return None
+
     def wait(self, work, what, timeout=None):
         work.wait()
+
+
+class _SharedMemoryLike(_OneWorker):
+    """An engine whose transport gathers into the output and reduce-scatters itself (as shared
+    memory does)."""
+
+    def try_all_gather_into_async(self, tensor, output):
+        output.copy_(tensor.view_as(output))
+        return self._done("all_gather_into")
+
+    def try_reduce_scatter_async(self, tensor, output, op=dist.ReduceOp.SUM):
+        output.copy_(tensor.view_as(output))
+        return self._done(f"reduce_scatter({op})")
 
 
 def _group(uses_tls=False):
     engine = _OneWorker(uses_tls)
     return PhalanxProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10), engine), engine
+
+
+def test_a_transport_with_its_own_gather_and_reduce_scatter_is_used_for_them():
+    engine = _SharedMemoryLike()
+    group = PhalanxProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10), engine)
+    out = torch.empty(3)
+    group.all_gather_single(out, torch.tensor([1.0, 2, 3])).wait()
+    mine = torch.empty(2)
+    options = dist.ReduceScatterOptions()
+    options.reduceOp = dist.ReduceOp.AVG  # FSDP2's: a sum, divided by the group's size (1)
+    group.reduce_scatter_single(mine, torch.tensor([5.0, 6.0]), options).wait()
+    assert out.tolist() == [1, 2, 3]
+    assert mine.tolist() == [5, 6]
+    assert engine.issued == ["all_gather_into", f"reduce_scatter({dist.ReduceOp.SUM})"]
+    with pytest.raises(ValueError, match="AVG needs a floating-point tensor"):
+        group.reduce_scatter_single(
+            torch.empty(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64), options
+        )
 
 
 def test_every_collective_torch_calls_runs_on_the_engine():
@@ -135,3 +173,15 @@ def test_under_tls_the_group_keeps_the_name_torch_gives_it():
     group = _create(_Opts(), _OneWorker(uses_tls=True))
     group._set_group_name("7")
     assert group.group_name == "7"
+
+
+def test_a_users_all_reduce_is_named_by_torchs_entry_point_not_its_logging_decorator():
+    class Recording(_OneWorker):
+        def all_reduce_async(self, tensor, op=dist.ReduceOp.SUM):
+            self.issued.append(call_site())
+            return self._done("all_reduce")
+
+    engine = Recording()
+    group = PhalanxProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10), engine)
+    dist.all_reduce(torch.ones(2), group=group)  # through torch's _exception_logger decorator
+    assert engine.issued[0].startswith("all_reduce at test_process_group.py:"), engine.issued

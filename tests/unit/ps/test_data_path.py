@@ -148,3 +148,30 @@ def test_a_message_read_from_a_stream_checks_its_lengths_first():
         wire.read_header(read, len(data) + 100)
     with pytest.raises(ValueError, match="truncated"):
         wire.read_header(read, 3)
+
+
+def test_a_task_that_announces_no_usable_data_path_is_called_on_grpc(caplog):
+    """Something at a task's address that answers ``__data_path__`` without a port (not a
+    phalanx task of this version; in the plaintext opt-out, anyone at the address) gets its
+    calls on gRPC, as a task without a data path."""
+
+    def assign(header, tensors):
+        return {"ran": True}, []
+
+    server = RpcServer(
+        "127.0.0.1",
+        0,
+        TOKEN,
+        {"assign": assign, "__data_path__": lambda header, tensors: ({"methods": "assign"}, [])},
+        name="ps:0 (test)",
+    )
+    server.start()
+    client = RpcClient(f"127.0.0.1:{server.port}", TOKEN, name="ps:0 (test)")
+    try:
+        with caplog.at_level("WARNING", logger="phalanx"):
+            assert client.call("assign")[0] == {"ran": True}
+        assert client._data is None
+        assert "announced no usable data path" in caplog.text
+    finally:
+        client.close()
+        server.stop()

@@ -320,6 +320,22 @@ def test_a_dense_and_a_sparse_gradient_in_one_message():
 
 
 @pytest.mark.parametrize(
+    ("rows", "coalesced"), [([0, 2, 5], True), ([4], True), ([], True), ([2, 0, 5], False), ([1, 1], False)]
+)
+def test_a_sorted_sparse_gradient_arrives_coalesced_and_any_other_as_sent(rows, coalesced):
+    """A worker sends coalesced gradients (sorted, unique rows): the ps takes them as such,
+    and the optimizer's coalesce() sorts nothing; other indices are coalesced there as before."""
+    values = torch.arange(len(rows) * 2, dtype=torch.float32).reshape(len(rows), 2)
+    indices = torch.tensor([rows], dtype=torch.int64).reshape(1, len(rows))
+    header = {"names": ["s"], "sparse": [0], "sparse_sizes": {"0": [6, 2]}}
+    (grad,) = messages.decode_gradients(header, [indices, values])
+    assert grad.is_coalesced() == coalesced
+    expected = torch.zeros(6, 2).index_add_(0, indices[0], values)
+    assert torch.equal(grad.to_dense(), expected)
+    assert torch.equal(grad.coalesce().to_dense(), expected)
+
+
+@pytest.mark.parametrize(
     ("header", "tensors"),
     [
         ({"names": ["s"], "sparse": [0], "sparse_sizes": {}}, [torch.zeros(1, 1), torch.ones(1, 2)]),

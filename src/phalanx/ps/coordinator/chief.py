@@ -40,6 +40,7 @@ from phalanx.ps.coordinator.deadlines import Deadlines, ps_call_timeout
 from phalanx.ps.coordinator.local_copies import LocalCopies
 from phalanx.ps.coordinator.optimizer_state import OptimizerStates
 from phalanx.ps.coordinator.remote_worker import RemoteWorker
+from phalanx.ps.pickle_cache import PickleCache, pickle_cache_enabled
 from phalanx.ps.transport import RpcClient
 from phalanx.ps.variables import BufferChanges, PSClient, VariableHandle
 
@@ -124,6 +125,8 @@ class Chief:
         self._closures_pending: Callable[[], int] = lambda: 0
         self.copies = LocalCopies(self.ps, partitioner, lambda: self._closures_pending())
         self.optimizers = OptimizerStates(self.ps, self.copies)
+        # repeated schedules of one function are pickled once (`phalanx.ps.pickle_cache`)
+        self._pickles = PickleCache() if pickle_cache_enabled() else None
         _chiefs.add(self)
 
     @classmethod
@@ -161,6 +164,8 @@ class Chief:
 
     def close(self) -> None:
         """Closes the connections to the ps tasks."""
+        if self._pickles is not None:
+            self._pickles.clear()
         self.ps.close()
 
     # ------------------------------------------------------------------ the coordinator's side
@@ -205,7 +210,10 @@ class Chief:
             TypeError: The closure uses the ClusterCoordinator.
             Exception: Whatever pickling the function raises.
         """
-        return pickling.dumps_for_worker((closure.fn, closure.args, closure.kwargs), self)
+        root = (closure.fn, closure.args, closure.kwargs)
+        if self._pickles is None:
+            return pickling.dumps_for_worker(root, self)
+        return self._pickles.dumps(root, pickling.replace_for_worker(self))
 
     def fence(self, session: str, worker: int, run: int, timeout: float = 10.0) -> None:
         """Makes every ps task refuse what run ``run`` of ``worker`` still sends (see

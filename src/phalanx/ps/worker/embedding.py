@@ -25,7 +25,6 @@ from phalanx.ps.worker import context
 __all__ = ["install", "sparse_gradient"]
 
 
-
 def install() -> None:
     """Installs the two global hooks (idempotent)."""
     _hooks.add_module_forward_hooks(_before_forward, _after_forward)

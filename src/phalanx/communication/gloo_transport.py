@@ -1,0 +1,300 @@
+"""The gloo transport of `WorkerGroup`: signed collectives issued from the caller's thread.
+
+Every signed collective starts with the *first message* of `phalanx.communication.signed_gloo`
+(a fixed size on every worker, whatever the collective, so gloo never meets two sizes and
+aborts): an all-reduce that fits in it is that one gloo call; anything else (the rest of a
+larger all-reduce, a broadcast, an all-gather) is a second gloo call *queued behind* the first
+message and issued only once its codes matched. Every gloo call is issued in the order the
+collectives were: on the caller's thread, under one lock, with the calls queued behind an
+unverified first message going before any later call. Nothing waits on a thread of its own:
+gloo's own threads move the bytes (overlapping with backward), and the waiter (or, for a
+torch-facing work with callbacks, gloo's completion callback) verifies and issues what was
+queued.
+
+**Announced all-reduces.** The gradient buckets know, at the first launch of a backward
+pass, every all-reduce of the pass (`GradientBuckets`): `GlooTransport.announce` sends one
+header-only first message whose code covers them all (their sizes, dtypes and numbers), and
+the announced all-reduces then go as single gloo calls with no first message of their own
+(queued behind the announcement until it verified). One small message per backward pass
+instead of one per bucket (announced only when some of them do not fit in a first message:
+`GlooTransport.worth_announcing`). A worker that issues anything else while announced
+all-reduces are still to come (a collective inside backward on one worker only, a backward
+pass that raised) *breaks* the announcement: it sends zeros of each remaining announced size (so gloo
+still meets equal sizes) and marks the last one; the last announced all-reduce reserves its
+final element for that mark, so a worker that kept to the announcement sees the break in it
+and raises before any result is used, and the breaking worker sees whether every worker
+broke at the same point (then it goes on, and every worker stops announcing: a model that
+makes collectives inside backward would otherwise pay the zeros every pass) or not (a
+mismatch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from phalanx.communication._gloo_works import Call, Header, SignedWork
+from phalanx.communication.collective_check import Signed
+from phalanx.communication.signed_gloo import PIECES, Mismatch, first_bytes, first_message
+
+__all__ = ["GlooTransport", "SignedWork"]  # SignedWork: what its collectives return
+
+Spec = tuple[int, torch.dtype, int]  # an announced all-reduce: element count, dtype, code
+
+
+class _Announced:
+    """The all-reduces announced for one backward pass (`GlooTransport.announce`)."""
+
+    def __init__(self, header: Header, specs: Sequence[Spec]) -> None:
+        self.header = header
+        self.left = list(specs)  # not launched yet, in order
+        self.total = len(specs)
+        self.launched: list[Signed] = []
+
+
+class GlooTransport:
+    """A gloo group as a `WorkerGroup` transport (see the module doc); gloo's own works when
+    the codes are off (``checked`` False).
+
+    Args:
+        group: The gloo group (a ``ProcessGroup`` or a gloo backend).
+        rank, world: This worker and the number of workers.
+        mismatch: The error of a collective whose code differs (`CollectiveCheck.mismatch`).
+        keep: Holds gloo's own works until the group is torn down (`RecentWorks.add`).
+        checked: Whether every worker signs its collectives.
+        wait: ``wait(work, what)``: the group's watched wait (deadline, health), for the few
+            places that must block before issuing (`WorkerGroup.wait`).
+    """
+
+    def __init__(
+        self,
+        group: Any,
+        rank: int,
+        world: int,
+        mismatch: Mismatch,
+        keep: Callable[[Any], Any],
+        checked: bool,
+        wait: Callable[[Any, str], None] | None = None,
+    ) -> None:
+        self.group, self._rank, self._world = group, rank, world
+        self._mismatch, self._keep = mismatch, keep
+        self.checked = checked
+        self.announces = checked  # whether `announce` is worth calling (see `_break`)
+        self._wait = wait or (lambda work, what: work.wait())
+        self._lock = threading.RLock()
+        self._gate: Header | None = None  # the first message the queued calls wait for
+        self._queued: list[Call] = []
+        self._announced: _Announced | None = None
+
+    # ---------------------------------------------------------------- ordering
+    def _issue(self, start: Callable[[], Any], then: Callable[[Any], None] | None = None) -> Any:
+        """Makes one gloo call after every call queued before it (first waits, outside the lock,
+        for their first message to verify); ``then(work)`` runs under the same lock, right after.
+
+        Raises:
+            CollectiveMismatchError: The first message the queued calls waited for differs.
+            PeerUnavailableError: (from ``wait``) a peer failed meanwhile.
+        """
+        while True:
+            with self._lock:
+                gate = self._gate
+                if gate is None or gate.verified:
+                    self.release(gate)
+                    work = self._keep(start())
+                    if then is not None:
+                        then(work)
+                    return work
+            self._wait(gate.work, "the collective before this one")  # names a peer that failed
+            gate.verify()
+
+    def release(self, gate: Header | None) -> None:
+        """Issues the calls queued behind ``gate`` once it verified (raises its mismatch)."""
+        if gate is None:
+            return
+        with self._lock:
+            if self._gate is not gate:
+                return
+            gate.verify()
+            for call in self._queued:
+                call.work = self._keep(call.start())
+            self._queued.clear()
+            self._gate = None
+
+    def _behind(self, gate: Header, call: Call | None) -> Callable[[Any], None]:
+        """``then`` of `_issue` for a first message: keeps its work, queues ``call`` behind it."""
+
+        def then(work: Any) -> None:
+            gate.work = work
+            if call is not None:
+                self._gate = gate
+                self._queued.append(call)
+
+        return then
+
+    def _all_reduce_call(self, tensor: torch.Tensor, op: Any) -> Callable[[], Any]:
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        return lambda: self.group.allreduce([tensor], options)
+
+    # ---------------------------------------------------------------- collectives (all workers)
+    def all_reduce_async(self, tensor: torch.Tensor, op: Any, signed: Signed) -> Any:
+        """Starts an in-place all-reduce of a contiguous tensor (all workers, same order)."""
+        op = getattr(op, "op", op)
+        if not (self.checked and signed.code):
+            return self._keep(self._all_reduce_call(tensor, op)())
+        with self._lock:
+            announced = self._announced
+            if announced is not None and announced.left and announced.left[0][2] == signed.code:
+                return self._launch_announced(announced, tensor, signed)
+        self._break(signed)
+        flat = tensor.view(-1)
+        if flat.dtype == torch.bool:  # gloo's bool reductions are logical: MAX is OR, MIN is AND
+            staged = flat.to(torch.uint8)
+            either = op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.BOR)
+            return self._signed_all_reduce(
+                staged,
+                dist.ReduceOp.MAX if either else dist.ReduceOp.MIN,
+                signed,
+                lambda: flat.copy_(staged.bool()),
+            )
+        return self._signed_all_reduce(flat, op, signed)
+
+    def _signed_all_reduce(
+        self, flat: torch.Tensor, op: Any, signed: Signed, after: Callable[[], Any] | None = None
+    ) -> SignedWork:
+        header = Header(
+            first_message(self._rank, self._world, signed, flat.dtype, op),
+            signed,
+            self._world,
+            self._mismatch,
+        )
+        capacity = header.message.numel() - PIECES * self._world
+        head = min(flat.numel(), capacity)
+        header.message[:head].copy_(flat[:head])
+        rest = Call(self._all_reduce_call(flat[capacity:], op)) if flat.numel() > capacity else None
+
+        def finish() -> None:
+            flat[:head].copy_(header.message[:head])
+            if after is not None:
+                after()
+
+        self._issue(self._all_reduce_call(header.message, op), self._behind(header, rest))
+        return SignedWork(self.release, header, rest, finish)
+
+    def _header_first(self, signed: Signed, body: Call) -> SignedWork:
+        """A header-only first message, then ``body`` once it verified."""
+        message = first_message(self._rank, self._world, signed, torch.float32, dist.ReduceOp.SUM)
+        header = Header(message, signed, self._world, self._mismatch)
+        self._issue(self._all_reduce_call(message, dist.ReduceOp.SUM), self._behind(header, body))
+        return SignedWork(self.release, header, body)
+
+    def broadcast_async(self, tensor: torch.Tensor, src: int, signed: Signed) -> Any:
+        """Starts an in-place broadcast from worker ``src``."""
+        options = dist.BroadcastOptions()
+        options.rootRank = src
+        start = lambda: self.group.broadcast([tensor], options)  # noqa: E731
+        if not (self.checked and signed.code):
+            return self._keep(start())
+        self._break(signed)
+        return self._header_first(signed, Call(start))
+
+    def all_gather_async(self, tensor: torch.Tensor, signed: Signed) -> tuple[Any, list[torch.Tensor]]:
+        """Starts gathering every worker's contiguous tensor: the work and the list it fills."""
+        out = [torch.empty_like(tensor) for _ in range(self._world)]
+        start = lambda: self.group.allgather([out], [tensor])  # noqa: E731
+        if not (self.checked and signed.code):
+            return self._keep(start()), out
+        self._break(signed)
+        return self._header_first(signed, Call(start)), out
+
+    # ---------------------------------------------------------------- announced all-reduces
+    def worth_announcing(self, specs: Sequence[tuple[int, torch.dtype]]) -> bool:
+        """Whether announcing these all-reduces saves gloo calls: some do not fit in a first
+        message (those that fit are one call each anyway; the announcement is one more)."""
+        if not self.announces:
+            return False
+        first, header = first_bytes(self._world), PIECES * self._world
+        return any(n > first // d.itemsize - header for n, d in specs)
+
+    def announce(self, signed: Signed, specs: Sequence[Spec]) -> None:
+        """Announces the next ``len(specs)`` collectives of this worker: SUM all-reduces of
+        these sizes and dtypes, signed with these codes, the last one's final element
+        reserved for the break mark (see the module doc). ``signed``: the announcement's own
+        code, which covers them (all workers, same order)."""
+        if not (self.announces and signed.code) or not specs:
+            return
+        self._break(signed)
+        message = first_message(self._rank, self._world, signed, torch.float32, dist.ReduceOp.SUM)
+        header = Header(message, signed, self._world, self._mismatch)
+        announced = _Announced(header, specs)
+
+        def then(work: Any) -> None:
+            header.work = work
+            self._gate, self._announced = header, announced
+
+        self._issue(self._all_reduce_call(message, dist.ReduceOp.SUM), then)
+        # the queued all-reduces start as soon as it arrives (on gloo's thread, once per pass)
+        header.work.get_future().add_done_callback(lambda _: self._on_arrival(header))
+
+    def _on_arrival(self, header: Header) -> None:
+        """Starts what waits for ``header`` (gloo's completion callback: never raises; a
+        mismatch or gloo's error stays with the header for its waiters)."""
+        with contextlib.suppress(BaseException):  # its waiters raise it
+            self.release(header)
+
+    def _launch_announced(self, announced: _Announced, tensor: torch.Tensor, signed: Signed) -> SignedWork:
+        """An announced all-reduce: one gloo call (queued while the announcement is unverified)."""
+        announced.left.pop(0)
+        announced.launched.append(signed)
+        flat = tensor.view(-1)
+        finish = None
+        if not announced.left:  # the last: its final element carries the break mark
+            self._announced = None
+            flat[-1] = 1.0
+            finish = lambda: self._check_mark(announced, float(flat[-1]))  # noqa: E731
+        call = Call(self._all_reduce_call(flat, dist.ReduceOp.SUM))
+        header = announced.header
+        if self._gate is header and not header.verified and header.completed():
+            header.verify()  # it arrived meanwhile (no wait): what was queued starts now
+        if self._gate is header and not header.verified:
+            self._queued.append(call)
+        else:
+            call.work = self._issue(call.start)
+        return SignedWork(self.release, header, call, finish)
+
+    def _check_mark(self, announced: _Announced, mark: float) -> None:
+        """After the last announced all-reduce: 1 from every worker unless one broke."""
+        if mark == self._world:
+            return
+        at = int(mark) - self._world - 1  # where the (one) breaking worker left the announcement
+        signed = announced.launched[at] if 0 <= at < announced.total else announced.launched[-1]
+        raise self._mismatch(signed, None)
+
+    def _break(self, signed: Signed) -> None:
+        """Before an unannounced collective: zeros for every announced all-reduce still to
+        come, the last marked; raises unless every worker broke at the same point."""
+        with self._lock:
+            announced, self._announced = self._announced, None
+        if announced is None or not announced.left:
+            return
+        at = announced.total - len(announced.left)
+        zeros = [torch.zeros(numel, dtype=dtype) for numel, dtype, _ in announced.left]
+        zeros[-1][-1] = 2 + at
+        works = [self._issue(self._all_reduce_call(z, dist.ReduceOp.SUM)) for z in zeros]
+        self._wait(works[-1], "the announced all-reduces")
+        if float(zeros[-1][-1]) != self._world * (2 + at):
+            raise self._mismatch(signed, None)
+        # every worker broke here: a collective inside backward, most likely in every pass, so
+        # every worker stops announcing (each gradient all-reduce has its own first message)
+        self.announces = False
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Forgets what is queued (nothing runs on a thread of its own; ``timeout`` unused)."""
+        with self._lock:
+            self._queued.clear()
+            self._gate, self._announced = None, None

@@ -1,0 +1,157 @@
+"""The gloo transport's ordering without processes: a fake one-worker gloo group that records
+every call (`phalanx.communication.gloo_transport`). Two real workers, mismatches included, run
+in tests/faults/test_desync.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from phalanx.communication.collective_check import Signed
+from phalanx.communication.gloo_transport import GlooTransport
+from phalanx.communication.signed_gloo import first_bytes
+
+
+class FakeWork:
+    """A gloo work that finishes when the test says so (at once by default)."""
+
+    def __init__(self, done: bool) -> None:
+        self.future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        if done:
+            self.finish()
+
+    def finish(self) -> None:
+        if not self.future.done():
+            self.future.set_result([])
+
+    def is_completed(self) -> bool:
+        return self.future.done()
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        return self.future
+
+    def wait(self, timeout=None) -> bool:
+        if not self.future.done():
+            raise RuntimeError("timed out (still running)")
+        return True
+
+
+class FakeGroup:
+    """One worker: a reduction is the tensor itself. Records (kind, element count)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.works: list[FakeWork] = []
+        self.hold = False  # new works stay unfinished until released
+
+    def _work(self, kind: str, tensor: torch.Tensor) -> FakeWork:
+        self.calls.append((kind, tensor.numel()))
+        self.works.append(FakeWork(not self.hold))
+        return self.works[-1]
+
+    def allreduce(self, tensors, options) -> FakeWork:
+        return self._work("all_reduce", tensors[0])
+
+    def broadcast(self, tensors, options) -> FakeWork:
+        return self._work("broadcast", tensors[0])
+
+    def release(self) -> None:
+        self.hold = False
+        for work in self.works:
+            work.finish()
+
+
+FIRST = first_bytes(1) // 4  # float32 elements of a first message
+
+
+def _transport(group: FakeGroup) -> GlooTransport:
+    def wait(work, what):
+        group.release()
+        work.wait()
+
+    def mismatch(signed, peer):
+        raise AssertionError(f"no mismatch with one worker: {signed}")
+
+    return GlooTransport(group, 0, 1, mismatch, lambda work: work, checked=True, wait=wait)
+
+
+def test_a_large_all_reduce_is_its_first_message_then_the_rest_before_anything_later():
+    group = FakeGroup()
+    transport = _transport(group)
+    group.hold = True
+    big = torch.ones(3000)
+    work = transport.all_reduce_async(big, dist.ReduceOp.SUM, Signed(1, 11))
+    assert group.calls == [("all_reduce", FIRST)]  # the rest waits for the codes to match
+    transport.broadcast_async(torch.ones(2), 0, Signed(2, 12))  # waits (releases the fakes)
+    capacity = FIRST - 5
+    assert group.calls[:3] == [("all_reduce", FIRST), ("all_reduce", 3000 - capacity), ("all_reduce", FIRST)]
+    work.wait()
+    torch.testing.assert_close(big, torch.ones(3000))
+
+
+def test_announced_all_reduces_go_as_one_call_each_behind_one_first_message():
+    group = FakeGroup()
+    transport = _transport(group)
+    group.hold = True
+    transport.announce(Signed(1, 21), [(5000, torch.float32, 31), (9, torch.float32, 32)])
+    grads, last = torch.ones(5000), torch.ones(9)
+    works = [
+        transport.all_reduce_async(grads, dist.ReduceOp.SUM, Signed(2, 31)),
+        transport.all_reduce_async(last, dist.ReduceOp.SUM, Signed(3, 32)),
+    ]
+    assert group.calls == [("all_reduce", FIRST)]  # queued until the announcement verified
+    group.release()
+    for work in works:
+        work.wait()
+    assert group.calls == [("all_reduce", FIRST), ("all_reduce", 5000), ("all_reduce", 9)]
+    assert float(last[-1]) == 1.0  # the break mark: 1 from the one worker, which kept to it
+
+
+def test_another_collective_breaks_the_announcement_with_zeros_and_ends_announcing():
+    group = FakeGroup()
+    transport = _transport(group)
+    transport.announce(Signed(1, 21), [(5000, torch.float32, 31), (9, torch.float32, 32)])
+    transport.all_reduce_async(torch.ones(5000), dist.ReduceOp.SUM, Signed(2, 31))
+    transport.all_reduce_async(torch.ones(3), dist.ReduceOp.SUM, Signed(3, 99)).wait()  # inside backward
+    # zeros of the announced size still to come (its mark says where it broke), then the collective
+    assert group.calls[1:] == [("all_reduce", 5000), ("all_reduce", 9), ("all_reduce", FIRST)]
+    assert not transport.announces  # every worker broke here: it would be paid every pass
+    transport.announce(Signed(4, 22), [(9, torch.float32, 33)])
+    assert len(group.calls) == 4
+
+
+def test_a_collective_dropped_by_closing_its_transport_says_so():
+    group = FakeGroup()
+    transport = _transport(group)
+    group.hold = True
+    work = transport.all_reduce_async(torch.ones(3000), dist.ReduceOp.SUM, Signed(1, 11))
+    transport.close()
+    group.release()
+    with pytest.raises(RuntimeError, match="its transport was closed"):
+        work.wait()
+
+
+def test_a_work_with_callbacks_finishes_by_itself_as_gloo_completes_its_calls():
+    # the phalanx process group's works (DDP's hooks chain on them): nobody waits
+    group = FakeGroup()
+    transport = _transport(group)
+    group.hold = True
+    big = torch.ones(3000)
+    work = transport.all_reduce_async(big, dist.ReduceOp.SUM, Signed(1, 11))
+    seen: list[BaseException | None] = []
+    work.add_done_callback(seen.append)
+    assert seen == []
+    assert len(group.calls) == 1
+    group.release()  # the first message completes: its callback verifies and starts the rest
+    assert seen == [None]
+    assert [kind for kind, _ in group.calls] == ["all_reduce", "all_reduce"]
+    assert work.is_completed()
+
+
+def test_all_reduces_that_each_fit_in_a_first_message_are_not_worth_announcing():
+    transport = _transport(FakeGroup())
+    assert not transport.worth_announcing([(FIRST - 5, torch.float32), (9, torch.float32)])
+    assert transport.worth_announcing([(FIRST - 4, torch.float32), (9, torch.float32)])
+    assert not transport.worth_announcing([(2 * FIRST - 5, torch.float16)])  # 2 bytes each
+    assert transport.worth_announcing([(2 * FIRST - 4, torch.float16)])
