@@ -21,6 +21,16 @@ _FILE = "backup.pt"
 FORMAT = "phalanx.backup/1"
 
 
+def _joining(model: Any) -> bool:
+    """Whether ``model`` trains in a task that joins a running elastic job (its first fit)."""
+    membership = getattr(model.strategy, "membership", None)
+    if membership is None or membership.me.incarnation == 0:
+        return False
+    from phalanx.keras._elastic_loop import elastic_sync_of
+
+    return elastic_sync_of(model)[0].joining
+
+
 class BackupAndRestore(Callback):
     """Backs up training state and, when `fit` is run again, resumes from it (tf.keras's).
 
@@ -80,6 +90,8 @@ class BackupAndRestore(Callback):
                 self.model.strategy, TerminationConfig(), "BackupAndRestore"
             )
         model = self.model
+        if _joining(model):  # a task that joins an elastic job takes the chief's state instead
+            return
         state = _sharded_backup.read(self.backup_dir, model.module, model.optimizer, self._progress(0, -1))
         if state is None and not os.path.exists(self._path):
             return
@@ -104,6 +116,15 @@ class BackupAndRestore(Callback):
         self._batches_seen += 1
         if self._batches_seen % int(self.save_freq) == 0:
             self._save(self.model._epoch, batch)
+
+    def elastic_state(self) -> dict[str, int]:
+        """What the chief of an elastic job hands a new member: the batches since the backups
+        began, so that every member backs up after the same batches."""
+        return {"batches_seen": self._batches_seen}
+
+    def load_elastic_state(self, state: dict[str, int]) -> None:
+        """Takes the chief's `elastic_state`."""
+        self._batches_seen = int(state["batches_seen"])
 
     def _backup_if_preempted(self, batch: int) -> None:
         """Backs up after this batch and exits when any worker was told to terminate (all workers)."""

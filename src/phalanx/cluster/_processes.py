@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO
@@ -26,6 +26,7 @@ from phalanx.cluster import _lifeline
 from phalanx.cluster._output import PrefixedOutput
 from phalanx.cluster._supervisor import Decision, Outcome, TaskState, decide
 from phalanx.cluster._tasks import TORCHRUN_VARS, PlannedTask
+from phalanx.cluster.elastic import ElasticLaunch, elastic_states
 
 __all__ = ["FORWARDED_SIGNALS", "GRACE_SECONDS", "POLL_SECONDS", "lifeline_command", "run_tasks"]
 
@@ -88,6 +89,7 @@ def run_tasks(
     timeout: float | None,
     out: IO[str] | None,
     stop_auxiliary: bool,
+    elastic: ElasticLaunch | None = None,
 ) -> int:
     """Starts one process per task, streams their output, and waits for the policy's verdict.
 
@@ -101,24 +103,40 @@ def run_tasks(
         0 on success; the failed task's exit code (negative: killed by that signal); 124 on
         timeout; 128 + N when the launcher received signal N (SIGINT, SIGTERM, SIGHUP).
 
+    With ``elastic`` (an elastic launch), a trainer that exits with an error is marked lost
+    and restarted while restarts remain (`phalanx.cluster.elastic`).
+
     Raises:
         ValueError: A process could not be started (e.g. ``python`` does not exist).
     """
     output = PrefixedOutput(out)
     base = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
     running: list[_Running] = []
+    retired: list[_Running] = []
+
+    def start(task: PlannedTask) -> _Running:
+        extra = elastic.incarnation_env(task.name) if elastic is not None else {}
+        return _start(argv, task, {**base, **(env or {}), **task.env, **extra}, output)
+
+    def restart(name: str) -> None:
+        index = next(i for i, r in enumerate(running) if r.task.name == name)
+        retired.append(running[index])
+        running[index] = start(running[index].task)
+
     with _Signals().installed() as signals:
         try:
             for task in tasks:
-                running.append(_start(argv, task, {**base, **(env or {}), **task.env}, output))
-            decision = _supervise(running, timeout, stop_auxiliary, signals)
+                running.append(start(task))
+            decision = _supervise(running, timeout, stop_auxiliary, signals, elastic, restart)
             _report(decision, running, output)
             return decision.exit_code
         finally:
             _stop(running, signals)
-            for r in running:
+            for r in [*running, *retired]:
                 for reader in r.readers:
                     reader.join(timeout=2.0)
+            if elastic is not None:
+                elastic.close()
 
 
 def _report(decision: Decision, running: Sequence[_Running], output: PrefixedOutput) -> None:
@@ -155,13 +173,25 @@ def _start(argv: Sequence[str], task: PlannedTask, env: dict[str, str], output: 
 
 
 def _supervise(
-    running: Sequence[_Running], timeout: float | None, stop_auxiliary: bool, signals: _Signals
+    running: Sequence[_Running],
+    timeout: float | None,
+    stop_auxiliary: bool,
+    signals: _Signals,
+    elastic: ElasticLaunch | None = None,
+    restart: Callable[[str], None] = lambda name: None,
 ) -> Decision:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         timed_out = deadline is not None and time.monotonic() >= deadline
+        states = [r.state() for r in running]
+        if elastic is not None and signals.first is None:
+            elastic.handle_exits(elastic_states(running), restart)
+            states = elastic.kept([r.state() for r in running])
+            verdict = elastic.decide(states)
+            if verdict is not None:
+                return verdict
         decision = decide(
-            [r.state() for r in running],
+            states,
             timed_out=timed_out,
             timeout=timeout,
             stop_auxiliary=stop_auxiliary,

@@ -40,6 +40,7 @@ from phalanx.cluster._target import Target, build_command
 from phalanx.cluster._tasks import NodeTasks, cluster_from, local_cluster, plan_tasks, select_node_tasks
 from phalanx.cluster._token import TOKEN_ENV, check_token, missing_token_error, new_token
 from phalanx.cluster.cluster_spec import ClusterSpec
+from phalanx.cluster.elastic import ElasticLaunch
 
 __all__ = [
     "add_launch_arguments",
@@ -66,6 +67,8 @@ def launch(
     timeout: float | None = None,
     python: str = sys.executable,
     out: IO[str] | None = None,
+    min_workers: int | None = None,
+    max_restarts: int = 0,
 ) -> int:
     """Runs ``target`` once per task of a cluster on 127.0.0.1 and waits for it.
 
@@ -84,11 +87,17 @@ def launch(
         timeout: Seconds before every task is stopped (None: no limit).
         python: The interpreter for the tasks.
         out: One stream for all output (default: tasks' stdout/stderr to ours).
+        min_workers: An elastic job (MultiWorkerMirroredStrategy): the workers that are left
+            train on after losing one, down to this many (`phalanx.cluster.elastic`;
+            docs/multi_worker.md, Elastic training). None: a lost worker ends the job.
+        max_restarts: With ``min_workers``: how many times lost workers are started again
+            (in all); a restarted worker joins the running job.
 
     Returns:
-        0 when every chief/worker task exited 0; else the failed task's exit code (negative
-        when a signal killed it), 124 on timeout, or 128 + N when this process received
-        signal N (SIGINT, SIGTERM, SIGHUP; passed on to the tasks, which are then stopped).
+        0 when every chief/worker task exited 0 (elastic: every one still in the job); else
+        the failed task's exit code (negative when a signal killed it), 124 on timeout, or
+        128 + N when this process received signal N (SIGINT, SIGTERM, SIGHUP; passed on to
+        the tasks, which are then stopped).
 
     Raises:
         ValueError: Contradicting counts, a bad timeout, a target that cannot be run, or a
@@ -96,6 +105,7 @@ def launch(
             is given to the tasks).
     """
     count = _worker_count(workers, nproc_per_node, chief)
+    _check_elastic(min_workers, max_restarts, count + int(chief), ps)
     _check_timeout(timeout)
     argv = build_command(target, args, python)
     spec = local_cluster(count, ps, chief)
@@ -103,7 +113,41 @@ def launch(
     # secret: the user's, or a fresh one
     token = _given_token(env)
     env = {**(env or {}), TOKEN_ENV: check_token(token) if token is not None else new_token()}
-    return run_tasks(argv, plan_tasks(spec, _all_tasks(spec)), env, timeout, out, stop_auxiliary=True)
+    elastic = _elastic_launch(min_workers, max_restarts, env, out)
+    if elastic is not None:
+        env = {**elastic.environment(env), **env}
+    tasks = plan_tasks(spec, _all_tasks(spec))
+    return run_tasks(argv, tasks, env, timeout, out, stop_auxiliary=True, elastic=elastic)
+
+
+def _check_elastic(min_workers: int | None, max_restarts: int, trainers: int, ps: int) -> None:
+    if min_workers is None:
+        if max_restarts:
+            raise ValueError(
+                f"--max-restarts restarts lost workers of an elastic job, but no --min-workers was given. "
+                f"Received: max_restarts={max_restarts}. HINT: add --min-workers M (M <= --workers)."
+            )
+        return
+    if not 1 <= min_workers <= trainers or max_restarts < 0 or ps:
+        raise ValueError(
+            "An elastic job needs 1 <= --min-workers <= the workers, --max-restarts >= 0, and no ps tasks "
+            f"(MultiWorkerMirroredStrategy only). Received: min_workers={min_workers}, workers={trainers}, "
+            f"max_restarts={max_restarts}, ps={ps}. HINT: e.g. --workers 3 --min-workers 2."
+        )
+
+
+def _elastic_launch(
+    min_workers: int | None, max_restarts: int, env: Mapping[str, str], out: IO[str] | None
+) -> ElasticLaunch | None:
+    """The elastic side of a local launch (it serves the store), or None."""
+    if min_workers is None:
+        return None
+    stream = out if out is not None else sys.stderr
+
+    def note(text: str) -> None:
+        print(f"[launcher] {text}", file=stream, flush=True)
+
+    return ElasticLaunch(min_workers, max_restarts, env[TOKEN_ENV], note)
 
 
 def launch_node(
@@ -240,6 +284,13 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "--task", action="append", default=None, metavar="JOB:INDEX", help="a task to run here (repeatable)"
     )
     parser.add_argument("--timeout", type=float, default=None, help="stop every task after this many seconds")
+    elastic = parser.add_argument_group("elastic MultiWorkerMirrored (local mode): survive lost workers")
+    elastic.add_argument(
+        "--min-workers", type=int, default=None, help="train on after losing workers, down to this many"
+    )
+    elastic.add_argument(
+        "--max-restarts", type=int, default=0, help="start lost workers again, this many times in all"
+    )
     parser.add_argument("script", help="the training script, or module:function")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -278,6 +329,14 @@ def _run(ns: argparse.Namespace) -> int:
             nproc_per_node=nproc,
             args=args,
             timeout=timeout,
+            min_workers=get("min_workers"),
+            max_restarts=get("max_restarts") or 0,
+        )
+    if get("min_workers") is not None:
+        raise ValueError(
+            "--min-workers runs an elastic job in local mode only (the launcher serves its store). "
+            "HINT: drop --tf-config, or run your own store and set PHALANX_MIN_WORKERS and "
+            "PHALANX_ELASTIC_STORE on every task (docs/multi_worker.md)."
         )
     _check_per_node_flags(get("workers"), get("ps"), bool(get("chief")), node, tasks)
     node_tasks: NodeTasks = [_parse_task(t) for t in tasks] if tasks else node

@@ -391,6 +391,15 @@ class GradientBuckets:
                 work, bucket.work = bucket.work, None
                 self._wait(work, "the gradient all-reduce")
 
+    def release(self) -> None:
+        """Removes the hooks without waiting for anything (their group failed and is dropped:
+        an elastic job re-forming makes new buckets on its new group)."""
+        with self._lock:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            self._rounds.abort()
+
     def close(self) -> None:
         """Removes the hooks and waits for running all-reduces (all workers)."""
         with self._lock:

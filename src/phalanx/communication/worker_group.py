@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -75,6 +76,7 @@ from phalanx.communication.transport_choice import check_settings
 __all__ = [
     "DEFAULT_HEARTBEAT_TIMEOUT",
     "DEFAULT_JOIN_TIMEOUT",
+    "ElasticGroup",
     "HEARTBEAT_INTERVAL",
     "JOIN_TIMEOUT_ENV",
     "POLL_SECONDS",
@@ -93,6 +95,16 @@ _RESTART_HINT = "HINT: check that task's log; restart the job (BackupAndRestore 
 def _op_name(op: Any) -> str:
     """``"SUM"`` for ``ReduceOp.SUM`` (whose str is ``"RedOpType.SUM"``)."""
     return str(op).rpartition(".")[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticGroup:
+    """What a group of an elastic job (`phalanx.communication.membership`) adds: its store keys'
+    prefix (one per membership epoch, on a store that outlives the workers) and the membership's
+    verdict on lost members (a failure of the group, like a stopped heartbeat)."""
+
+    prefix: str
+    lost: Callable[[], str | None]
 
 
 class WorkerGroup:
@@ -117,6 +129,7 @@ class WorkerGroup:
         stall: The stall inspector's settings (default: `StallSettings.from_env`): every
             collective is signed, and workers that wait in collectives that cannot meet raise
             `CollectiveMismatchError` (`phalanx.communication.stall_inspector`).
+        elastic: An elastic job's group (`ElasticGroup`); None: the job's only group.
 
     Raises:
         PeerUnavailableError: A task did not join within ``join_timeout`` (it is named).
@@ -137,6 +150,7 @@ class WorkerGroup:
         heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
         own_host: str | None = None,
         stall: StallSettings | None = None,
+        elastic: ElasticGroup | None = None,
     ) -> None:
         if backend == "gloo":
             check_settings()  # before anything is opened
@@ -146,9 +160,12 @@ class WorkerGroup:
         self._collective_timeout = collective_timeout
         self._failure: str | None = None
         self._closed = False
+        self._elastic = elastic
         # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; restarts reuse it.
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         prefix = f"phalanx/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') if agent_store else '0'}/"
+        if elastic is not None:  # a store that outlives every worker, fresh keys per membership epoch
+            agent_store, prefix = True, elastic.prefix
         rendezvous = Rendezvous(self._host, port, rank, world_size, task_name, prefix, agent_store)
         deadline = time.monotonic() + join_timeout
         self._store = rendezvous.open(deadline, join_timeout)
@@ -264,6 +281,7 @@ class WorkerGroup:
             or (str(report) if report else None)
             or self._health.dead_peer()
             or self._watch.verdict
+            or (self._elastic.lost() if self._elastic is not None else None)
         )
 
     def _raise(self, what: str, cause: BaseException | None = None) -> None:
@@ -561,6 +579,32 @@ class WorkerGroup:
             raise CollectiveMismatchError(mismatch)
         if self.failure is None:  # a collective stuck on a hung peer would block the teardown
             self._tear_down()
+
+    def abandon(self) -> None:
+        """Drops this group without waiting for any peer (an elastic job re-forming after a
+        loss, or to admit a joiner): closes its transports, stops its heartbeat and destroys
+        the torch process group it made, so that the next membership epoch can make its own.
+        Collectives of this group raise afterwards."""
+        if self._closed:
+            return
+        self._failure = self._failure or self.failure or "the elastic membership moved on"
+        self._closed = True
+        atexit.unregister(self._at_exit)
+        self._watch.begin_closing()
+        if self._shm is not None:
+            self._shm.close()
+        if self._ring is not None:
+            self._ring.close()
+        if self._ownership != "borrowed":  # close its connections: whatever waits on them fails now
+            with contextlib.suppress(Exception):
+                self._group.abort()
+        self._gloo.close(timeout=0.5)
+        self._health.stop()
+        with contextlib.suppress(Exception):  # a peer's exit broke the group already
+            if self._ownership == "world":
+                dist.destroy_process_group()
+            elif self._ownership == "subgroup":
+                dist.destroy_process_group(self._pg)
 
     def _leave(self) -> None:
         """Announces that this worker leaves and waits for the others (`leave_together`)."""

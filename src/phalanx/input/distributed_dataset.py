@@ -155,9 +155,7 @@ class _Splitter:
 
     def __init__(self, strategy: DistributionStrategy, batches: Iterator[Any]) -> None:
         self._batches = batches
-        self._num_replicas = strategy.num_replicas_in_sync
-        self._first = strategy.first_replica_id
-        self._local = strategy.num_local_replicas
+        self._strategy = strategy  # read at each batch: an elastic job re-splits after a membership change
 
     def __call__(self) -> tuple[list[Any], int | None, list[int] | None] | None:
         try:
@@ -165,11 +163,12 @@ class _Splitter:
         except StopIteration:
             return None
         size = batch_size_of(batch)
-        if self._num_replicas == 1:  # one replica in the job takes the whole batch, unsliced
+        replicas, first = self._strategy.num_replicas_in_sync, self._strategy.first_replica_id
+        if replicas == 1:  # one replica in the job takes the whole batch, unsliced
             return [batch], size, [0]
-        sizes = split_sizes(size, self._num_replicas)
-        starts = [sum(sizes[:g]) for g in range(self._num_replicas)]
-        mine = range(self._first, self._first + self._local)
+        sizes = split_sizes(size, replicas)
+        starts = [sum(sizes[:g]) for g in range(replicas)]
+        mine = range(first, first + self._strategy.num_local_replicas)
         pieces = [slice_batch(batch, starts[g], sizes[g]) for g in mine]
         return pieces, size, [starts[g] for g in mine]
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from phalanx.input.input_options import AutoShardPolicy
+from phalanx.keras._elastic_loop import elastic_train_epoch
+from phalanx.keras._epoch import Epoch
 
 if TYPE_CHECKING:
     from phalanx.keras.data_adapter import DataHandler
@@ -34,27 +34,8 @@ class LoopModel(Protocol):
     def _reset_metrics(self) -> None: ...
 
 
-class _Options:
-    def __init__(self, policy: AutoShardPolicy) -> None:
-        self.experimental_distribute = type("_Distribute", (), {"auto_shard_policy": policy})()
-
-
-class _Epoch:
-    """One epoch of batches as a dataset the strategy can distribute (DATA-sharded)."""
-
-    def __init__(self, batches: Iterator[Any]) -> None:
-        self._batches = batches
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._batches
-
-    def options(self) -> _Options:
-        # Every worker reads the same global batches and keeps its replicas' slices.
-        return _Options(AutoShardPolicy.DATA)
-
-
 def _distributed(model: LoopModel, handler: DataHandler, epoch: int, skip: int) -> Any:
-    return model.strategy.experimental_distribute_dataset(_Epoch(handler.epoch(epoch, skip)))
+    return model.strategy.experimental_distribute_dataset(Epoch(handler.epoch(epoch, skip)))
 
 
 def train_epoch(
@@ -64,6 +45,8 @@ def train_epoch(
     strategy = model.strategy
     if strategy._schedules_steps:
         return _scheduled_train_epoch(model, handler, epoch, skip, callbacks)
+    if getattr(strategy, "membership", None) is not None:  # an elastic MultiWorkerMirrored job
+        return elastic_train_epoch(model, handler, epoch, skip, callbacks)
     logs: dict[str, float] = {}
     for step, batch in enumerate(_distributed(model, handler, epoch, skip), start=skip):
         callbacks.on_train_batch_begin(step)

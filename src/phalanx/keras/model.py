@@ -9,6 +9,7 @@ from torch import nn
 
 from phalanx import mixed_precision
 from phalanx.keras import _model_files, optimizers
+from phalanx.keras._elastic_loop import MoveTo
 from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch
 from phalanx.keras.compile_utils import LossContainer, identifier_config, resolve_metrics
 from phalanx.keras.data_adapter import DataHandler, float_dtype_of, split_validation
@@ -210,17 +211,24 @@ class Model(nn.Module):
         cbs.on_train_begin()
         start_epoch, skip = self._resume or (initial_epoch, 0)
         logs: dict[str, float] = {}
-        for epoch in range(start_epoch, epochs):
+        epoch = start_epoch
+        while epoch < epochs:
             self._epoch = epoch
             self._reset_metrics()
             cbs.on_epoch_begin(epoch)
-            logs = train_epoch(self, handler, epoch, skip if epoch == start_epoch else 0, cbs)
+            try:
+                logs = train_epoch(self, handler, epoch, skip, cbs)
+            except MoveTo as move:  # an elastic job's chief is in another epoch: continue there
+                epoch, skip = move.epoch, move.step
+                continue
+            skip = 0
             if val_handler is not None and (epoch + 1) % validation_freq == 0:
                 val_logs = evaluate_loop(self, val_handler, _callbacks_module().CallbackList([]))
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
             cbs.on_epoch_end(epoch, logs)
             if self.stop_training:
                 break
+            epoch += 1
         cbs.on_train_end(logs)
         return self.history
 

@@ -14,12 +14,15 @@ from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.cluster.validation import validate_for_strategy
 from phalanx.communication.bucketing import GradientBuckets
 from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
+from phalanx.communication.health import PeerUnavailableError
+from phalanx.communication.membership import ElasticSettings, Membership
 from phalanx.communication.stall_inspector import StallSettings
 from phalanx.communication.worker_group import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_JOIN_TIMEOUT,
     HEARTBEAT_TIMEOUT_ENV,
     JOIN_TIMEOUT_ENV,
+    ElasticGroup,
     WorkerGroup,
     seconds_from_env,
 )
@@ -31,6 +34,8 @@ from phalanx.values import ReduceOp
 from phalanx.variables import DistributedVariable
 
 __all__ = ["MultiWorkerMirroredStrategy"]
+
+REFORM_JOIN_TIMEOUT = 30.0  # seconds the members of a re-formed group wait for each other
 
 
 def _local_devices(resolver: ClusterResolver) -> list[str]:
@@ -168,6 +173,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._group: WorkerGroup | None = None
         self._buckets: GradientBuckets | None = None
         self._bucket_sync: BucketSync | None = None
+        self._membership: Membership | None = None
         if self._num_workers > 1:
             self._group = self._join(join_timeout, heartbeat_timeout)
             if self._num_local_replicas == 1:
@@ -181,6 +187,113 @@ class MultiWorkerMirroredStrategy(Strategy):
         return self._bucket_sync if self._bucket_sync is not None else self._gradient_sync
 
     def _join(self, join_timeout: float | None, heartbeat_timeout: float | None) -> WorkerGroup:
+        join, beat = self._timeouts(join_timeout, heartbeat_timeout)
+        self._group_settings = (join, beat)
+        settings = ElasticSettings.from_env()
+        if settings is None:  # the job's one group, its store served by the chief
+            host, _, port = self._resolver.chief_address().rpartition(":")
+            names = _task_name(self._resolver)
+            return self._new_group(host, int(port), self._worker_index, self._num_workers, names, join)
+        # an elastic job: the membership decides who trains, and the ranks
+        self._membership = Membership(
+            settings, self._worker_index, self._num_workers, _task_name(self._resolver), join
+        )
+        self._membership.start()
+        return self._make_group()
+
+    def _new_group(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world: int,
+        names: Callable[[int], str],
+        join: float,
+        elastic: ElasticGroup | None = None,
+    ) -> WorkerGroup:
+        return WorkerGroup(
+            host,
+            port,
+            rank,
+            world,
+            self._backend,
+            names,
+            join_timeout=join,
+            collective_timeout=self._timeout,
+            heartbeat_timeout=self._group_settings[1],
+            own_host=self._own_host(),  # gloo binds this task's address from the cluster spec
+            stall=StallSettings.from_env(self._options.stall_timeout_seconds),
+            elastic=elastic,
+        )
+
+    def _own_host(self) -> str:
+        job, index = self._resolver.task_type, self._resolver.task_id
+        own = self._resolver.chief_address().rpartition(":")[0]  # a lone task: the chief
+        if job is not None and index is not None:
+            own = self._resolver.cluster_spec().task_address(job, index).rpartition(":")[0]
+        return own
+
+    def _make_group(self) -> WorkerGroup:
+        """The group of the membership's current epoch (an elastic job; all its members)."""
+        membership = self._membership
+        assert membership is not None
+        self._num_workers, self._worker_index = len(membership.members), membership.rank
+        join = self._group_settings[0]
+        if membership.epoch > 0:  # every member is alive and waiting: a lost one must not cost 120 s
+            join = min(join, REFORM_JOIN_TIMEOUT)
+        host, port = membership.settings.store
+        elastic = ElasticGroup(f"phalanx/elastic/g{membership.epoch}/", membership.failure)
+        return self._new_group(
+            host, port, membership.rank, len(membership.members), membership.task_name, join, elastic
+        )
+
+    @property
+    def membership(self) -> Membership | None:
+        """The elastic membership (``PHALANX_MIN_WORKERS`` set, several workers), else None."""
+        return self._membership
+
+    def reform(self) -> None:
+        """Drops the current group and makes the next membership epoch's: after a lost worker,
+        or to admit a joiner (every live member; an elastic job only). The caller then hands
+        the new members the chief's state (`phalanx.checkpoint.failure_handling.elastic`).
+
+        Raises:
+            BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
+            PeerUnavailableError: This worker was left out, or the new group failed 5 times.
+        """
+        membership = self._membership
+        if membership is None:
+            raise RuntimeError(
+                f"{self!r} is not elastic. HINT: set PHALANX_MIN_WORKERS (phalanx launch --min-workers)."
+            )
+        if self._buckets is not None:
+            self._buckets.release()
+        if self._group is not None:
+            self._group.abandon()
+        params = [p for p in (ref() for ref in self._plain.values()) if isinstance(p, torch.nn.Parameter)]
+        for param in params:  # a step cut short left partial sums in .grad: drop them
+            param.grad = None
+        for attempt in range(5):
+            membership.reform()
+            try:
+                self._group = self._make_group()
+                break
+            except PeerUnavailableError:  # a member was lost while the group formed: once more
+                if attempt == 4:
+                    raise
+        if self._num_local_replicas == 1:
+            assert self._group is not None
+            self._buckets = self._make_buckets(self._group)
+            for param in params:  # in creation order, as on every member
+                self._buckets.add(param)
+            self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
+
+    def handed_over(self) -> None:
+        """Records that every member took the chief's state (an elastic job, after a re-form):
+        the initial values of the variables created so far need no broadcast of their own."""
+        self._unbroadcast = []
+
+    def _timeouts(self, join_timeout: float | None, heartbeat_timeout: float | None) -> tuple[float, float]:
         join = join_timeout
         if join is None:
             join = seconds_from_env(JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT)
@@ -190,23 +303,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         for name, value in (("join_timeout", join), ("heartbeat_timeout", beat)):
             if not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds. Received: {value!r}.")
-        host, _, port = self._resolver.chief_address().rpartition(":")
-        job, index, own = self._resolver.task_type, self._resolver.task_id, host  # a lone task: the chief
-        if job is not None and index is not None:
-            own = self._resolver.cluster_spec().task_address(job, index).rpartition(":")[0]
-        return WorkerGroup(
-            host,
-            int(port),
-            self._worker_index,
-            self._num_workers,
-            self._backend,
-            _task_name(self._resolver),
-            join_timeout=join,
-            collective_timeout=self._timeout,
-            heartbeat_timeout=beat,
-            own_host=own,  # gloo binds this task's address from the cluster spec
-            stall=StallSettings.from_env(self._options.stall_timeout_seconds),
-        )
+        return join, beat
 
     def _make_buckets(self, group: WorkerGroup) -> GradientBuckets:
         me = weakref.ref(self)
@@ -248,7 +345,10 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     @property
     def is_chief(self) -> bool:
-        """Whether this worker is the chief (``chief:0``, else ``worker:0``)."""
+        """Whether this worker is the chief (``chief:0``, else ``worker:0``; in an elastic job,
+        rank 0 of the current membership: the lowest live task)."""
+        if self._membership is not None:
+            return self._worker_index == 0
         return self._resolver.is_chief
 
     @property
@@ -467,4 +567,6 @@ class MultiWorkerMirroredStrategy(Strategy):
         finally:
             if self._group is not None:
                 self._group.close()
+            if self._membership is not None:
+                self._membership.stop(finished=True)
             self._threads.close()

@@ -330,3 +330,20 @@ def test_each_pass_announces_its_all_reduces_once_before_the_first_and_the_last_
     assert announced == [(specs, 0), (specs, 2)]  # before each pass's first launch
     assert recorder.launched == [64, 9, 64, 9]
     torch.testing.assert_close(small.grad, torch.full((4,), 2.0 * WORKERS))  # two passes' sums
+
+
+def test_released_buckets_launch_nothing_and_leave_plain_gradients():
+    """An elastic job drops the buckets of a failed group: their hooks go, nothing waits."""
+    net = Net()
+    plain = copy.deepcopy(net)
+    recorder = Recorder()
+    buckets = _buckets(net.parameters(), recorder, workers=WORKERS)
+    buckets.release()
+    x = torch.randn(3, 8)
+    net(x).sum().backward()
+    plain(x).sum().backward()
+    assert recorder.launched == []  # no all-reduce: the hooks are gone
+    for mine, theirs in zip(net.parameters(), plain.parameters(), strict=True):
+        assert (mine.grad is None) == (theirs.grad is None)
+        if mine.grad is not None:
+            assert torch.equal(mine.grad, theirs.grad)  # autograd's own (not x WORKERS)

@@ -127,3 +127,12 @@ def test_a_bad_timeout_variable_is_named(monkeypatch):
     monkeypatch.setenv("PHALANX_HEARTBEAT_TIMEOUT_SECONDS", "ten")
     with pytest.raises(ValueError, match="PHALANX_HEARTBEAT_TIMEOUT_SECONDS must be a positive number"):
         MultiWorkerMirroredStrategy(_two_workers())
+
+
+def test_a_job_that_is_not_elastic_has_no_membership_and_cannot_re_form(monkeypatch):
+    monkeypatch.delenv("PHALANX_MIN_WORKERS", raising=False)
+    strategy = MultiWorkerMirroredStrategy()
+    assert strategy.membership is None
+    with pytest.raises(RuntimeError, match="is not elastic. HINT: set PHALANX_MIN_WORKERS"):
+        strategy.reform()
+    strategy.close()

@@ -171,7 +171,9 @@ def board_for(strategy: Any) -> Board:
     if strategy.num_workers_in_sync <= 1:
         board = LocalBoard()
     else:
-        board = ClusterBoard(_rendezvous(strategy, generation), _name_of(strategy)(strategy.worker_rank))
+        membership = getattr(strategy, "membership", None)
+        rank = strategy.worker_rank if membership is None else membership.me.task
+        board = ClusterBoard(_rendezvous(strategy, generation), _name_of(strategy)(rank))
     _boards[strategy] = board
     return board
 
@@ -182,6 +184,18 @@ def _name_of(strategy: Any) -> Callable[[int], str]:
 
 
 def _rendezvous(strategy: Any, generation: int) -> Rendezvous:
+    membership = getattr(strategy, "membership", None)
+    if membership is not None:  # an elastic job: the store that outlives every worker, by task
+        host, port = membership.settings.store
+        return Rendezvous(
+            host,
+            port,
+            membership.me.task,
+            membership.num_tasks,
+            _name_of(strategy),
+            f"phalanx-preemption/elastic/{generation}/",
+            True,
+        )
     resolver = strategy.cluster_resolver
     host, _, port = resolver.chief_address().rpartition(":")
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"

@@ -193,6 +193,9 @@ class PreemptionCoordinator:
         if isinstance(exc, KeyboardInterrupt) and not self._interrupted:
             return  # a real Ctrl-C
         if isinstance(exc, (KeyboardInterrupt, *_PEER_FAILURES)):
+            membership = getattr(self.strategy, "membership", None)
+            if membership is not None and membership.failure() is not None:
+                return  # an elastic job lost a worker: no error of its to wait for
             failed = self._peer_failed(exc)
             if failed is not None:
                 raise failed from exc

@@ -14,8 +14,10 @@ from typing import Any
 import torch
 
 from phalanx.checkpoint._files import atomic_write_text, chief_path
+from phalanx.checkpoint._objects import load_into, state_of
 from phalanx.checkpoint.checkpoint import Checkpoint
 from phalanx.checkpoint.failure_handling.coordination import PreemptionCoordinator, check_supported
+from phalanx.checkpoint.failure_handling.elastic import ElasticSync, is_recoverable
 from phalanx.checkpoint.failure_handling.policy import Decision
 from phalanx.checkpoint.failure_handling.termination import TerminationConfig
 from phalanx.checkpoint.manager import CheckpointManager, latest_checkpoint
@@ -115,7 +117,12 @@ class PreemptionCheckpointHandler:
         self._manager = _manager_of(checkpoint_or_checkpoint_manager, checkpoint_dir)
         self._save_fn = config.save_fn
         self._run_calls = 0
-        self._restore()  # before SIGTERM is taken over: a restore that fails leaves it alone
+        self._elastic: ElasticSync | None = None
+        if getattr(strategy, "membership", None) is not None:  # an elastic job
+            self._elastic = ElasticSync(strategy, self._elastic_state, self._load_elastic_state)
+        if self._elastic is None or not self._elastic.joining:  # a joiner takes the chief's state
+            self._restore()  # before SIGTERM is taken over: a restore that fails leaves it alone
+        self._run_count_done = strategy.run_count  # after the last step done (elastic jobs)
         self._coordinator = PreemptionCoordinator(strategy, config, "PreemptionCheckpointHandler")
 
     # ------------------------------------------------------------------ state
@@ -165,6 +172,21 @@ class PreemptionCheckpointHandler:
             )
         return state
 
+    def _elastic_state(self) -> dict[str, Any]:
+        """What the chief of an elastic job hands a new member (every checkpointed object)."""
+        objects = self._manager.checkpoint._objects
+        return {
+            "objects": {name: state_of(obj) for name, obj in objects.items()},
+            "run_calls": self._run_calls,
+            "run_count": self._run_count_done,
+        }
+
+    def _load_elastic_state(self, state: dict[str, Any]) -> None:
+        for name, obj in self._manager.checkpoint._objects.items():
+            load_into(obj, state["objects"][name], name)
+        self._run_calls = int(state["run_calls"])
+        self._strategy.run_count = self._run_count_done = int(state["run_count"])
+
     # ------------------------------------------------------------------ saving (all workers)
     def _save(self) -> None:
         start = time.monotonic()
@@ -204,14 +226,36 @@ class PreemptionCheckpointHandler:
 
         Returns what ``distributed_train_function(*args, **kwargs)`` returns.
 
+        In an elastic job (``phalanx launch --min-workers``) a lost worker does not end the
+        step: the survivors re-form, take the chief's state and run the function again with the
+        same arguments, unless the chief had completed this step (then None is returned, and
+        `total_run_calls` counts it). Tasks waiting to join are admitted before the step.
+
         Raises:
             PeerFailedError: Another worker's training function raised (named, with its error).
             Exception: What the function raised here (the other workers are told).
         """
+        while True:
+            done = self._run_calls
+            try:
+                return self._run_once(distributed_train_function, *args, **kwargs)
+            except Exception as exc:
+                if self._elastic is None or not is_recoverable(self._strategy, exc):
+                    raise
+                self._elastic.recover(exc)
+                if self._run_calls > done:  # the chief's state has this step done
+                    return None
+
+    def _run_once(self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._elastic is not None:
+            self._elastic.boundary()
         self._handle_preemption()
         start = time.monotonic()
         with self._coordinator.share_errors():
             result = distributed_train_function(*args, **kwargs)
+        if self._elastic is not None:
+            self._elastic.step_done()
+            self._run_count_done = self._strategy.run_count
         self._coordinator.step_took(time.monotonic() - start)
         self._run_calls += 1
         return result

@@ -1,0 +1,407 @@
+"""Elastic membership of a MultiWorkerMirrored job: which tasks train together, epoch by epoch.
+
+Opt-in (``PHALANX_MIN_WORKERS``; ``phalanx launch --min-workers`` sets it). The job's
+rendezvous store must outlive every worker (``PHALANX_ELASTIC_STORE=host:port``, which
+``phalanx launch`` serves itself), because the chief may be the one that is lost.
+
+A **membership epoch** is one process group: its members, in rank order (the lowest live task
+is rank 0), are written once, under ``phalanx/elastic/e/<epoch>/members``, and its
+`WorkerGroup` uses the key prefix ``phalanx/elastic/g<epoch>/`` (fresh gloo, stall-inspector
+and heartbeat keys). Each member is a ``task:incarnation`` pair: a restarted task is a new
+incarnation, which joins as a new member.
+
+* **Beacons.** Every worker adds to ``alive/<task>`` every `BEACON_SECONDS` on a thread of
+  its own (``incarnation:count``); the launcher writes ``dead`` there when the process exits.
+  A member whose beacon says ``dead``, names another incarnation, or has not moved for
+  ``PHALANX_ELASTIC_DEAD_SECONDS`` (3 s) is lost; the watcher thread reports it to the group
+  (`Membership.failure`), so a collective that waits for it fails within half a second.
+* **Re-forming** (`Membership.reform`, every survivor): each checks in under the next epoch;
+  the first to check in decides: it waits until every old member checked in or is lost,
+  adds the tasks waiting to join, writes the members and moves ``epoch`` on (a decider lost
+  before it wrote them is replaced by the next survivor that notices).
+* **Joining** (`Membership.join`, a restarted task): it writes ``join/<task>``; the members
+  see it at the next step boundary (`Membership.join_pending`) and re-form with it.
+
+Below ``min_workers`` members, `BelowMinimumWorkersError` ends the job, naming who is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from phalanx.communication.health import PeerUnavailableError
+from phalanx.communication.rendezvous import _authenticated
+
+__all__ = [
+    "BEACON_SECONDS",
+    "DEAD_AFTER_ENV",
+    "ELASTIC_STORE_ENV",
+    "INCARNATION_ENV",
+    "MIN_WORKERS_ENV",
+    "BelowMinimumWorkersError",
+    "ElasticSettings",
+    "Member",
+    "Membership",
+]
+
+log = logging.getLogger("phalanx")
+
+MIN_WORKERS_ENV = "PHALANX_MIN_WORKERS"
+ELASTIC_STORE_ENV = "PHALANX_ELASTIC_STORE"
+INCARNATION_ENV = "PHALANX_ELASTIC_INCARNATION"
+DEAD_AFTER_ENV = "PHALANX_ELASTIC_DEAD_SECONDS"
+PREFIX = "phalanx/elastic/"
+BEACON_SECONDS = 0.2
+DEFAULT_DEAD_AFTER = 3.0
+DEAD = "dead"
+
+
+class BelowMinimumWorkersError(PeerUnavailableError):
+    """Fewer workers are left than an elastic job's ``min_workers``: the job stops."""
+
+
+@dataclass(frozen=True)
+class ElasticSettings:
+    """What an elastic job needs, from the environment (`from_env`).
+
+    Attributes:
+        store: ``(host, port)`` of a TCPStore that outlives every worker.
+        min_workers: The job stops below this many workers.
+        incarnation: How many times the launcher restarted this task (0: first start).
+        dead_after: Seconds without a beacon after which a member counts as lost.
+    """
+
+    store: tuple[str, int]
+    min_workers: int
+    incarnation: int = 0
+    dead_after: float = DEFAULT_DEAD_AFTER
+
+    @classmethod
+    def from_env(cls) -> ElasticSettings | None:
+        """The settings of an elastic job, or None when ``PHALANX_MIN_WORKERS`` is unset.
+
+        Raises:
+            ValueError: A malformed value, or no store that outlives the workers.
+        """
+        minimum = os.environ.get(MIN_WORKERS_ENV, "").strip()
+        if not minimum:
+            return None
+        address = os.environ.get(ELASTIC_STORE_ENV, "").strip()
+        if not address and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+            address = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+        host, _, port = address.rpartition(":")
+        if not minimum.isdigit() or int(minimum) < 1 or not host or not port.isdigit():
+            raise ValueError(
+                f"An elastic job ({MIN_WORKERS_ENV}) needs a positive minimum and a rendezvous store that "
+                f"outlives every worker ({ELASTIC_STORE_ENV}=host:port). Received: {MIN_WORKERS_ENV}="
+                f"{minimum!r}, {ELASTIC_STORE_ENV}={address!r}. HINT: `phalanx launch --min-workers M` "
+                "sets both (docs/multi_worker.md, Elastic training)."
+            )
+        dead_after = float(os.environ.get(DEAD_AFTER_ENV, "") or DEFAULT_DEAD_AFTER)
+        incarnation = int(os.environ.get(INCARNATION_ENV, "0") or 0)
+        return cls((host.strip("[]"), int(port)), int(minimum), incarnation, dead_after)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of a membership epoch: a task and its incarnation."""
+
+    task: int
+    incarnation: int
+
+    def __str__(self) -> str:
+        return f"{self.task}:{self.incarnation}"
+
+    @classmethod
+    def parse(cls, text: str) -> Member:
+        task, _, incarnation = text.partition(":")
+        return cls(int(task), int(incarnation))
+
+
+def _members_text(members: Sequence[Member]) -> str:
+    return ",".join(str(m) for m in members)
+
+
+def _parse_members(raw: bytes) -> list[Member]:
+    text = raw.decode()
+    return [Member.parse(m) for m in text.split(",")] if text else []
+
+
+class _Beacons:
+    """Reads members' beacons over one store connection, remembering when each last moved."""
+
+    def __init__(self, store: Any, name: Callable[[int], str], dead_after: float) -> None:
+        self.store, self._name, self._dead_after = store, name, dead_after
+        self._seen: dict[Member, tuple[str, float]] = {}
+
+    def lost_reason(self, member: Member) -> str | None:
+        """Why ``member`` counts as lost, or None while its beacon moves."""
+        key = f"alive/{member.task}"
+        if not self.store.check([key]):
+            return None
+        value = self.store.get(key).decode()
+        if value == DEAD:
+            return f"{self._name(member.task)} exited"
+        if int(value.partition(":")[0]) != member.incarnation:
+            return f"{self._name(member.task)} restarted"
+        now = time.monotonic()
+        seen = self._seen.get(member)
+        if seen is None or seen[0] != value:
+            self._seen[member] = (value, now)
+            return None
+        if now - seen[1] > self._dead_after:
+            return f"{self._name(member.task)} sent no beacon for {self._dead_after:g}s"
+        return None
+
+
+class Membership:
+    """This task's view of the elastic membership (every worker makes one, before its group).
+
+    Args:
+        settings: The `ElasticSettings`.
+        task: This task's index among the cluster's training tasks.
+        num_tasks: How many training tasks the cluster has.
+        name: ``name(task) -> "worker:1 (host:port)"``, for messages.
+        timeout: Seconds to wait for a decision (joining, re-forming).
+    """
+
+    def __init__(
+        self,
+        settings: ElasticSettings,
+        task: int,
+        num_tasks: int,
+        name: Callable[[int], str],
+        timeout: float,
+    ) -> None:
+        self.settings, self.me = settings, Member(task, settings.incarnation)
+        self._num_tasks, self._name, self._timeout = num_tasks, name, timeout
+        self._store = self.connect()
+        self._beacons = _Beacons(self._store, name, settings.dead_after)
+        self.epoch = -1
+        self.members: list[Member] = []
+        self._lost: str | None = None
+        self._join_pending = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ store
+    def connect(self) -> Any:
+        """A new connection to the elastic store (authenticated as the rendezvous is)."""
+        host, port = self.settings.store
+        store = dist.TCPStore(host, port, None, is_master=False, timeout=timedelta(seconds=self._timeout))
+        return _authenticated(dist.PrefixStore(PREFIX, store), PREFIX)
+
+    def _wait_for(self, key: str, what: str) -> bytes:
+        deadline = time.monotonic() + self._timeout
+        while not self._store.check([key]):
+            if time.monotonic() > deadline:
+                raise self._gave_up(what)
+            time.sleep(0.02)
+        return bytes(self._store.get(key))
+
+    def _gave_up(self, what: str) -> PeerUnavailableError:
+        return PeerUnavailableError(
+            f"{self._name(self.me.task)} gave up after {self._timeout:g}s waiting for {what}. HINT: "
+            "check the other tasks' logs and that the launcher (which serves the store) runs."
+        )
+
+    # ------------------------------------------------------------------ forming (all workers)
+    @property
+    def num_tasks(self) -> int:
+        """How many training tasks the cluster has (members or not)."""
+        return self._num_tasks
+
+    @property
+    def rank(self) -> int:
+        """This task's rank in the current epoch."""
+        return self.members.index(self.me)
+
+    def task_name(self, rank: int) -> str:
+        """The name of the task with this rank in the current epoch."""
+        return self._name(self.members[rank].task) if 0 <= rank < len(self.members) else f"worker:{rank}"
+
+    def start(self) -> None:
+        """Joins the job: the first formation (every task of incarnation 0), else as a joiner."""
+        self._store.set(f"alive/{self.me.task}", f"{self.me.incarnation}:0")
+        self._start_thread()
+        if self.me.incarnation == 0:
+            if self._store.add("e/0/decider/0", 1) == 1:
+                self._publish(0, [Member(t, 0) for t in range(self._num_tasks)])
+            self._adopt(0)
+            return
+        self._store.set(f"join/{self.me.task}", str(self.me.incarnation))
+        log.warning("%s asks to join the running job.", self._name(self.me.task))
+        deadline = time.monotonic() + self._timeout
+        while True:
+            if self._store.check(["finished"]):
+                raise PeerUnavailableError(
+                    f"{self._name(self.me.task)} was restarted to join the job, but the job finished first "
+                    "(a member closed its strategy). HINT: nothing to do; the job's result is the others'."
+                )
+            if self._store.check(["epoch"]):
+                epoch = int(self._store.get("epoch"))
+                if self.me in _parse_members(self._store.get(f"e/{epoch}/members")):
+                    self._adopt(epoch)
+                    return
+            if time.monotonic() > deadline:
+                raise PeerUnavailableError(
+                    f"{self._name(self.me.task)} was not admitted to the running job within "
+                    f"{self._timeout:g}s. HINT: the members admit joiners at a step boundary; check their "
+                    "logs."
+                )
+            time.sleep(0.05)
+
+    def reform(self) -> None:
+        """Moves to the next epoch with every live member and the waiting joiners (every
+        survivor, after a failure or when `join_pending`).
+
+        Raises:
+            BelowMinimumWorkersError: Fewer than ``min_workers`` are left.
+            PeerUnavailableError: This task was left out (it was taken for lost).
+        """
+        epoch = self.epoch + 1
+        self._store.set(f"e/{epoch}/here/{self.me}", "1")
+        self._decide_or_wait(epoch)
+        self._adopt(epoch)
+
+    def _decide_or_wait(self, epoch: int) -> None:
+        """The first to check in decides; if that decider is lost before it publishes, the
+        next to notice takes over (numbered attempts: exactly one decider each)."""
+        deadline = time.monotonic() + self._timeout
+        attempt = 0
+        while True:
+            key = f"e/{epoch}/decider/{attempt}"
+            if self._store.add(key, 1) == 1:
+                self._store.set(f"{key}/task", str(self.me))
+                self._decide(epoch)
+                return
+            while not self._store.check([f"e/{epoch}/members"]):
+                if self._decider_lost(key):
+                    break
+                if time.monotonic() > deadline:
+                    raise self._gave_up(f"the members of epoch {epoch}")
+                time.sleep(0.02)
+            else:
+                return
+            attempt += 1
+
+    def _decider_lost(self, key: str) -> bool:
+        if not self._store.check([f"{key}/task"]):
+            return False
+        return self.lost_reason(Member.parse(self._store.get(f"{key}/task").decode())) is not None
+
+    def _decide(self, epoch: int) -> None:
+        old = self.members
+        deadline = time.monotonic() + self._timeout
+        while True:
+            here = [m for m in old if self._store.check([f"e/{epoch}/here/{m}"])]
+            gone = [m for m in old if m not in here and self.lost_reason(m) is not None]
+            if len(here) + len(gone) == len(old) or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        joiners = self._joiners({m.task for m in here})
+        self._publish(epoch, sorted(here + joiners, key=lambda m: m.task))
+
+    def _joiners(self, present: set[int]) -> list[Member]:
+        joiners = []
+        for task in range(self._num_tasks):
+            if task in present or not self._store.check([f"join/{task}"]):
+                continue
+            member = Member(task, int(self._store.get(f"join/{task}")))
+            if self.lost_reason(member) is None:
+                joiners.append(member)
+            self._store.delete_key(f"join/{task}")
+        return joiners
+
+    def _publish(self, epoch: int, members: list[Member]) -> None:
+        self._store.set(f"e/{epoch}/members", _members_text(members))
+        self._store.set("epoch", str(epoch))
+
+    def _log_change(self, epoch: int, members: list[Member]) -> None:
+        """The chief (rank 0 of the new epoch) logs who left and who joined, and when."""
+        if epoch == 0 or members[0] != self.me:
+            return
+        log.warning(
+            "Elastic membership epoch %d at %s: %d workers %s; left: %s; joined: %s.",
+            epoch,
+            time.strftime("%H:%M:%S"),
+            len(members),
+            [self._name(m.task) for m in members],
+            [self._name(m.task) for m in self.members if m not in members],
+            [self._name(m.task) for m in members if m not in self.members],
+        )
+
+    def _adopt(self, epoch: int) -> None:
+        members = _parse_members(self._wait_for(f"e/{epoch}/members", f"the members of epoch {epoch}"))
+        if self.me not in members:
+            raise PeerUnavailableError(
+                f"{self._name(self.me.task)} was left out of membership epoch {epoch} (the others took it "
+                f"for lost: no beacon for {self.settings.dead_after:g}s). HINT: a restarted task joins again."
+            )
+        if len(members) < self.settings.min_workers:
+            raise BelowMinimumWorkersError(
+                f"Only {len(members)} workers are left ({[self._name(m.task) for m in members]}), fewer than "
+                f"the job's minimum of {self.settings.min_workers} ({MIN_WORKERS_ENV}). HINT: restart the "
+                "job; BackupAndRestore or a PreemptionCheckpointHandler resumes it."
+            )
+        if self.members:
+            self._log_change(epoch, members)
+        self.epoch, self.members, self._lost, self._join_pending = epoch, members, None, False
+
+    # ------------------------------------------------------------------ watching
+    def lost_reason(self, member: Member) -> str | None:
+        """Why ``member`` counts as lost, or None while its beacon moves (this thread's view)."""
+        return self._beacons.lost_reason(member)
+
+    def failure(self) -> str | None:
+        """A member of the current epoch that is lost (the group's extra failure), or None."""
+        return self._lost
+
+    @property
+    def join_pending(self) -> bool:
+        """Whether a task waits to join (seen by this worker's watcher)."""
+        return self._join_pending
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name="phalanx-membership", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        beacons = _Beacons(self.connect(), self._name, self.settings.dead_after)  # its own connection
+        count = 0
+        while not self._stop.wait(BEACON_SECONDS):
+            count += 1
+            try:
+                beacons.store.set(f"alive/{self.me.task}", f"{self.me.incarnation}:{count}")
+                members = self.members
+                lost = next((r for m in members if m != self.me and (r := beacons.lost_reason(m))), None)
+                if lost is not None and members is self.members:  # not a re-form's new members
+                    self._lost = self._lost or lost
+                present = {m.task for m in members}
+                self._join_pending = any(
+                    beacons.store.check([f"join/{t}"]) for t in range(self._num_tasks) if t not in present
+                )
+            except Exception as exc:  # the store is gone: the launcher ended
+                log.warning("The elastic membership watcher stopped: %s", exc)
+                return
+
+    def stop(self, finished: bool = False) -> None:
+        """Stops the beacon (this worker leaves; call at the end). ``finished``: the job is
+        done (a member closed its strategy): a task still waiting to join is told so."""
+        if finished:
+            try:
+                self._store.set("finished", "1")
+            except Exception as exc:  # the launcher ended: nobody waits to join any more
+                log.debug("Could not record that the job finished: %s", exc)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)

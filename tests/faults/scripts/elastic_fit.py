@@ -1,0 +1,75 @@
+"""Model.fit with BackupAndRestore under an elastic MultiWorkerMirroredStrategy (phalanx launch
+--min-workers); a chosen worker SIGKILLs itself, once or repeatedly.
+
+usage: elastic_fit.py OUT_DIR EPOCHS KILL_RANK KILL_AT_STEP [PAUSE]
+
+KILL_RANK < 0: nobody kills itself (the chaos test kills from outside). Every worker writes
+OUT_DIR/weights-<rank>-<incarnation>.pt (its final weights and the wall times of its steps)
+and OUT_DIR/pid-<rank>-<incarnation>; the killer writes OUT_DIR/killed-at (the wall time just
+before its SIGKILL, at the start of step KILL_AT_STEP, while the others wait in that step).
+"""
+
+import os
+import signal
+import sys
+import time
+
+import torch
+from torch import nn
+
+import phalanx
+
+out_dir, epochs, kill_rank, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+pause = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+strategy = phalanx.MultiWorkerMirroredStrategy()
+rank = int(os.environ.get("RANK", "0"))
+incarnation = int(os.environ.get("PHALANX_ELASTIC_INCARNATION", "0"))
+with open(os.path.join(out_dir, f"pid-{rank}-{incarnation}"), "w") as f:
+    f.write(str(os.getpid()))
+
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(1)
+x = torch.randn(1200, 6, generator=g)
+y = torch.randint(0, 3, (1200,), generator=g)
+with strategy.scope():
+    model = phalanx.Model(nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)))
+    model.compile(
+        optimizer="adam",
+        loss=phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+
+
+class Steps(phalanx.callbacks.Callback):
+    """Records each step's wall time; the killer SIGKILLs itself at its step."""
+
+    def __init__(self):
+        super().__init__()
+        self.times, self.done = [], 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if rank == kill_rank and incarnation == 0 and self.done == kill_at:  # the others wait in the step
+            with open(os.path.join(out_dir, "killed-at"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.done += 1
+        self.times.append(time.time())
+        if pause:
+            time.sleep(pause)
+
+
+steps = Steps()
+backup = phalanx.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"), save_freq=5)
+model.fit(x, y, batch_size=24, epochs=epochs, shuffle=True, verbose=0, callbacks=[backup, steps])
+torch.save(
+    {
+        "weights": model.module.state_dict(),
+        "times": steps.times,
+        "run_count": strategy.run_count,
+        "workers": strategy.num_workers_in_sync,
+    },
+    os.path.join(out_dir, f"weights-{rank}-{incarnation}.pt"),
+)
+strategy.close()
