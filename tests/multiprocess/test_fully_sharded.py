@@ -167,3 +167,44 @@ def test_a_plain_grad_scaler_skips_a_step_that_overflows_in_one_workers_shard(mw
             np.testing.assert_array_equal(value, worker["states"][0][key])  # and was skipped
         for key, value in mirrored[0]["states"][0].items():
             np.testing.assert_allclose(worker["states"][0][key], value, **TOL)  # the first was not
+
+
+def _big_mlp(strategy: phalanx.Strategy, folder: str) -> dict:
+    """Issue 24's case: the 16.8M-parameter MLP of benchmarks/bench_fsdp.py with Adam, two steps
+    of the same custom loop; the chief writes the full weights (a file: 67 MB)."""
+    torch.manual_seed(0)
+    with strategy.scope():
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(2048, 2048), nn.ReLU()) for _ in range(4)])
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(1)
+    data = [
+        (torch.randn(16, 2048, generator=gen), torch.randint(0, 2048, (16,), generator=gen)) for _ in range(2)
+    ]
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        per_example = nn.functional.cross_entropy(model(x), y, reduction="none")
+        phalanx.compute_average_loss(per_example, global_batch_size=16).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for x, y in strategy.experimental_distribute_dataset(data):
+        strategy.run(step, args=(x, y))
+    state = model.state_dict()  # full tensors (a collective under FullyShardedStrategy)
+    local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
+    if strategy.is_chief:
+        torch.save(state, f"{folder}/{type(strategy).__name__}.pt")
+    return {"full": sum(p.numel() for p in model.parameters()), "local": local}
+
+
+def test_the_16_8m_parameter_mlp_with_adam_ends_at_multi_worker_mirroreds_weights(
+    mwms_2workers, fsdp_2workers, tmp_path
+):
+    mirrored = mwms_2workers.run(_big_mlp, str(tmp_path))
+    sharded = fsdp_2workers.run(_big_mlp, str(tmp_path))
+    assert mirrored[0]["full"] == 16_785_408
+    assert max(w["local"] for w in sharded) == 16_785_408 // 2  # each worker holds half
+    expected = torch.load(tmp_path / "MultiWorkerMirroredStrategy.pt")
+    got = torch.load(tmp_path / "FullyShardedStrategy.pt")
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-5, msg=key)
