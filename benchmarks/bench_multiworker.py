@@ -83,6 +83,37 @@ def _mlp() -> nn.Module:
     )
 
 
+def _phalanx_epoch(strategy, data: list) -> Callable[[], None]:
+    """One epoch of the phalanx custom loop over ``data`` (the MLP, SGD, TF's loss convention)."""
+    import phalanx
+
+    with strategy.scope():
+        model = _mlp()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    options = phalanx.InputOptions(experimental_fetch_to_device=False)
+    dataset = strategy.experimental_distribute_dataset(data, options)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        per_example = nn.functional.cross_entropy(model(x), y, reduction="none")
+        phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH).backward()  # summed
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def epoch() -> None:
+        for x, y in dataset:
+            strategy.run(step, args=(x, y))
+
+    return epoch
+
+
+def _batches(steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(GLOBAL_BATCH, 784, generator=g), torch.randint(0, 10, (GLOBAL_BATCH,), generator=g))
+        for _ in range(steps)
+    ]
+
+
 def _bench_all_reduce(strategy, reference, quick: bool) -> list[str]:
     lines = []
     for name, numel in SIZES.items():
@@ -102,14 +133,8 @@ def _bench_all_reduce(strategy, reference, quick: bool) -> list[str]:
 
 
 def _bench_training(strategy, reference, rank: int, quick: bool) -> str:
-    import phalanx
-
     steps = 8 if quick else 25
-    g = torch.Generator().manual_seed(1)
-    data = [
-        (torch.randn(GLOBAL_BATCH, 784, generator=g), torch.randint(0, 10, (GLOBAL_BATCH,), generator=g))
-        for _ in range(steps)
-    ]
+    data = _batches(steps, 1)
     half = GLOBAL_BATCH // 2
     mine = [(x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]) for x, y in data]
 
@@ -123,23 +148,7 @@ def _bench_training(strategy, reference, rank: int, quick: bool) -> str:
             ddp_opt.step()
             ddp_opt.zero_grad()
 
-    with strategy.scope():
-        model = _mlp()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    options = phalanx.InputOptions(experimental_fetch_to_device=False)
-    dataset = strategy.experimental_distribute_dataset(data, options)
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        per_example = nn.functional.cross_entropy(model(x), y, reduction="none")
-        loss = phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH)  # summed
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
-
-    def phalanx_epoch() -> None:
-        for x, y in dataset:
-            strategy.run(step, args=(x, y))
+    phalanx_epoch = _phalanx_epoch(strategy, data)
 
     cpu: list[float] = []
     ours, ddp = _best_alternating(phalanx_epoch, ddp_epoch, 1, 3 if quick else 5, cpu)
@@ -211,8 +220,6 @@ def _bench_engines(strategy, reference, rank: int, quick: bool) -> str:
 def _bench_check(strategy, rank: int, quick: bool) -> str:
     """The collective check's cost in one run: the training loop of `_bench_training` with the
     codes on and off in alternating rounds (both workers switch at the same point)."""
-    import phalanx
-
     group = strategy._group
     if not group._check.enabled:
         return "collective check: off for this run (PHALANX_COLLECTIVE_CHECK=0), no A/B"
@@ -222,28 +229,11 @@ def _bench_check(strategy, rank: int, quick: bool) -> str:
         group._gloo.checked = group._gloo.announces = on
 
     steps = 8 if quick else 25
-    g = torch.Generator().manual_seed(3)
-    data = [
-        (torch.randn(GLOBAL_BATCH, 784, generator=g), torch.randint(0, 10, (GLOBAL_BATCH,), generator=g))
-        for _ in range(steps)
-    ]
-    with strategy.scope():
-        model = _mlp()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    dataset = strategy.experimental_distribute_dataset(
-        data, phalanx.InputOptions(experimental_fetch_to_device=False)
-    )
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        per_example = nn.functional.cross_entropy(model(x), y, reduction="none")
-        phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    run_epoch = _phalanx_epoch(strategy, _batches(steps, 3))
 
     def epoch(on: bool) -> None:
         switch(on)
-        for x, y in dataset:
-            strategy.run(step, args=(x, y))
+        run_epoch()
 
     cpu: list[float] = []
     on, off = _best_alternating(lambda: epoch(True), lambda: epoch(False), 1, 3 if quick else 5, cpu)
