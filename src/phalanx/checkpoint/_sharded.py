@@ -32,6 +32,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
 from concurrent.futures import Future
 from typing import Any
 
@@ -56,6 +57,7 @@ from phalanx.checkpoint._files import (
 __all__ = ["SUFFIX", "SafeLoadPlanner", "SafeMetadataReader", "is_sharded", "load", "save"]
 
 SUFFIX = ".dcp"
+STAGING_WAIT_SECONDS = 3600.0  # how long a save waits for the previous one to free the staging copy
 METADATA = ".metadata"
 
 # What DCP's metadata pickle may build: its own metadata classes and the plain types in them.
@@ -233,8 +235,15 @@ class _Staging:
 
     def stager(self, state: dict[str, Any]) -> BlockingAsyncStager:
         layout = _layout(state)
-        if self._writing is not None:
-            self._writing.result()  # an earlier save still reads the copy: it finishes first
+        if self._writing is not None:  # an earlier save still reads the copy: it finishes first
+            done, _ = futures.wait([self._writing], timeout=STAGING_WAIT_SECONDS)
+            if not done:  # its own error, if it fails, reaches its caller through its future
+                raise TimeoutError(
+                    f"An asynchronous sharded save waited {STAGING_WAIT_SECONDS:g} s for the previous "
+                    "one, which still writes from the staging copy, to finish. HINT: check that the "
+                    "checkpoint folder's file system responds; call result() on a save's future "
+                    "before the next save to see its error."
+                )
             self._writing = None
         if self._stager is None or layout != self._layout:
             self._layout, self._stager = layout, _CachedStager(cache_staged_state_dict=True)

@@ -92,6 +92,17 @@ def test_asynchronous_saves_in_a_row_each_keep_the_state_of_their_own_moment(tmp
     torch.testing.assert_close(restored.state_dict(), bigger.state_dict())
 
 
+def test_a_save_that_waits_too_long_for_the_previous_one_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(_sharded, "STAGING_WAIT_SECONDS", 0.01)
+    monkeypatch.setattr(_sharded.dcp, "FileSystemWriter", _SlowWriter)  # the first still writes
+    model, optimizer = _trained()
+    checkpoint = Checkpoint(model=model, optimizer=optimizer)
+    first = checkpoint.save(str(tmp_path / "a"), blocking=False)
+    with pytest.raises(TimeoutError, match="waited 0.01 s for the previous one"):
+        checkpoint.save(str(tmp_path / "a"), blocking=False)
+    assert first.result(timeout=60).endswith("a-1.dcp")
+
+
 class _RunsCode:
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
