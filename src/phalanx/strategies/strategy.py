@@ -29,6 +29,7 @@ from phalanx.nn import _registration
 from phalanx.nn._module_tensors import ReplicaWriteGuard
 from phalanx.strategies._batches import BatchLedger
 from phalanx.strategies._gradients import GradientSync
+from phalanx.strategies._input_members import StrategyInput, ValueContext
 from phalanx.strategies._reduction import CrossReplicaReduction
 from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
 from phalanx.strategies._replica_threads import ReplicaThreads, thread_modes
@@ -38,37 +39,19 @@ from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.strategies.replica_context import ReplicaContext
 from phalanx.strategies.run_options import RunOptions, check_run_options
 from phalanx.strategies.step_sync import StepSync
-from phalanx.values import PerReplica, ReduceOp, local_results, regroup, select_replica
+from phalanx.values import ReduceOp, local_results, regroup, select_replica
 from phalanx.variables import DistributedVariable
 
 if TYPE_CHECKING:
     from phalanx.cluster import ClusterResolver
     from phalanx.communication.communication_options import CommunicationOptions
-    from phalanx.input.input_options import InputContext, InputOptions
 
 __all__ = ["Strategy", "ValueContext"]
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 
 
-class ValueContext:
-    """What `experimental_distribute_values_from_function` passes to the value function."""
-
-    replica_id_in_sync_group: int  # the replica the value is for, in [0, num_replicas_in_sync)
-    num_replicas_in_sync: int
-
-    def __init__(self, replica_id_in_sync_group: int = 0, num_replicas_in_sync: int = 1) -> None:
-        self.replica_id_in_sync_group = replica_id_in_sync_group
-        self.num_replicas_in_sync = num_replicas_in_sync
-
-    def __repr__(self) -> str:
-        return (
-            f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
-            f"num_replicas_in_sync={self.num_replicas_in_sync})"
-        )
-
-
-class Strategy(TFStrategyMembers):
+class Strategy(StrategyInput, TFStrategyMembers):
     """Distributes one training program over replicas (tf.distribute.Strategy).
 
     Args:
@@ -363,45 +346,6 @@ class Strategy(TFStrategyMembers):
         """Readies distributed variables (components made or re-mirrored) before a step."""
         if self._variable_policy.has_variables:
             self._variable_policy.materialize_all()
-
-    # ------------------------------------------------------------------ input
-    def make_experimental_numpy_dataset(self, numpy_input: Any) -> Any:
-        """A dataset of the rows of ``numpy_input`` (tf.distribute.Strategy's method of that
-        name); see `phalanx.input.numpy_dataset.make_numpy_dataset`, which it calls."""
-        from phalanx.input.numpy_dataset import make_numpy_dataset
-
-        return make_numpy_dataset(numpy_input)
-
-    def experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None = None) -> Any:
-        """Splits each *global* batch of ``dataset`` across replicas (and workers).
-
-        ``dataset`` yields global batches: a `DataLoader`, a `phalanx.data.Dataset`, or any
-        iterable of batches (tensors, arrays, tuples or dicts of them).
-        """
-        from phalanx.input.distributed_dataset import DistributedDataset
-
-        return DistributedDataset(self, dataset, options)
-
-    def distribute_datasets_from_function(
-        self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
-    ) -> Any:
-        """Calls ``dataset_fn(InputContext)`` once per input pipeline (worker).
-
-        The function's dataset yields *per-replica* batches; each step takes one batch per
-        local replica.
-        """
-        from phalanx.input.distributed_dataset import DistributedDatasetsFromFunction
-
-        return DistributedDatasetsFromFunction(self, dataset_fn, options)
-
-    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
-        """Builds a per-replica value by calling ``value_fn(ValueContext)`` for each local replica."""
-        base = self.first_replica_id
-        values = [
-            value_fn(ValueContext(base + i, self.num_replicas_in_sync))
-            for i in range(self._num_local_replicas)
-        ]
-        return values[0] if len(values) == 1 else PerReplica(values)
 
     # ------------------------------------------------------------------ variables (hooks)
     def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
