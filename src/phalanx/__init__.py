@@ -137,8 +137,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
         )
     },
     **{
-        name: ("phalanx.values", name)
-        for name in ("DistributedValues", "Mirrored", "PerReplica", "ReduceOp")
+        name: ("phalanx.values", name) for name in ("DistributedValues", "Mirrored", "PerReplica", "ReduceOp")
     },
     **{
         name: ("phalanx.variables", name)

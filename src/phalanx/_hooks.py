@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.modules.module import (
@@ -43,6 +43,9 @@ from torch.optim.optimizer import (
 from torch.utils.hooks import RemovableHandle
 
 from phalanx import context
+
+if TYPE_CHECKING:
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = [
     "add_module_forward_hooks",
@@ -163,10 +166,22 @@ remove_torch_hooks = remove  # the public spelling (`phalanx.remove_torch_hooks`
 # ---------------------------------------------------------------------- the hooks
 
 
+def _refuse_meta(strategy: DistributionStrategy, module: torch.nn.Module, name: str, tensor: Any) -> None:
+    if isinstance(tensor, torch.Tensor) and tensor.is_meta and not strategy.materializes_meta_tensors:
+        raise ValueError(
+            f"{type(module).__name__}.{name} was made on the meta device inside the scope of "
+            f"{type(strategy).__name__}, which keeps a full copy of every parameter on each replica "
+            "and so needs their values now. HINT: build the model on a real device, or use "
+            "phalanx.experimental.FullyShardedStrategy, which gives meta parameters their memory and "
+            "values (reset_parameters()) one layer at a time when it shards them."
+        )
+
+
 def _on_parameter(module: torch.nn.Module, name: str, param: Any) -> Any:
     frame = context.current_frame()
     if param is None or frame is None or frame.replica_context is not None:
         return None
+    _refuse_meta(frame.strategy, module, name, param)
     made = frame.strategy._create_parameter(module, name, param)
     frame.strategy._made_in_scope(module, "_parameters", param if made is None else made)
     return made
@@ -177,6 +192,7 @@ def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
     if buffer is None or frame is None:
         return None
     if frame.replica_context is None:
+        _refuse_meta(frame.strategy, module, name, buffer)
         made = frame.strategy._create_buffer(module, name, buffer)
         frame.strategy._made_in_scope(module, "_buffers", buffer if made is None else made)
         return made

@@ -99,6 +99,11 @@ class DistributionStrategy(Protocol):
         """True for the pass-through default strategy only."""
 
     @property
+    def materializes_meta_tensors(self) -> bool:
+        """Whether parameters and buffers made on the meta device in the scope are allowed
+        (the strategy gives them memory and values itself: FullyShardedStrategy)."""
+
+    @property
     def num_local_replicas(self) -> int:
         """Replicas in this process."""
 

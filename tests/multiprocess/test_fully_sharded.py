@@ -51,11 +51,12 @@ def _train(
     tied: bool = False,
     clip: float = 0.0,
     adam: bool = False,
+    meta: bool = False,
 ) -> dict:
     """The custom loop (runs in each worker): SGD with momentum (it sees a sum's scale, which
     Adam would normalise away) or Adam, TF's loss convention, optional clipping."""
     torch.manual_seed(10 + strategy.worker_rank)  # different on every worker: the chief's must win
-    with strategy.scope():
+    with strategy.scope(), torch.device("meta" if meta else "cpu"):  # meta: FullySharded's values
         model = Net(recompute, tied)
         if adam:
             optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -110,6 +111,16 @@ def test_the_same_loop_gives_multi_worker_mirroreds_weights_from_half_the_state(
     assert sharded[0]["local_numel"] + sharded[1]["local_numel"] == full  # each holds its part
     assert max(s["local_numel"] for s in sharded) <= full // 2 + 2 * 33  # uneven rows: at most one more each
     assert sharded[0]["moment_numel"] == sharded[0]["local_numel"]  # the momentum of its shard only
+
+
+def test_a_model_built_on_the_meta_device_trains_to_the_weights_of_one_built_on_the_cpu(
+    mwms_2workers, fsdp_2workers
+):
+    # no worker ever holds the whole model: the chief initialises one layer at a time
+    # (reset_parameters, from the random state it had in the scope) and scatters the shards
+    mirrored = mwms_2workers.run(_train)
+    sharded = fsdp_2workers.run(_train, False, False, 0.0, False, True)
+    _compare(sharded, mirrored)
 
 
 def test_clipping_and_activation_checkpointing_behave_as_under_multi_worker_mirrored(

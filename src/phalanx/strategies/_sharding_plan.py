@@ -3,7 +3,7 @@
 FullyShardedStrategy learns a model the way every strategy does, through the registration
 hooks (`phalanx._hooks`): each parameter with the module that registered it, and each
 submodule with its parent. `ShardingPlan` keeps that (weakly) and, before the first step,
-answers "which modules, deepest first, get ``fully_shard``": every module that registers
+answers "which modules, children before parents, get ``fully_shard``": every module that registers
 parameters of its own is a unit (one layer gathered at a time: the least memory), unless a
 module above it registers parameters too (that one's forward may read its children's
 parameters directly, as ``nn.MultiheadAttention`` reads its ``out_proj``'s: they are
@@ -79,9 +79,6 @@ class ShardingPlan:
             yield parent
             module = parent
 
-    def _depth(self, module: nn.Module) -> int:
-        return sum(1 for _ in self._ancestors(module))
-
     def _link_subtrees(self, owners: Iterable[nn.Module]) -> None:
         """Records the parent of every module under a top module as the tree is now: a deep
         copy (``nn.TransformerEncoder``'s layers) holds submodules no hook saw registered."""
@@ -111,7 +108,7 @@ class ShardingPlan:
         return owners, tied
 
     def take(self) -> dict[nn.Module, list[nn.Module]]:
-        """Every root with its units, deepest first (the root last), and forgets them.
+        """Every root with its units, children before parents (the root last), and forgets them.
 
         Returns:
             ``{root: [unit, ..., root]}``: ``fully_shard`` each in order.
@@ -126,12 +123,19 @@ class ShardingPlan:
         for module in owners.values():  # MultiheadAttention reads its out_proj's weight itself
             if any(id(a) in owners for a in self._ancestors(module)):
                 excluded.add(id(module))
+        roots = {id(r): r for r in (self.root_of(m) for m in owners.values())}
         plan: dict[nn.Module, list[nn.Module]] = {}
-        for module in sorted(owners.values(), key=self._depth, reverse=True):
-            root = self.root_of(module)
-            units = plan.setdefault(root, [])
-            if module is not root and id(module) not in excluded:
-                units.append(module)
-        for root, units in plan.items():
-            units.append(root)
+        for root in roots.values():  # children before parents, siblings in registration order:
+            units = [m for m in _post_order(root, set()) if id(m) in owners and id(m) not in excluded]
+            # the order modules built on a device initialise in (_meta_init)
+            plan[root] = [m for m in units if m is not root] + [root]
         return plan
+
+
+def _post_order(module: nn.Module, seen: set[int]) -> Iterator[nn.Module]:
+    """Every module under ``module`` once, children (in registration order) before parents."""
+    seen.add(id(module))
+    for child in module.children():
+        if id(child) not in seen:
+            yield from _post_order(child, seen)
+    yield module

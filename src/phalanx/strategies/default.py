@@ -25,6 +25,7 @@ class DefaultStrategy(Strategy):
     """One replica on whatever device the user's tensors are on; changes nothing."""
 
     is_default = True
+    materializes_meta_tensors = True  # no strategy: torch's own meta tensors
 
     def __init__(self) -> None:
         super().__init__(["cpu:0"])

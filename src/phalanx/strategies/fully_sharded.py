@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.communication_options import CommunicationOptions
 from phalanx.state_views import sharded_state_dicts, sharded_views_open
+from phalanx.strategies._meta_init import MetaInit, post_order
 from phalanx.strategies._sharding_plan import ShardingPlan
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from phalanx.strategies.step_sync import StepSync
@@ -159,6 +160,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             any reason `MultiWorkerMirroredStrategy` gives.
     """
 
+    materializes_meta_tensors = True  # a layer at a time on the chief (_meta_init)
+
     def __init__(
         self,
         cluster_resolver: ClusterResolver | None = None,
@@ -194,6 +197,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         self._shard = shard
         self._mp_policy = mixed_precision if mixed_precision is not None else MixedPrecisionPolicy()
         self._plan = ShardingPlan()
+        self._meta = MetaInit(self._devices[0])  # what the scope made on the meta device
+        self._meta_buffer_vars: list[weakref.ref[torch.Tensor]] = []
         self._mesh: DeviceMesh | None = None
         self._own_group = False  # this strategy initialised torch.distributed (one worker)
         self._sharded: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]] = {}
@@ -240,9 +245,24 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 "synchronization/aggregation). HINT: use MultiWorkerMirroredStrategy for such "
                 "variables, or register a plain nn.Parameter."
             )
+        if param.is_meta:  # materialised a unit at a time before the first run (_meta_init)
+            self._meta.note_parameter()
+            self._plan.note_parameter(module, param)
+            return None
         made = super()._create_parameter(module, name, param)
         self._plan.note_parameter(module, param if made is None else made)
         return made
+
+    def _create_buffer(self, module: nn.Module, name: str, buffer: Any) -> Any:
+        """As MultiWorkerMirrored; a buffer made on the meta device gets zeros on the device,
+        and its value from its module's ``reset_parameters()`` on the chief at the first run."""
+        if not buffer.is_meta or isinstance(buffer, DistributedVariable):
+            return super()._create_buffer(module, name, buffer)
+        real = torch.zeros_like(buffer, device=self._devices[0])
+        made = super()._create_buffer(module, name, real)
+        self._meta.note_buffer(module, name)
+        self._meta_buffer_vars.append(weakref.ref(real if made is None else made))
+        return real if made is None else made
 
     def _note_submodule(self, parent: nn.Module, child: nn.Module) -> None:
         self._plan.note_submodule(parent, child)
@@ -288,11 +308,21 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             _check_shardable(root)
             before = dict(root.named_parameters(remove_duplicate=False))
             for unit in units:
+                made = self._meta.materialize(unit, on_chief=self.worker_rank == 0)
+                full = {id(p) for p in made.values()}
+                slots = [
+                    (module, name, p)
+                    for module in post_order(unit)
+                    for name, p in module._parameters.items()
+                    if p is not None and id(p) in full
+                ]
                 fully_shard(
                     unit, mesh=mesh, reshard_after_forward=self._shard == "full", mp_policy=self._mp_policy
                 )
                 unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # TF's convention: sums
                 unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # SUM on gloo too
+                self._scatter_materialized(slots)
+                del made, slots  # the unit's full parameters: one unit's at a time
             after = dict(root.named_parameters(remove_duplicate=False))
             self._scatter_from_chief(before, after)
             self._remember_sharded(before, after)
@@ -301,6 +331,22 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 if any(isinstance(p, DTensor) for p in module._parameters.values()):
                     module.register_state_dict_post_hook(on_save)
                     module.register_load_state_dict_pre_hook(on_load)
+        if self._meta_buffer_vars and self._group is not None:  # their values: the chief's resets
+            self._unbroadcast.extend(self._meta_buffer_vars)
+            self._broadcast_from_chief()
+        self._meta_buffer_vars = []
+
+    def _scatter_materialized(self, slots: Sequence[tuple[nn.Module, str, torch.Tensor]]) -> None:
+        """Gives every worker its shard of the values the chief's ``reset_parameters()`` gave
+        the unit just sharded (each ``(module, name, full parameter)`` now holds a DTensor)."""
+        done: set[int] = set()
+        with torch.no_grad():
+            for module, name, full in slots:
+                new = module._parameters[name]
+                if id(full) in done or not isinstance(new, DTensor):
+                    continue
+                done.add(id(full))
+                new.copy_(distribute_tensor(full.detach(), new.device_mesh, new.placements, src_data_rank=0))
 
     def _scatter_from_chief(
         self, before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]
@@ -330,8 +376,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             if new is old:
                 continue
             self._sharded[id(old)] = (weakref.ref(old), weakref.ref(new))
-            with torch.no_grad():
-                old.data = torch.empty(0, dtype=old.dtype, device=old.device)
+            if not old.is_meta:
+                with torch.no_grad():
+                    old.data = torch.empty(0, dtype=old.dtype, device=old.device)
 
     def adopt(self, optimizer: torch.optim.Optimizer) -> None:
         """Hands ``optimizer`` the sharded parameters in place of the ones it was made with.

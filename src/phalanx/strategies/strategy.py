@@ -65,6 +65,8 @@ class Strategy(StrategyInput, TFStrategyMembers):
     """
 
     is_default = False
+    # parameters made on the meta device in the scope: refused (FullyShardedStrategy materialises them)
+    materializes_meta_tensors = False
     _schedules_steps = False  # Model.fit schedules each step on a remote worker (ParameterServerStrategy)
     # BatchNorm layers registered in the scope become phalanx.nn.SyncBatchNorm (`sync_batch_norm=True`)
     _sync_batch_norm = False

@@ -120,3 +120,102 @@ def test_a_module_reading_its_childs_weight_is_one_unit_with_it(strategy):
     expected.load_state_dict(attention.state_dict())
     got = strategy.run(lambda: attention(x, x, x)[0])
     torch.testing.assert_close(got, expected(x, x, x)[0])
+
+
+class Tower(nn.Module):
+    """Layers at two depths, BatchNorm buffers, attention that resets its out_proj's bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(5, 6)
+        self.blocks = nn.Sequential(nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6)), nn.Linear(6, 6))
+        self.attention = nn.MultiheadAttention(6, 2)
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.blocks(self.embed(x)).unsqueeze(1)
+        return self.head(self.attention(h, h, h)[0].squeeze(1))
+
+
+def test_a_model_built_on_the_meta_device_gets_the_values_of_one_built_on_the_cpu(strategy):
+    torch.manual_seed(3)
+    expected = Tower()
+    torch.manual_seed(3)
+    with strategy.scope(), torch.device("meta"):
+        model = Tower()
+    assert all(p.is_meta for p in model.parameters())
+    torch.randn(100)  # randomness used between the scope and the first run changes nothing
+    x = torch.randn(4, 5)
+    got = strategy.run(lambda: model(x))
+    torch.testing.assert_close(got, expected(x))  # both in training mode: BatchNorm's stats move
+    for key, value in expected.state_dict().items():
+        assert not model.state_dict()[key].is_meta
+        torch.testing.assert_close(model.state_dict()[key], value, msg=key)
+
+
+def test_meta_parameters_take_memory_one_layer_at_a_time(strategy):
+    alive: list[int] = []
+
+    class Probe(nn.Linear):
+        def reset_parameters(self) -> None:  # counts the full (not sharded, not meta) parameters
+            super().reset_parameters()
+            if not self.weight.is_meta:  # not the call in __init__
+                full = [p for p in model.parameters() if not p.is_meta and not isinstance(p, DTensor)]
+                alive.append(len(full))
+
+    with strategy.scope(), torch.device("meta"):
+        model = nn.Sequential(*[Probe(8, 8) for _ in range(5)])
+    strategy.run(lambda: model(torch.randn(2, 8)))
+    assert alive == [2] * 5  # each layer's weight and bias, never another layer's
+
+
+def test_a_meta_parameter_without_a_reset_is_named(strategy):
+    class Scale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gain = nn.Parameter(torch.ones(3))
+
+    with strategy.scope(), torch.device("meta"):
+        model = nn.Sequential(nn.Linear(3, 3), Scale())
+    with pytest.raises(ValueError, match=r"Scale made parameter gain on the meta device and has no reset"):
+        strategy.run(lambda: model(torch.randn(2, 3)))
+
+
+def test_a_meta_parameter_that_the_reset_leaves_unset_is_named(strategy):
+    class Half(nn.Linear):
+        def reset_parameters(self) -> None:
+            nn.init.zeros_(self.weight)  # forgets the bias
+
+    with strategy.scope(), torch.device("meta"):
+        model = Half(3, 3)
+    with pytest.raises(ValueError, match=r"Parameters \['bias'\] were made on the meta device"):
+        strategy.run(lambda: model(torch.randn(2, 3)))
+
+
+def test_a_meta_buffer_without_a_reset_is_named(strategy):
+    class Positions(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("index", torch.arange(3.0))
+            self.weight = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.weight(x + self.index)
+
+    with strategy.scope(), torch.device("meta"):
+        model = Positions()
+    with pytest.raises(ValueError, match=r"Positions made buffer index on the meta device"):
+        strategy.run(lambda: model(torch.randn(2, 3)))
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: phalanx.MirroredStrategy(["cpu:0", "cpu:1"]), lambda: phalanx.OneDeviceStrategy("cpu:0")]
+)
+def test_strategies_that_hold_full_copies_refuse_meta_parameters_with_what_to_use(make):
+    other = make()
+    with (
+        other.scope(),
+        torch.device("meta"),
+        pytest.raises(ValueError, match="use phalanx.experimental.FullyShardedStrategy"),
+    ):
+        nn.Linear(3, 3)
