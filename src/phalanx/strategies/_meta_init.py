@@ -65,9 +65,11 @@ class MetaInit:
         self._device = device
         self._buffers: dict[int, tuple[weakref.ref[nn.Module], list[str]]] = {}
         self._random: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.pending = False  # meta tensors made since the strategy last sharded
 
     def note_parameter(self) -> None:
         """A meta parameter was made: the first one fixes the random state of the resets."""
+        self.pending = True
         if self._random is None:
             cuda = torch.cuda.get_rng_state(self._device) if self._device.type == "cuda" else None
             self._random = (torch.get_rng_state(), cuda)

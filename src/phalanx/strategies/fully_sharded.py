@@ -4,9 +4,10 @@ state sharded across workers by torch's FSDP2 (``fully_shard``) over a device me
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,12 +45,31 @@ def _one_device(resolver: ClusterResolver) -> str:
     return f"cuda:{int(local_rank if local_rank is not None else resolver.worker_index) % count}"
 
 
-def _state_dict_hooks() -> tuple[Callable[..., None], Callable[..., None]]:
-    """A sharded module's state-dict hooks: ``state_dict()`` gathers its parameters into full
-    tensors (unless `sharded_state_dicts` is open) and ``load_state_dict`` cuts full tensors
-    into this worker's shards."""
+class _StateDictHooks:
+    """A module's state-dict hooks, installed when it registers a parameter in the scope:
+    ``state_dict()`` gathers sharded parameters into full tensors (unless `sharded_state_dicts`
+    is open) and ``load_state_dict`` cuts full tensors into this worker's shards. Both first
+    give a model built on the meta device its memory and values (a collective, as the rest of
+    them), so a state saved or restored before the first step is the model's, not meta's."""
 
-    def on_save(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    def __init__(self, owner: FullyShardedStrategy) -> None:
+        self._owner = weakref.ref(owner)
+
+    def install(self, module: nn.Module) -> None:
+        """Registers the three hooks on ``module`` (torch marks each hook: partials, not methods)."""
+        module.register_state_dict_pre_hook(functools.partial(self.before_save))
+        module.register_state_dict_post_hook(functools.partial(self.on_save))
+        module.register_load_state_dict_pre_hook(functools.partial(self.on_load))
+
+    def _materialize(self) -> None:
+        owner = self._owner()
+        if owner is not None:
+            owner.materialize_meta()
+
+    def before_save(self, module: nn.Module, prefix: str, keep_vars: bool) -> None:
+        self._materialize()
+
+    def on_save(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, metadata: Any) -> None:
         if sharded_views_open():
             return
         for name, param in module._parameters.items():
@@ -57,14 +77,13 @@ def _state_dict_hooks() -> tuple[Callable[..., None], Callable[..., None]]:
             if isinstance(value, DTensor) and param is not None:
                 state_dict[prefix + name] = value.full_tensor()  # a collective: every worker saves
 
-    def on_load(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    def on_load(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        self._materialize()
         for name, param in module._parameters.items():
             value = state_dict.get(prefix + name)
-            if (
-                not isinstance(param, DTensor)
-                or not isinstance(value, torch.Tensor)
-                or isinstance(value, DTensor)
-            ):
+            if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor):
+                continue
+            if isinstance(value, DTensor):
                 continue
             if value.shape == param.shape:  # else load_state_dict's own shape error names it
                 full = value.detach().to(device=param.device, dtype=param.dtype)
@@ -72,8 +91,6 @@ def _state_dict_hooks() -> tuple[Callable[..., None], Callable[..., None]]:
                 state_dict[prefix + name] = distribute_tensor(
                     full, param.device_mesh, param.placements, src_data_rank=None
                 )
-
-    return on_save, on_load
 
 
 def _check_shardable(root: nn.Module) -> None:
@@ -198,6 +215,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         self._mp_policy = mixed_precision if mixed_precision is not None else MixedPrecisionPolicy()
         self._plan = ShardingPlan()
         self._meta = MetaInit(self._devices[0])  # what the scope made on the meta device
+        self._hooked: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # modules with state-dict hooks
+        self._state_dict_hooks = _StateDictHooks(self)
         self._meta_buffer_vars: list[weakref.ref[torch.Tensor]] = []
         self._mesh: DeviceMesh | None = None
         self._own_group = False  # this strategy initialised torch.distributed (one worker)
@@ -245,6 +264,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 "synchronization/aggregation). HINT: use MultiWorkerMirroredStrategy for such "
                 "variables, or register a plain nn.Parameter."
             )
+        if module not in self._hooked:  # before any load or save can run on it
+            self._hooked.add(module)
+            self._state_dict_hooks.install(module)
         if param.is_meta:  # materialised a unit at a time before the first run (_meta_init)
             self._meta.note_parameter()
             self._plan.note_parameter(module, param)
@@ -252,6 +274,12 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         made = super()._create_parameter(module, name, param)
         self._plan.note_parameter(module, param if made is None else made)
         return made
+
+    def materialize_meta(self) -> None:
+        """Shards the models made on the meta device now rather than at the next run (their
+        state dicts do it: a state saved or loaded before the first step). A collective."""
+        if self._meta.pending:
+            self._before_run()
 
     def _create_buffer(self, module: nn.Module, name: str, buffer: Any) -> Any:
         """As MultiWorkerMirrored; a buffer made on the meta device gets zeros on the device,
@@ -326,15 +354,16 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             after = dict(root.named_parameters(remove_duplicate=False))
             self._scatter_from_chief(before, after)
             self._remember_sharded(before, after)
-            on_save, on_load = _state_dict_hooks()
-            for module in root.modules():
-                if any(isinstance(p, DTensor) for p in module._parameters.values()):
-                    module.register_state_dict_post_hook(on_save)
-                    module.register_load_state_dict_pre_hook(on_load)
+            for module in root.modules():  # modules no registration hook saw (deep copies)
+                sharded = any(isinstance(p, DTensor) for p in module._parameters.values())
+                if sharded and module not in self._hooked:
+                    self._hooked.add(module)
+                    self._state_dict_hooks.install(module)
         if self._meta_buffer_vars and self._group is not None:  # their values: the chief's resets
             self._unbroadcast.extend(self._meta_buffer_vars)
             self._broadcast_from_chief()
         self._meta_buffer_vars = []
+        self._meta.pending = False
 
     def _scatter_materialized(self, slots: Sequence[tuple[nn.Module, str, torch.Tensor]]) -> None:
         """Gives every worker its shard of the values the chief's ``reset_parameters()`` gave

@@ -219,3 +219,17 @@ def test_strategies_that_hold_full_copies_refuse_meta_parameters_with_what_to_us
         pytest.raises(ValueError, match="use phalanx.experimental.FullyShardedStrategy"),
     ):
         nn.Linear(3, 3)
+
+
+def test_a_state_loaded_or_saved_before_the_first_run_is_the_models_not_meta(strategy):
+    torch.manual_seed(5)
+    saved = Tower().state_dict()
+    with strategy.scope(), torch.device("meta"):
+        model = Tower()
+    model.load_state_dict(saved)  # materialises first: the restore is kept, not reset
+    for key, value in saved.items():
+        torch.testing.assert_close(model.state_dict()[key], value, msg=key)
+    with strategy.scope(), torch.device("meta"):
+        fresh = Tower()
+    state = fresh.state_dict()  # a save before the first run has values
+    assert not any(v.is_meta for v in state.values())
