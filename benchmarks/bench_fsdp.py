@@ -3,11 +3,13 @@
 Run: python benchmarks/bench_fsdp.py [--workers 2 4] [--quick] [--save-mb 100]
 
 1. Memory and throughput: an MLP of 16.8M parameters (4 x Linear(2048, 2048)), Adam, global
-   batch 64, the same custom loop; 1 intra-op thread per worker. For each worker count, three
+   batch 64, the same custom loop; 1 intra-op thread per worker. For each worker count, four
    jobs are launched one after another: MultiWorkerMirrored, FullyShardedStrategy (with raw
-   FSDP2 beside it in the same processes) and raw FSDP2 alone. Memory: each worker's peak
-   resident memory growth (VmHWM, reset just before the model is made) over model creation
-   and the timed steps; the figure is the largest worker's. Goals: FullyShardedStrategy's
+   FSDP2 beside it in the same processes), FullyShardedStrategy with the model built on the meta
+   device (``meta``: initialised a layer at a time on the chief) and raw FSDP2 alone. Memory:
+   each worker's peak resident memory growth (VmHWM, reset just before the model is made) over model creation
+   and the timed steps; the figure is the largest worker's (printed also up to the first step:
+   what building and sharding the model cost). Goals: FullyShardedStrategy's
    growth <= 0.75 x MultiWorkerMirrored's; throughput >= 0.95 x raw FSDP2's (timed in
    alternating rounds in the same processes; the best round of each counts).
 2. Checkpoint saves: the time a save blocks the training loop, synchronous
@@ -69,10 +71,10 @@ def _data(steps: int, rank: int, workers: int) -> tuple[list, list]:
     return data, [(x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]) for x, y in data]
 
 
-def _phalanx_loop(strategy, data: list) -> Callable[[], None]:
+def _phalanx_loop(strategy, data: list, meta: bool = False) -> Callable[[], None]:
     import phalanx
 
-    with strategy.scope():
+    with strategy.scope(), torch.device("meta" if meta else "cpu"):
         model = _mlp()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     options = phalanx.InputOptions(experimental_fetch_to_device=False)
@@ -118,7 +120,7 @@ def _timed(fn: Callable[[], None]) -> float:
 
 
 def _memory_job(mode: str, quick: bool) -> None:
-    """One job: ``mode`` (mwms, fsdp or raw) trained; worker 0 prints the largest peak growth."""
+    """One job: ``mode`` (mwms, fsdp, meta or raw) trained; worker 0 prints the largest peak growth."""
     import phalanx
     from phalanx.experimental import FullyShardedStrategy
 
@@ -126,7 +128,7 @@ def _memory_job(mode: str, quick: bool) -> None:
     strategy: phalanx.Strategy | None = None
     if mode == "mwms":
         strategy = phalanx.MultiWorkerMirroredStrategy()
-    elif mode == "fsdp":
+    elif mode in ("fsdp", "meta"):
         strategy = FullyShardedStrategy()
     else:
         resolver = phalanx.cluster.resolve_cluster()
@@ -141,7 +143,14 @@ def _memory_job(mode: str, quick: bool) -> None:
     steps = 3 if quick else 8
     data, mine = _data(steps, rank, workers)
     base = _reset_peak()
-    epoch = _phalanx_loop(strategy, data) if strategy is not None else _raw_fsdp_loop(mine)
+    epoch = _phalanx_loop(strategy, data, mode == "meta") if strategy is not None else _raw_fsdp_loop(mine)
+    if strategy is not None:  # the model made and sharded (the first run shards it), no step yet
+        strategy.run(lambda: None)
+        made = torch.tensor([float(_status("VmHWM") - base)])
+        dist.all_reduce(made, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            growth_mib = made.item() / 2**20
+            print(f"{workers} workers  {mode:<5} peak memory growth to the first step {growth_mib:6.1f} MiB")
     seconds = min(_timed(epoch) for _ in range(2 if quick else 3))
     growth = torch.tensor([float(_status("VmHWM") - base)])
     dist.all_reduce(growth, op=dist.ReduceOp.MAX)
@@ -231,7 +240,7 @@ def main() -> int:
     quick = ["--quick"] if args.quick else []
     status = 0
     for workers in args.workers:
-        for job in ("mwms", "fsdp", "raw"):
+        for job in ("mwms", "fsdp", "meta", "raw"):
             job_args = ["--job", job, *quick]
             status |= launch(
                 os.path.abspath(__file__), workers=workers, args=job_args, env=MALLOC, timeout=1200
