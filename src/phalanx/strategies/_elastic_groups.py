@@ -45,18 +45,24 @@ def make_group(strategy: Any) -> WorkerGroup:
 
 
 def drop_group(strategy: Any) -> None:
-    """Drops the current group without waiting for any peer: first shuts down its connections,
-    so that what is in flight on them fails now, here and on the peers (see
-    `phalanx.communication.group_sockets`), then abandons it."""
+    """Drops the current group without waiting for any peer. After a failure (a member lost:
+    a collective may have been cut short) it first shuts down the group's connections, so that
+    what is in flight on them fails now, here and on the peers (see
+    `phalanx.communication.group_sockets`). A healthy group (every member re-forms to admit a
+    joiner, after a collective every member completed) is left to close its connections
+    itself: shut down at once, a peer could lose the last bytes of that collective (a reset
+    discards what it has not read yet) and take another path than the members."""
     group: WorkerGroup | None = strategy._group
     sockets: GroupSockets | None = strategy._group_sockets
     strategy._group_sockets = None
-    if sockets is not None:
+    cut_short = group is None or group.failure is not None
+    if sockets is not None and cut_short:
         sockets.shut_down()
     if group is None:
         return
     group.abandon()
-    _let_in_flight_fail(group)
+    if cut_short:
+        _let_in_flight_fail(group)
 
 
 def _let_in_flight_fail(group: WorkerGroup) -> None:
@@ -97,11 +103,12 @@ def reform(strategy: Any) -> None:
 
 
 def close_elastic(strategy: Any) -> None:
-    """After the group closed (every member left, or a member was lost at the end): ends what
-    is still in flight on its connections while the interpreter runs, then stops the beacon
-    and records that the job finished."""
+    """After the group closed: if a member was lost at the end (close() then leaves the group
+    as it is), ends what is still in flight on its connections while the interpreter runs;
+    then stops the beacon and records that the job finished."""
     group, sockets = strategy._group, strategy._group_sockets
     strategy._group_sockets = None
-    if sockets is not None and sockets.shut_down() and group is not None:
+    failed = group is not None and group.failure is not None  # then close() did not tear it down
+    if sockets is not None and failed and sockets.shut_down():
         _let_in_flight_fail(group)
     strategy._membership.stop(finished=True)
