@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,54 +27,13 @@ from phalanx.communication.worker_group import (
 from phalanx.protocols import StepSync
 from phalanx.strategies import _elastic_groups
 from phalanx.strategies._bucket_sync import BucketSync
+from phalanx.strategies._worker_setup import deprecated_communication, local_devices, task_name
 from phalanx.strategies.run_options import RunOptions
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 from phalanx.values import ReduceOp
 from phalanx.variables import DistributedVariable
 
 __all__ = ["MultiWorkerMirroredStrategy"]
-
-
-def _local_devices(resolver: ClusterResolver) -> list[str]:
-    """This worker's GPU (LOCAL_RANK's) or all its GPUs, else one CPU replica."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        return ["cpu:0"]
-    local_rank = getattr(resolver, "local_rank", None)
-    if local_rank is None and os.environ.get("LOCAL_RANK", "").strip().isdigit():
-        local_rank = int(os.environ["LOCAL_RANK"])
-    if local_rank is not None:
-        return [f"cuda:{int(local_rank) % count}"]
-    return [f"cuda:{i}" for i in range(count)]
-
-
-def _task_name(resolver: ClusterResolver) -> Callable[[int], str]:
-    """``name(rank) -> "worker:1 (host:port)"`` for messages."""
-    named = getattr(resolver, "task_name", None)
-    if callable(named):
-        return named  # type: ignore[no-any-return]
-    return lambda rank: f"worker:{rank}"
-
-
-def _deprecated_communication(
-    communication: CommunicationImplementation | None, options: CommunicationOptions | None
-) -> CommunicationOptions | None:
-    """TF's ``communication=`` (deprecated) as ``CommunicationOptions(implementation=...)``."""
-    if communication is None:
-        return options
-    if options is not None:
-        raise ValueError(
-            "Give communication_options or the deprecated communication, not both. Received: "
-            f"communication={communication!r} and communication_options={options!r}. HINT: "
-            "communication_options=CommunicationOptions(implementation=...)."
-        )
-    warnings.warn(
-        "MultiWorkerMirroredStrategy(communication=...) is deprecated (as in TensorFlow): use "
-        "communication_options=phalanx.CommunicationOptions(implementation=...).",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return CommunicationOptions(implementation=communication)
 
 
 class MultiWorkerMirroredStrategy(Strategy):
@@ -137,7 +94,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         communication: CommunicationImplementation | None = None,
         sync_batch_norm: bool = False,
     ) -> None:
-        communication_options = _deprecated_communication(communication, communication_options)
+        communication_options = deprecated_communication(communication, communication_options)
         resolver = cluster_resolver if cluster_resolver is not None else resolve_cluster()
         validate_for_strategy(resolver, "MultiWorkerMirroredStrategy", allow_ps=False)
         if resolver.task_type not in (None, "chief", "worker"):
@@ -154,7 +111,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             )
         timeout = options.timeout_seconds or DEFAULT_TIMEOUT_SECONDS
         super().__init__(
-            list(devices) if devices is not None else _local_devices(resolver),
+            list(devices) if devices is not None else local_devices(resolver),
             None,
             timeout,
             num_workers=resolver.num_workers,
@@ -192,11 +149,11 @@ class MultiWorkerMirroredStrategy(Strategy):
         settings = ElasticSettings.from_env()
         if settings is None:  # the job's one group, its store served by the chief
             host, _, port = self._resolver.chief_address().rpartition(":")
-            names = _task_name(self._resolver)
+            names = task_name(self._resolver)
             return self._new_group(host, int(port), self._worker_index, self._num_workers, names, join)
         # an elastic job: the membership decides who trains, and the ranks
         self._membership = Membership(
-            settings, self._worker_index, self._num_workers, _task_name(self._resolver), join
+            settings, self._worker_index, self._num_workers, task_name(self._resolver), join
         )
         self._membership.start()
         return _elastic_groups.make_group(self)
