@@ -21,8 +21,9 @@ from support.cluster import LocalCluster, run_cluster
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = Path(__file__).parent / "scripts" / "preemption_loop.py"
-STEPS = 300  # the script's
-PAUSE = 0.02  # seconds after each step of an interrupted run: at least 6 s of training to interrupt
+STEPS = 150  # the script's
+PAUSE = 0.05  # seconds after each step of an interrupted run: 6 s of training after PROGRESS, more
+# than the grace period (3 s) the grace test trains on for
 GRACE = 60.0  # the "platform's" grace period: both workers must have saved and exited within it
 PROGRESS = 30  # worker-1 has done this many steps when it is interrupted
 
@@ -133,7 +134,7 @@ def test_fit_with_backup_and_restore_saves_before_preemption_and_resumes_exactly
     folder.mkdir()
     with LocalCluster(2) as cluster:
         cluster.start(FIT, folder / "backup", folder / "final.pt", PAUSE)
-        _wait_for_progress(folder, PROGRESS, cluster)  # some batch of epoch 6 or later, of 30
+        _wait_for_progress(folder, PROGRESS, cluster)  # some batch of epoch 6 or later, of 15
         os.kill(cluster.pid("worker-1"), signal.SIGTERM)
         run = cluster.wait(GRACE)
     assert run.returncodes == {"worker-0": 42, "worker-1": 42}, run.output

@@ -4,11 +4,13 @@ Opt-in (``PHALANX_MIN_WORKERS``; ``phalanx launch --min-workers`` sets it). The 
 rendezvous store must outlive every worker (``PHALANX_ELASTIC_STORE=host:port``, which
 ``phalanx launch`` serves itself), because the chief may be the one that is lost.
 
-A **membership epoch** is one process group: its members, in rank order (the lowest live task
-is rank 0), are written once, under ``phalanx/elastic/e/<epoch>/members``, and its
-`WorkerGroup` uses the key prefix ``phalanx/elastic/g<epoch>/`` (fresh gloo, stall-inspector
-and heartbeat keys). Each member is a ``task:incarnation`` pair: a restarted task is a new
-incarnation, which joins as a new member.
+A **membership epoch** is one process group: its members, in rank order (the members that stay,
+by task, then the joiners, by task: rank 0, the chief, is the lowest live task that was a
+member already, never a task that just joined), are written once, under
+``phalanx/elastic/e/<epoch>/members``, and its `WorkerGroup` uses the key prefix
+``phalanx/elastic/g<epoch>/`` (fresh gloo, stall-inspector and heartbeat keys). Each member
+is a ``task:incarnation`` pair: a restarted task is a new incarnation, which joins as a new
+member.
 
 * **Beacons.** Every worker adds to ``alive/<task>`` every `BEACON_SECONDS` on a thread of
   its own (``incarnation:count``); the launcher writes ``dead`` there when the process exits.
@@ -27,6 +29,7 @@ Below ``min_workers`` members, `BelowMinimumWorkersError` ends the job, naming w
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -62,6 +65,7 @@ DEAD_AFTER_ENV = "PHALANX_ELASTIC_DEAD_SECONDS"
 PREFIX = "phalanx/elastic/"
 BEACON_SECONDS = 0.2
 DEFAULT_DEAD_AFTER = 3.0
+STOP_SECONDS = 5.0  # the watcher's longest round: a few store calls (milliseconds)
 DEAD = "dead"
 
 
@@ -230,9 +234,23 @@ class Membership:
         return self._name(self.members[rank].task) if 0 <= rank < len(self.members) else f"worker:{rank}"
 
     def start(self) -> None:
-        """Joins the job: the first formation (every task of incarnation 0), else as a joiner."""
+        """Joins the job: the first formation (every task of incarnation 0), else as a joiner.
+
+        Raises:
+            PeerUnavailableError: A joiner was not admitted, or the job finished first.
+            BelowMinimumWorkersError: Fewer tasks than the minimum form the job.
+        """
         self._store.set(f"alive/{self.me.task}", f"{self.me.incarnation}:0")
         self._start_thread()
+        try:
+            self._enter()
+        except BaseException:
+            # the watcher must not outlive a failed start: a daemon thread inside a store call
+            # when the interpreter finalizes aborts the process (SIGABRT instead of the error)
+            self.stop()
+            raise
+
+    def _enter(self) -> None:
         if self.me.incarnation == 0:
             if self._store.add("e/0/decider/0", 1) == 1:
                 self._publish(0, [Member(t, 0) for t in range(self._num_tasks)])
@@ -309,7 +327,10 @@ class Membership:
                 break
             time.sleep(0.02)
         joiners = self._joiners({m.task for m in here})
-        self._publish(epoch, sorted(here + joiners, key=lambda m: m.task))
+        # joiners after the members that stay: rank 0, whose state every member takes, is never
+        # a joiner (a restarted task 0 would hand out its fresh weights)
+        by_task = lambda m: m.task  # noqa: E731
+        self._publish(epoch, sorted(here, key=by_task) + sorted(joiners, key=by_task))
 
     def _joiners(self, present: set[int]) -> list[Member]:
         joiners = []
@@ -374,6 +395,9 @@ class Membership:
     def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._watch, name="phalanx-membership", daemon=True)
         self._thread.start()
+        # stopped before the interpreter finalizes, however the program ends (an error, a
+        # sys.exit): a daemon thread inside a store call then would abort the process
+        atexit.register(self.stop)
 
     def _watch(self) -> None:
         beacons = _Beacons(self.connect(), self._name, self.settings.dead_after)  # its own connection
@@ -402,6 +426,7 @@ class Membership:
                 self._store.set("finished", "1")
             except Exception as exc:  # the launcher ended: nobody waits to join any more
                 log.debug("Could not record that the job finished: %s", exc)
+        atexit.unregister(self.stop)
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=STOP_SECONDS)

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MoveTo", "elastic_sync_of", "elastic_train_epoch"]
 
+_END = object()  # the epoch has no batch left
+
 
 class MoveTo(Exception):  # noqa: N818 - control flow, not an error
     """The chief is in another epoch: fit continues at ``(epoch, step)``."""
@@ -90,32 +92,30 @@ def elastic_train_epoch(
     state.epoch, state.next_step, state.run_count = epoch, skip, model.strategy.run_count
     state.callbacks = list(getattr(callbacks, "callbacks", []))
     iterator = _batches(model, handler, epoch, skip)
-    logs: dict[str, float] = {}
     while True:
         try:
+            # the epoch's logs are a collective: every member makes it at the epoch's end,
+            # whatever it did in this call (one handed the chief's state at the epoch's last
+            # boundary, a joiner, ran no step here); a loss there is survived like one in a step
+            if model.stop_training:  # a callback stopped the training after the last step
+                return model._logs()  # type: ignore[no-any-return]
             if sync.boundary():
                 iterator = _reposition(model, handler, state, epoch)
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
+            batch = next(iterator, _END)
+            if batch is _END:
+                return model._logs()  # type: ignore[no-any-return]
             step = state.next_step
             callbacks.on_train_batch_begin(step)
             model.strategy.run(model._train_step, args=batch)
             sync.step_done()
             state.next_step = model._steps_done = step + 1
             state.run_count = model.strategy.run_count
-            logs = model._logs()
-            callbacks.on_train_batch_end(step, logs)
+            callbacks.on_train_batch_end(step, model._logs())
         except Exception as exc:
             if not is_recoverable(model.strategy, exc):
                 raise
             sync.recover(exc)
             iterator = _reposition(model, handler, state, epoch)
-            continue
-        if model.stop_training:
-            break
-    return logs or model._logs()
 
 
 def _batches(model: Any, handler: DataHandler, epoch: int, skip: int) -> Any:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,7 +12,7 @@ from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.cluster.validation import validate_for_strategy
 from phalanx.communication.bucketing import GradientBuckets
 from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
-from phalanx.communication.health import PeerUnavailableError
+from phalanx.communication.group_sockets import GroupSockets
 from phalanx.communication.membership import ElasticSettings, Membership
 from phalanx.communication.stall_inspector import StallSettings
 from phalanx.communication.worker_group import (
@@ -27,57 +25,15 @@ from phalanx.communication.worker_group import (
     seconds_from_env,
 )
 from phalanx.protocols import StepSync
+from phalanx.strategies import _elastic_groups
 from phalanx.strategies._bucket_sync import BucketSync
+from phalanx.strategies._worker_setup import deprecated_communication, local_devices, task_name
 from phalanx.strategies.run_options import RunOptions
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 from phalanx.values import ReduceOp
 from phalanx.variables import DistributedVariable
 
 __all__ = ["MultiWorkerMirroredStrategy"]
-
-REFORM_JOIN_TIMEOUT = 30.0  # seconds the members of a re-formed group wait for each other
-
-
-def _local_devices(resolver: ClusterResolver) -> list[str]:
-    """This worker's GPU (LOCAL_RANK's) or all its GPUs, else one CPU replica."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        return ["cpu:0"]
-    local_rank = getattr(resolver, "local_rank", None)
-    if local_rank is None and os.environ.get("LOCAL_RANK", "").strip().isdigit():
-        local_rank = int(os.environ["LOCAL_RANK"])
-    if local_rank is not None:
-        return [f"cuda:{int(local_rank) % count}"]
-    return [f"cuda:{i}" for i in range(count)]
-
-
-def _task_name(resolver: ClusterResolver) -> Callable[[int], str]:
-    """``name(rank) -> "worker:1 (host:port)"`` for messages."""
-    named = getattr(resolver, "task_name", None)
-    if callable(named):
-        return named  # type: ignore[no-any-return]
-    return lambda rank: f"worker:{rank}"
-
-
-def _deprecated_communication(
-    communication: CommunicationImplementation | None, options: CommunicationOptions | None
-) -> CommunicationOptions | None:
-    """TF's ``communication=`` (deprecated) as ``CommunicationOptions(implementation=...)``."""
-    if communication is None:
-        return options
-    if options is not None:
-        raise ValueError(
-            "Give communication_options or the deprecated communication, not both. Received: "
-            f"communication={communication!r} and communication_options={options!r}. HINT: "
-            "communication_options=CommunicationOptions(implementation=...)."
-        )
-    warnings.warn(
-        "MultiWorkerMirroredStrategy(communication=...) is deprecated (as in TensorFlow): use "
-        "communication_options=phalanx.CommunicationOptions(implementation=...).",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return CommunicationOptions(implementation=communication)
 
 
 class MultiWorkerMirroredStrategy(Strategy):
@@ -138,7 +94,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         communication: CommunicationImplementation | None = None,
         sync_batch_norm: bool = False,
     ) -> None:
-        communication_options = _deprecated_communication(communication, communication_options)
+        communication_options = deprecated_communication(communication, communication_options)
         resolver = cluster_resolver if cluster_resolver is not None else resolve_cluster()
         validate_for_strategy(resolver, "MultiWorkerMirroredStrategy", allow_ps=False)
         if resolver.task_type not in (None, "chief", "worker"):
@@ -155,7 +111,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             )
         timeout = options.timeout_seconds or DEFAULT_TIMEOUT_SECONDS
         super().__init__(
-            list(devices) if devices is not None else _local_devices(resolver),
+            list(devices) if devices is not None else local_devices(resolver),
             None,
             timeout,
             num_workers=resolver.num_workers,
@@ -174,6 +130,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._buckets: GradientBuckets | None = None
         self._bucket_sync: BucketSync | None = None
         self._membership: Membership | None = None
+        self._group_sockets: GroupSockets | None = None  # an elastic group's connections
         if self._num_workers > 1:
             self._group = self._join(join_timeout, heartbeat_timeout)
             if self._num_local_replicas == 1:
@@ -192,14 +149,14 @@ class MultiWorkerMirroredStrategy(Strategy):
         settings = ElasticSettings.from_env()
         if settings is None:  # the job's one group, its store served by the chief
             host, _, port = self._resolver.chief_address().rpartition(":")
-            names = _task_name(self._resolver)
+            names = task_name(self._resolver)
             return self._new_group(host, int(port), self._worker_index, self._num_workers, names, join)
         # an elastic job: the membership decides who trains, and the ranks
         self._membership = Membership(
-            settings, self._worker_index, self._num_workers, _task_name(self._resolver), join
+            settings, self._worker_index, self._num_workers, task_name(self._resolver), join
         )
         self._membership.start()
-        return self._make_group()
+        return _elastic_groups.make_group(self)
 
     def _new_group(
         self,
@@ -233,20 +190,6 @@ class MultiWorkerMirroredStrategy(Strategy):
             own = self._resolver.cluster_spec().task_address(job, index).rpartition(":")[0]
         return own
 
-    def _make_group(self) -> WorkerGroup:
-        """The group of the membership's current epoch (an elastic job; all its members)."""
-        membership = self._membership
-        assert membership is not None
-        self._num_workers, self._worker_index = len(membership.members), membership.rank
-        join = self._group_settings[0]
-        if membership.epoch > 0:  # every member is alive and waiting: a lost one must not cost 120 s
-            join = min(join, REFORM_JOIN_TIMEOUT)
-        host, port = membership.settings.store
-        elastic = ElasticGroup(f"phalanx/elastic/g{membership.epoch}/", membership.failure)
-        return self._new_group(
-            host, port, membership.rank, len(membership.members), membership.task_name, join, elastic
-        )
-
     @property
     def membership(self) -> Membership | None:
         """The elastic membership (``PHALANX_MIN_WORKERS`` set, several workers), else None."""
@@ -256,37 +199,15 @@ class MultiWorkerMirroredStrategy(Strategy):
         """Drops the current group and makes the next membership epoch's: after a lost worker,
         or to admit a joiner (every live member; an elastic job only). The caller then hands
         the new members the chief's state (`phalanx.checkpoint.failure_handling.elastic`).
+        What is still in flight on the dropped group fails at once, on every member
+        (`phalanx.communication.group_sockets`).
 
         Raises:
+            RuntimeError: The strategy is not elastic.
             BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
             PeerUnavailableError: This worker was left out, or the new group failed 5 times.
         """
-        membership = self._membership
-        if membership is None:
-            raise RuntimeError(
-                f"{self!r} is not elastic. HINT: set PHALANX_MIN_WORKERS (phalanx launch --min-workers)."
-            )
-        if self._buckets is not None:
-            self._buckets.release()
-        if self._group is not None:
-            self._group.abandon()
-        params = [p for p in (ref() for ref in self._plain.values()) if isinstance(p, torch.nn.Parameter)]
-        for param in params:  # a step cut short left partial sums in .grad: drop them
-            param.grad = None
-        for attempt in range(5):
-            membership.reform()
-            try:
-                self._group = self._make_group()
-                break
-            except PeerUnavailableError:  # a member was lost while the group formed: once more
-                if attempt == 4:
-                    raise
-        if self._num_local_replicas == 1:
-            assert self._group is not None
-            self._buckets = self._make_buckets(self._group)
-            for param in params:  # in creation order, as on every member
-                self._buckets.add(param)
-            self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
+        _elastic_groups.reform(self)
 
     def handed_over(self) -> None:
         """Records that every member took the chief's state (an elastic job, after a re-form):
@@ -568,5 +489,5 @@ class MultiWorkerMirroredStrategy(Strategy):
             if self._group is not None:
                 self._group.close()
             if self._membership is not None:
-                self._membership.stop(finished=True)
+                _elastic_groups.close_elastic(self)
             self._threads.close()

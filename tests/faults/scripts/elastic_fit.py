@@ -22,7 +22,7 @@ import phalanx
 out_dir, epochs, kill_rank, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 pause = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 strategy = phalanx.MultiWorkerMirroredStrategy()
-rank = int(os.environ.get("RANK", "0"))
+rank = int(os.environ.get("RANK", strategy.cluster_resolver.task_id or 0))  # TF_CONFIG alone: its index
 incarnation = int(os.environ.get("PHALANX_ELASTIC_INCARNATION", "0"))
 with open(os.path.join(out_dir, f"pid-{rank}-{incarnation}"), "w") as f:
     f.write(str(os.getpid()))

@@ -45,7 +45,7 @@ class Progress(phalanx.callbacks.Callback):
 
 
 backup = phalanx.callbacks.BackupAndRestore(backup_dir, save_before_preemption=True)
-history = model.fit(x, y, batch_size=16, epochs=30, shuffle=True, verbose=0, callbacks=[backup, Progress()])
+history = model.fit(x, y, batch_size=16, epochs=15, shuffle=True, verbose=0, callbacks=[backup, Progress()])
 if strategy.is_chief:
     torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, out_file)
 print("done", flush=True)

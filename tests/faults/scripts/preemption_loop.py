@@ -15,26 +15,21 @@ import sys
 import time
 
 import torch
-from torch import nn
+from _custom_loop import build, data, train_step_of, weights
 
 import phalanx
 from phalanx.experimental import PreemptionCheckpointHandler, TerminationConfig
 
-STEPS, GLOBAL_BATCH = 300, 8
+STEPS, GLOBAL_BATCH = 150, 8
 
 ckpt_dir, out_file, mode, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 folder = os.path.dirname(os.path.abspath(ckpt_dir))
 strategy = phalanx.MultiWorkerMirroredStrategy()
-rank, workers = strategy.worker_rank, strategy.num_workers_in_sync
+rank = strategy.worker_rank
 
-g = torch.Generator().manual_seed(7)
-data = torch.randn(STEPS, GLOBAL_BATCH, 5, generator=g)
-targets = torch.randn(STEPS, GLOBAL_BATCH, 1, generator=g)
-torch.manual_seed(0)
+inputs, targets = data(STEPS, GLOBAL_BATCH)
 with strategy.scope():
-    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    checkpoint = phalanx.checkpoint.Checkpoint(model=model, optimizer=optimizer)
+    model, optimizer, checkpoint = build(strategy)
     watcher_fn = None
     if mode == "watcher" and rank == 1:
         watcher_fn = lambda: os.path.exists(os.path.join(folder, "notice"))  # noqa: E731
@@ -43,22 +38,12 @@ with strategy.scope():
 print(f"starting at run call {handler.total_run_calls}", flush=True)
 
 
-def train_step(step):
-    rows = slice(rank * GLOBAL_BATCH // workers, (rank + 1) * GLOBAL_BATCH // workers)  # this worker's share
-    x, y = data[step, rows], targets[step, rows]
-
-    def replica_step():
-        if mode == "error" and rank == 1 and step == 40:
-            raise ValueError(f"bad batch {step}")
-        loss = (model(x) - y).square().sum() / GLOBAL_BATCH
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
-
-    return strategy.reduce("SUM", strategy.run(replica_step), axis=None)
+def bad_batch(step):
+    if mode == "error" and rank == 1 and step == 40:
+        raise ValueError(f"bad batch {step}")
 
 
+train_step = train_step_of(strategy, model, optimizer, inputs, targets, bad_batch)
 for step in range(handler.total_run_calls, STEPS):
     handler.run(train_step, step)
     if step % 10 == 0:
@@ -67,5 +52,5 @@ for step in range(handler.total_run_calls, STEPS):
     time.sleep(pause)
 
 if strategy.is_chief:
-    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out_file)
+    torch.save(weights(model), out_file)
 print("done", flush=True)

@@ -156,6 +156,28 @@ def test_a_restarted_task_asks_to_join_and_is_admitted_at_the_next_re_form(serve
         m.stop()
 
 
+def test_a_restarted_chief_joins_after_the_members_that_stayed(server):
+    """Rank 0 hands every member its state: a restarted task 0 must not be rank 0."""
+    port = server
+    members = [_membership(port, t) for t in range(3)]
+    _all(*(m.start for m in members))
+    _mark_dead(members[0], 0)
+    members[0].stop()
+    _all(members[1].reform, members[2].reform)
+    joiner = _membership(port, 0, incarnation=1)
+    joining = threading.Thread(target=joiner.start)
+    joining.start()
+    deadline = time.monotonic() + 30
+    while not (members[1].join_pending and members[2].join_pending) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _all(members[1].reform, members[2].reform)
+    joining.join(timeout=30)
+    assert joiner.members == members[1].members == [Member(1, 0), Member(2, 0), Member(0, 1)]
+    assert (members[1].rank, members[2].rank, joiner.rank) == (0, 1, 2)
+    for m in (*members[1:], joiner):
+        m.stop()
+
+
 def test_a_task_left_out_of_an_epoch_is_told_so(server):
     port = server
     member = _membership(port, 1, tasks=2, minimum=1)
@@ -174,7 +196,7 @@ def test_a_joiner_that_is_never_admitted_gives_up_by_name(server):
         PeerUnavailableError, match="worker:1 was not admitted to the running job within 0.5s"
     ):
         joiner.start()
-    joiner.stop()
+    assert not _watchers()
 
 
 def test_a_decision_that_never_comes_is_named(server):
@@ -210,4 +232,22 @@ def test_a_joiner_is_told_when_the_job_finished_first(server):
         PeerUnavailableError, match="worker:1 was restarted to join the job, but the job finished"
     ):
         joiner.start()
-    joiner.stop()
+    # its watcher stopped with the error: a daemon thread left inside a store call when the
+    # interpreter finalizes aborts the process (SIGABRT instead of this error)
+    assert not _watchers()
+
+
+def _watchers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "phalanx-membership"]
+
+
+def test_the_watcher_is_stopped_at_exit_however_the_program_ends(server, monkeypatch):
+    registered = []
+    monkeypatch.setattr("atexit.register", registered.append)
+    monkeypatch.setattr("atexit.unregister", lambda f: None)
+    member = _membership(server, 0, tasks=1, minimum=1)
+    member.start()
+    assert registered == [member.stop]
+    assert _watchers()
+    registered[0]()  # what the interpreter runs at exit, before it finalizes
+    assert not _watchers()
