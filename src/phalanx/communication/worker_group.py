@@ -44,7 +44,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -69,6 +69,7 @@ from phalanx.communication.process_group import BACKEND, PhalanxProcessGroup, re
 from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
 from phalanx.communication.stall_inspector import CollectiveMismatchError, StallSettings
+from phalanx.communication.subgroups import SubgroupEngine
 from phalanx.communication.transport_choice import check_settings
 
 __all__ = [
@@ -266,6 +267,34 @@ class WorkerGroup(GroupFailures, GroupCollectives):
     def uses_shared_memory(self) -> bool:
         """Whether CPU all-reduces go through shared memory (every worker on this machine)."""
         return self._shm is not None
+
+    def subgroup(
+        self, gloo: Any, store: Any, rank: int, size: int, global_ranks: Sequence[int]
+    ) -> SubgroupEngine:
+        """The engine of a group of this job's workers made with ``torch.distributed.new_group()``
+        (its members; `phalanx.communication.subgroups`): signed as this group's collectives
+        are, and a mismatch on it fails this group too.
+
+        Args:
+            gloo: The gloo group between the members, which carries the collectives.
+            store: The new group's store.
+            rank, size: This worker's rank in the new group and its size.
+            global_ranks: Each member's rank in the job (empty: every worker).
+        """
+        members = list(global_ranks) or list(range(size))
+        engine = SubgroupEngine(
+            gloo,
+            store,
+            rank,
+            size,
+            [self._name(r) for r in members],
+            self._check.enabled,
+            self._works.add,
+            self._check_usable,
+            self.wait,
+        )
+        self._subgroup_checks.append(engine.check)
+        return engine
 
     # ---------------------------------------------------------------- shutdown
     def _at_exit(self) -> None:

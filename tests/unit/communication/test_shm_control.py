@@ -61,7 +61,8 @@ def test_a_wait_returns_once_the_peer_publishes(futex):
     assert (me.cell(CALLS, 0), me.cell(CALLS, 1)) == (1, 1)
     thread.join()
     peer.publish(SUMS, 1)  # the rows are apart
-    assert me.cell(CALLS, 1) == 1 and me.cell(SUMS, 1) == 1
+    assert me.cell(CALLS, 1) == 1
+    assert me.cell(SUMS, 1) == 1
 
 
 def test_the_codes_are_compared_before_the_wait_returns():
