@@ -12,11 +12,15 @@ and the first whose signatures differ raises `CollectiveMismatchError` on every 
 each side, before any result of it is used; the job's group fails with it (sticky), as after a
 mismatch on the default group.
 
-What a subgroup does not have: shared memory and the TLS ring (its collectives go over gloo
-between its members; under TLS ``new_group()`` without ``backend=`` is refused), and the stall
-inspector (a member that makes no collective on the group at all while the others wait is
-named by the job's deadline). ``new_group(backend="gloo")`` is torch's own ``ProcessGroupGloo``:
-phalanx does not replace torch's gloo backend.
+A group of every worker (``new_group()`` without ``ranks=``) is also watched by the job's
+stall inspector: a collective one worker makes on it while the others make none there (they
+wait in the job's next collective) is named on every worker within the stall bound, as on the
+default group. A group of some of the workers is not (its members count collectives the
+others do not make, so the inspector's numbering would differ between workers): such a stall
+is named by the job's deadline. What no subgroup has: shared memory and the TLS ring (its
+collectives go over gloo between its members; under TLS ``new_group()`` without ``backend=``
+is refused). ``new_group(backend="gloo")`` is torch's own ``ProcessGroupGloo``: phalanx does
+not replace torch's gloo backend.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from phalanx.communication.collective_check import CollectiveCheck
+import torch
+
+from phalanx.communication.collective_check import CollectiveCheck, Signed
 from phalanx.communication.collective_watch import CollectiveWatch
 from phalanx.communication.gloo_transport import GlooTransport
 from phalanx.communication.group_collectives import GroupCollectives
@@ -47,6 +53,7 @@ class SubgroupEngine(GroupCollectives):
         keep: Holds gloo's works until the job's group is torn down (`RecentWorks.add`).
         usable: ``usable(what)`` raises once the job's group is closed or failed.
         wait: ``wait(work, what, timeout)``: the job's watched wait (`WorkerGroup.wait`).
+        watch: The job's stall-inspector watch, for a group of every worker; None: not watched.
     """
 
     def __init__(
@@ -60,16 +67,22 @@ class SubgroupEngine(GroupCollectives):
         keep: Callable[[Any], Any],
         usable: Callable[[str], None],
         wait: Callable[[Any, str, float | None], None],
+        watch: CollectiveWatch | None = None,
     ) -> None:
         self.rank, self.world_size = rank, size
         self._usable, self._wait = usable, wait
         name: Callable[[int], str] = lambda r: names[r]  # noqa: E731
         self._shm, self._ring = None, None
-        self._watch = CollectiveWatch(rank, size, name, StallSettings(enabled=False))
+        self._watch = watch or CollectiveWatch(rank, size, name, StallSettings(enabled=False))
         self.check = CollectiveCheck(rank, size, name, checked)  # its own numbering
         self.check.attach_store(store)
         self._check = self.check
         self._gloo = GlooTransport(gloo, rank, size, self.check.mismatch, keep, checked, self.wait)
+
+    def _sign(self, kind: str, tensor: torch.Tensor, what: str) -> tuple[Any, Signed]:
+        """The job's stall-inspector signature (job-wide numbering), and this group's code and
+        report signature (this group's numbering, which every member shares)."""
+        return self._watch.issue(kind, (tensor,), what), self._check.sign(kind, tensor, what)
 
     @property
     def uses_tls(self) -> bool:

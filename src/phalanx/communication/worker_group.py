@@ -292,6 +292,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
             self._works.add,
             self._check_usable,
             self.wait,
+            self._watch if size == self.world_size else None,  # the same numbering everywhere
         )
         self._subgroup_checks.append(engine.check)
         return engine

@@ -5,9 +5,12 @@ Every step trains, then all-reduces the loss on the subgroup (every worker) and 
 ``STEP <i> <summed loss> <checksum of the weights>``. With ``stray``, worker:1 alone makes
 one more subgroup all-reduce (3 numbers) at step DIVERGE: every worker must raise
 `CollectiveMismatchError` at that collective, print ``MISMATCH <steps completed> <message>``
-and exit 1. Without it, both print ``BACKEND <name of the subgroup's backend>`` and finish.
+and exit 1. With ``lonely`` nobody all-reduces the loss, and worker:1's stray all-reduce
+meets nothing on the subgroup (worker:0 waits in the next step's collectives): the stall
+inspector names it. ``plain``: no stray collective; both finish. Every worker first prints
+``BACKEND <name of the subgroup's backend>``.
 
-usage: subgroup_collectives.py plain|stray
+usage: subgroup_collectives.py plain|stray|lonely
 """
 
 import sys
@@ -44,10 +47,11 @@ try:
     for step in range(STEPS):
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
         loss = strategy.run(train_step, args=(x,))
-        if MODE == "stray" and rank == 1 and step == DIVERGE:
+        if MODE in ("stray", "lonely") and rank == 1 and step == DIVERGE:
             dist.all_reduce(torch.ones(3), group=metrics)  # only this worker: a stray metric sync
         total = loss.clone()
-        dist.all_reduce(total, group=metrics)
+        if MODE != "lonely":
+            dist.all_reduce(total, group=metrics)
         done = step + 1
         checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
         print(f"STEP {step} {float(total):.6g} {checksum:.10g}", flush=True)
