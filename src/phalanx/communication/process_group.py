@@ -6,7 +6,9 @@ DDP, torchmetrics' state sync, ``torch.distributed.checkpoint`` and FSDP2 run on
 transport (same-host shared memory, the mutual-TLS ring between machines, else gloo) with the
 same deadlines, the same signature check and the same stall-inspector naming as phalanx's
 own collectives (`phalanx.communication.worker_group.WorkerGroup` is the engine underneath:
-every collective here is one of its all-reduces, broadcasts or all-gathers).
+every collective here is one of its all-reduces, broadcasts or all-gathers). A group made with
+``torch.distributed.new_group()`` without ``backend=`` is a `PhalanxProcessGroup` too, on an
+engine of its own that signs its collectives the same way (`phalanx.communication.subgroups`).
 
 How each torch collective is carried (W workers, r this one):
 
