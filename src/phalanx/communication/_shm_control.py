@@ -43,6 +43,7 @@ CHECK_SECONDS = 0.05
 _SYS_FUTEX = 202  # x86-64's syscall number (the only architecture this transport runs on)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # not FUTEX_PRIVATE: the word is shared between processes
 _ALL = 0x7FFFFFFF
+_REFUSED = (1, 22, 38)  # EPERM, EINVAL, ENOSYS (EAGAIN, ETIMEDOUT, EINTR are a wait's normal ends)
 
 
 class _Timespec(ctypes.Structure):
@@ -64,14 +65,16 @@ class _Futex:
         """Sleeps while the 32-bit word at ``address`` holds ``expected`` (at most ``seconds``)."""
         span = _Timespec(int(seconds), int((seconds % 1) * 1e9))
         word = ctypes.c_int(expected & 0xFFFFFFFF).value  # the word as the kernel compares it
-        where = ctypes.c_void_p(address)
-        result = self._syscall(_SYS_FUTEX, where, _FUTEX_WAIT, word, ctypes.byref(span), None, 0)
-        if result == -1 and ctypes.get_errno() in (1, 22, 38):  # EPERM, EINVAL, ENOSYS: not usable here
-            self.works = False
+        self._call(_FUTEX_WAIT, address, word, ctypes.byref(span))
 
     def wake(self, address: int) -> None:
         """Wakes every waiter on the word at ``address``."""
-        self._syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, _ALL, None, None, 0)
+        self._call(_FUTEX_WAKE, address, _ALL, None)
+
+    def _call(self, op: int, address: int, value: int, span: Any) -> None:
+        result = self._syscall(_SYS_FUTEX, ctypes.c_void_p(address), op, value, span, None, 0)
+        if result == -1 and ctypes.get_errno() in _REFUSED:  # not usable here: sleep instead
+            self.works = False
 
 
 def alive(pid: int) -> bool:

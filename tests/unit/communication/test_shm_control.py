@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -132,3 +133,19 @@ def test_clear_zeroes_only_this_workers_cells():
     me.clear()
     assert [me.cell(row, 0) for row in (CALLS, SUMS, CODES)] == [0, 0, 0]
     assert [me.cell(row, 1) for row in (CALLS, SUMS, CODES)] == [3, 3, 3]
+
+
+def test_a_refused_futex_falls_back_to_sleeping():
+    me, peer, _ = _blocks()
+
+    def refused(*args):
+        ctypes.set_errno(38)  # ENOSYS: a sandbox without futex(2)
+        return -1
+
+    me._futex._syscall = refused
+    me.publish(CALLS, 1)
+    assert not me._futex.works  # the wake was refused too: no more futex calls
+    thread = _later(0.1, lambda: peer.publish(CALLS, 1))
+    me.wait_for(CALLS, 1)
+    thread.join()
+    assert me.cell(CALLS, 1) == 1
