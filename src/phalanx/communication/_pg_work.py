@@ -36,6 +36,10 @@ class Engine(Protocol):
 
     def wait(self, work: Any, what: str, timeout: float | None = None) -> None: ...
 
+    def subgroup(self, gloo: Any, store: Any, rank: int, size: int, global_ranks: Sequence[int]) -> Engine:
+        """The engine of a ``new_group()`` of some of its workers (`phalanx.communication.subgroups`)."""
+        ...
+
 
 class Work(dist.Work):
     """A collective of this group: ``wait`` is the engine's watched wait (deadline, health,

@@ -6,7 +6,9 @@ DDP, torchmetrics' state sync, ``torch.distributed.checkpoint`` and FSDP2 run on
 transport (same-host shared memory, the mutual-TLS ring between machines, else gloo) with the
 same deadlines, the same signature check and the same stall-inspector naming as phalanx's
 own collectives (`phalanx.communication.worker_group.WorkerGroup` is the engine underneath:
-every collective here is one of its all-reduces, broadcasts or all-gathers).
+every collective here is one of its all-reduces, broadcasts or all-gathers). A group made with
+``torch.distributed.new_group()`` without ``backend=`` is a `PhalanxProcessGroup` too, on an
+engine of its own that signs its collectives the same way (`phalanx.communication.subgroups`).
 
 How each torch collective is carried (W workers, r this one):
 
@@ -68,14 +70,18 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     Args:
         store, rank, world_size, timeout: What torch passes to every backend.
         engine: The worker group whose transports carry the collectives.
+        gloo: The gloo group underneath, when the engine was made with it (a subgroup's);
+            default: a new one on ``store``.
     """
 
-    def __init__(self, store: Any, rank: int, world_size: int, timeout: timedelta, engine: Engine) -> None:
+    def __init__(
+        self, store: Any, rank: int, world_size: int, timeout: timedelta, engine: Engine, gloo: Any = None
+    ) -> None:
         super().__init__(rank, world_size)  # type: ignore[call-arg]  # the Python subclass form
         self._engine = engine
         # the group underneath: the engine's fallback (plain gloo), and the device backend
         # torch's C++ code finds for CPU tensors (not under TLS: plaintext between machines)
-        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, world_size, timeout)
+        self.gloo = gloo if gloo is not None else _gloo_under(store, rank, world_size, timeout)
         if not engine.uses_tls:
             self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self.gloo)
 
@@ -344,25 +350,40 @@ class _TlsProcessGroup(PhalanxProcessGroup):
         return self._names["desc"]
 
 
+def _gloo_under(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
+    """The plain gloo group under a phalanx group (its own keys in the group's store)."""
+    return dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+
+
 def _default_group() -> Any:
     return dist.group.WORLD if dist.is_initialized() else None
 
 
 def _create(options: Any, engine: Engine | None) -> Any:
-    """torch's factory for ``"phalanx"`` groups (extended API: ``pg_options`` is the engine)."""
+    """torch's factory for ``"phalanx"`` groups (extended API: ``pg_options`` is the engine).
+
+    The job's group is made with its engine (`WorkerGroup`); a ``new_group()`` without
+    ``backend=`` is made without one, and gets a subgroup engine of the job's
+    (`phalanx.communication.subgroups`): its collectives are signed as the job's are.
+    """
     store, rank, size, timeout = options.store, options.group_rank, options.group_size, options.timeout
     if engine is not None:
         kind = _TlsProcessGroup if engine.uses_tls else PhalanxProcessGroup
         return kind(store, rank, size, timeout, engine)
     default = _default_group()
-    if isinstance(default, PhalanxProcessGroup) and default._engine.uses_tls:
+    if not isinstance(default, PhalanxProcessGroup):  # no job of phalanx's: plain gloo, as torch's
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    if default._engine.uses_tls:
         raise RuntimeError(
             "A new group on the phalanx backend would be plain gloo, in plaintext between machines, and "
             "this job's collectives use TLS. Received: torch.distributed.new_group(...) without "
             "backend=. HINT: use the default group (every worker), or pass backend='gloo' knowingly."
         )
-    # a subgroup of the job (new_group without backend=): plain gloo, as torch would make it
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+    gloo = _gloo_under(store, rank, size, timeout)
+    members = list(getattr(options, "global_ranks_in_group", []))
+    return PhalanxProcessGroup(
+        store, rank, size, timeout, default._engine.subgroup(gloo, store, rank, size, members), gloo
+    )
 
 
 def register_backend() -> None:

@@ -43,10 +43,11 @@ Segments are files in ``/dev/shm`` named after the job, created by every worker 
 left behind, even after a crash. A segment that cannot be made on every worker makes that
 size go through gloo instead.
 
-Waiting (step 3) sleeps in short, growing pauses and, every `CHECK_SECONDS`, checks that the
-peer processes still exist (a SIGKILLed worker is named within that time), the group's health
-check and the deadline. Control cells are int64 written after the slot; x86-64 keeps stores in
-order, so this transport is only used there (elsewhere, gloo).
+Waiting (step 3) sleeps on a futex of the peer's control cell until the peer publishes, and
+every ``CHECK_SECONDS`` (50 ms) checks that the peer processes still exist (a SIGKILLed worker is named
+within that time), the group's health check and the deadline (`_shm_control.ControlBlock`).
+Control cells are int64 written after the slot; x86-64 keeps stores in order, so this
+transport is only used there (elsewhere, gloo).
 """
 
 from __future__ import annotations
@@ -54,13 +55,14 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from phalanx.communication._shm_control import CALLS, SUMS, ControlBlock
+from phalanx.communication._shm_control import alive as _alive  # noqa: F401 (tests reach it here)
 from phalanx.communication._work import Lane, PeerGoneError, QueuedWork
 from phalanx.communication.collective_check import UNCHECKED, Signed
 from phalanx.communication.same_machine import (  # noqa: F401 (re-exported: the transport's switch)
@@ -87,7 +89,6 @@ CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per slot at most: a 16 MiB segment 
 TWO_SHOT_ELEMENTS = 1 << 18  # from 1 MiB of float32, with 3 or more workers
 TWO_SHOT_ENV = "PHALANX_SHM_TWO_SHOT"
 MIN_CAPACITY = 1 << 10
-CHECK_SECONDS = 0.05
 _DIR = SHM_DIR
 _MARKER = -7_000_000
 _OPS: dict[Any, Callable[..., torch.Tensor]] = {
@@ -103,16 +104,6 @@ def _wants_two_shot(world: int) -> bool:
     if forced in ("0", "1"):
         return forced == "1"
     return world > 2 and len(os.sched_getaffinity(0)) >= world
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (an exited, not yet reaped child counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 class _Segment:
@@ -168,7 +159,7 @@ class SharedMemoryAllReduce:
         self._token, self._rank, self._world = token, rank, world_size
         self._pids, self._group, self._failure_of_group = pids, group, failure
         self._name, self._timeout, self._keep = name, timeout, keep
-        self._control: _Segment | None = None
+        self._control: ControlBlock | None = None
         self._shared: bool | None = None  # None until the control block was agreed on
         self._use_two_shot = False  # agreed with the control block
         self._segments: dict[tuple[torch.dtype, int], _Segment | None] = {}
@@ -317,49 +308,15 @@ class SharedMemoryAllReduce:
             else:
                 self._reduce_chunk(chunk, rows, op)
 
-    # ---------------------------------------------------------------- signatures (control block)
-    def _announce(self, signed: Signed) -> None:
-        """Publishes the code of this worker's next call (number and code in one int64 cell:
-        a peer reads both or neither), before anything that could wait on a peer."""
-        if signed.code and self._control is not None:
-            self._control.tensor[2 * self._world + self._rank] = ((self._calls + 1) << 32) | signed.code
-
-    def _verify(self, signed: Signed | None, target: int, every: bool) -> None:
-        """Compares the peers' announced codes of call ``target`` with this worker's; ``every``:
-        every peer must have announced it (else only those that did are compared)."""
-        if signed is None or not signed.code or self._control is None:
-            return
-        cells = self._control.tensor[2 * self._world : 3 * self._world].tolist()
-        for peer, cell in enumerate(cells):
-            number, code = cell >> 32, cell & 0xFFFFFFFF
-            if number == target and code != signed.code:
-                raise self._mismatch(signed, peer)
-            if every and number < target:  # cannot be once its call cell passed target
-                raise self._mismatch(signed, None)
-
-    def _wait_announced(self, signed: Signed) -> None:
-        """Waits until every peer announced this worker's next call, and compares: before a
-        new segment is agreed on through gloo, which a peer in another collective never joins."""
-        if not signed.code or self._control is None:
-            return
-        target = self._calls + 1
-        numbers = self._control.tensor[2 * self._world : 3 * self._world]
-        deadline = time.monotonic() + self._timeout
-        while int((numbers >> 32).min()) < target:
-            self._verify(signed, target, every=False)
-            time.sleep(CHECK_SECONDS / 10)
-            self._check_peers(self._control.tensor[: self._world], target, time.monotonic(), deadline)
-        self._verify(signed, target, every=True)
-
+    # ---------------------------------------------------------------- meetings (control block)
     def _meet(self, signed: Signed) -> None:
         """A call without data: every worker publishes it, waits for the others, and compares
         codes (before a collective the gloo group carries, or an empty one)."""
         assert self._control is not None
-        self._announce(signed)
+        self._control.announce(self._calls + 1, signed)
         self._calls += 1
-        cells = self._control.tensor
-        cells[self._rank] = self._calls
-        self._wait_for_peers(cells[: self._world], self._calls, signed)
+        self._control.publish(CALLS, self._calls)
+        self._control.wait_for(CALLS, self._calls, signed)
 
     def _exchange(self, chunk: torch.Tensor, signed: Signed, write: bool = True) -> torch.Tensor | None:
         """One meeting through the segment for ``chunk``'s size: writes ``chunk`` (any shape,
@@ -368,7 +325,7 @@ class SharedMemoryAllReduce:
         slots, which peers leave alone until this worker's next call; None when no segment of
         that size could be made (the peers met, the caller carries the data by gloo)."""
         assert self._control is not None
-        self._announce(signed)
+        self._control.announce(self._calls + 1, signed)
         n = chunk.numel()
         slots = self._slots(chunk.dtype, n, signed)
         if slots is None:
@@ -378,31 +335,26 @@ class SharedMemoryAllReduce:
         if write:
             rows[self._rank, :n].view_as(chunk).copy_(chunk)
         self._calls += 1
-        cells = self._control.tensor
-        cells[self._rank] = self._calls  # after the slot: x86-64 keeps stores in order
-        self._wait_for_peers(cells[: self._world], self._calls, signed)
+        self._control.publish(CALLS, self._calls)  # after the slot: x86-64 keeps stores in order
+        self._control.wait_for(CALLS, self._calls, signed)
         return rows
 
     def _reduce_chunk(self, chunk: torch.Tensor, rows: torch.Tensor, op: Any) -> None:
         """Step 4 of the all-reduce: the slots summed in rank order into ``chunk``."""
-        assert self._control is not None
         n = chunk.numel()
         combine = _OPS[op]
         if self._use_two_shot and self._world > 2 and n >= TWO_SHOT_ELEMENTS:
-            self._two_shot(chunk, rows[:, :n], combine, self._control.tensor[self._world :])
+            self._two_shot(chunk, rows[:, :n], combine)
             return
         combine(rows[0, :n], rows[1, :n], out=chunk)
         for k in range(2, self._world):
             combine(chunk, rows[k, :n], out=chunk)
 
     def _two_shot(
-        self,
-        chunk: torch.Tensor,
-        rows: torch.Tensor,
-        combine: Callable[..., torch.Tensor],
-        cells: torch.Tensor,
+        self, chunk: torch.Tensor, rows: torch.Tensor, combine: Callable[..., torch.Tensor]
     ) -> None:
         """Step 4 for large chunks: sum this worker's segment, publish it, gather the others."""
+        assert self._control is not None
         q, r = divmod(chunk.numel(), self._world)  # tensor_split's segments
         segments = [(k * q + min(k, r), q + (1 if k < r else 0)) for k in range(self._world)]
         start, length = segments[self._rank]
@@ -411,41 +363,11 @@ class SharedMemoryAllReduce:
         for k in range(2, self._world):
             combine(own, rows[k].narrow(0, start, length), out=own)
         rows[self._rank].narrow(0, start, length).copy_(own)  # only this worker reads segment r
-        cells[self._rank] = self._calls  # after the sum, as the first cell after the slot
-        self._wait_for_peers(cells, self._calls)
+        self._control.publish(SUMS, self._calls)  # after the sum, as the call cell after the slot
+        self._control.wait_for(SUMS, self._calls)
         for k, (first, size) in enumerate(segments):
             if k != self._rank:
                 chunk.narrow(0, first, size).copy_(rows[k].narrow(0, first, size))
-
-    def _wait_for_peers(self, cells: torch.Tensor, target: int, signed: Signed | None = None) -> None:
-        """Waits until every peer's cell reached ``target``; with ``signed``, compares the codes
-        of the call (those announced, every ``CHECK_SECONDS``; then all, before any sum)."""
-        deadline = time.monotonic() + self._timeout
-        next_check = time.monotonic() + CHECK_SECONDS
-        pause = 0.0
-        while int(cells[: self._world].min()) < target:
-            time.sleep(pause)  # 0 first: just give the core away
-            pause = min(0.0005, pause * 2 or 0.00002)
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + CHECK_SECONDS
-                self._verify(signed, target, every=False)  # a peer blocked in another collective
-                self._check_peers(cells, target, now, deadline)
-        self._verify(signed, target, every=True)
-
-    def _check_peers(self, cells: torch.Tensor, target: int, now: float, deadline: float) -> None:
-        late = [r for r in range(self._world) if int(cells[r]) < target]
-        gone = [r for r in late if not _alive(self._pids[r])]
-        if gone:
-            raise PeerGoneError(f"{self._name(gone[0])} (pid {self._pids[gone[0]]}) exited")
-        failure = self._failure_of_group()
-        if failure is not None:
-            raise PeerGoneError(failure)
-        if self._closing.is_set():
-            raise RuntimeError("the shared-memory transport was closed while waiting")
-        if now >= deadline:
-            names = [self._name(r) for r in late]
-            raise PeerGoneError(f"no answer from {names} within {self._timeout:g}s")
 
     # ---------------------------------------------------------------- segments (transport thread)
     def _path(self, what: str) -> str:
@@ -457,24 +379,32 @@ class SharedMemoryAllReduce:
         if self._shared is not None:
             return self._shared
         ok = 1
+        segment = None
         try:
-            # cell r: worker r's slot is written (call number); cell world + r: its two-shot sum
-            # cell 2 world + r: the number and code of worker r's current call (signatures)
-            self._control = _Segment(self._path("control"), 3 * self._world, torch.int64)
-            self._paths.append(self._control.path)
-            self._control.tensor[self._rank] = _MARKER - self._rank
+            segment = _Segment(self._path("control"), 3 * self._world, torch.int64)  # see ControlBlock
+            self._paths.append(segment.path)
+            segment.tensor[self._rank] = _MARKER - self._rank
         except OSError:
             ok = 0
         self._agree(1)  # every worker wrote its marker
-        if ok and self._control is not None:
-            cells = self._control.tensor
+        if ok and segment is not None:
+            cells = segment.tensor
             ok = int(all(int(cells[r]) == _MARKER - r for r in range(self._world)))
         self._shared = self._agree(ok)
         self._use_two_shot = self._agree(int(_wants_two_shot(self._world)))
-        if self._control is not None:
-            self._control.tensor[self._rank] = 0  # nobody reads a cell before the next meeting
-            self._control.tensor[self._world + self._rank] = 0
-            self._control.tensor[2 * self._world + self._rank] = 0
+        if segment is not None:
+            self._control = ControlBlock(
+                segment.tensor,
+                self._rank,
+                self._world,
+                self._pids,
+                self._name,
+                self._timeout,
+                self._failure_of_group,
+                self._closing,
+                self._mismatch,
+            )
+            self._control.clear()  # nobody reads a cell before the next meeting
         self._unlink_if_chief(self._path("control"))
         return self._shared
 
@@ -482,7 +412,8 @@ class SharedMemoryAllReduce:
         capacity = max(MIN_CAPACITY, 1 << (numel - 1).bit_length())
         key = (dtype, capacity)
         if key not in self._segments:
-            self._wait_announced(signed)  # the gloo agreement below must meet the same call
+            if self._control is not None:  # the gloo agreement below must meet the same call
+                self._control.wait_announced(signed, self._calls + 1)
             path = self._path(f"{str(dtype).removeprefix('torch.')}-{capacity}")
             segment: _Segment | None
             try:

@@ -48,14 +48,13 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
-from phalanx import timeline
-from phalanx.communication._work import PeerGoneError
-from phalanx.communication.collective_check import CollectiveCheck, Signed, check_enabled
+from phalanx.communication.collective_check import CollectiveCheck, check_enabled
 from phalanx.communication.collective_watch import CollectiveWatch
 from phalanx.communication.gloo_transport import GlooTransport
+from phalanx.communication.group_collectives import GroupCollectives
+from phalanx.communication.group_failures import POLL_SECONDS, GroupFailures
 from phalanx.communication.group_transports import Transports, open_transports
 from phalanx.communication.health import (
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -70,7 +69,7 @@ from phalanx.communication.process_group import BACKEND, PhalanxProcessGroup, re
 from phalanx.communication.recent_works import RecentWorks
 from phalanx.communication.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
 from phalanx.communication.stall_inspector import CollectiveMismatchError, StallSettings
-from phalanx.communication.tls_ring import CollectivesDifferError
+from phalanx.communication.subgroups import SubgroupEngine
 from phalanx.communication.transport_choice import check_settings
 
 __all__ = [
@@ -87,14 +86,7 @@ __all__ = [
 ]
 
 DEFAULT_JOIN_TIMEOUT = 120.0
-POLL_SECONDS = 0.5
 HEARTBEAT_TIMEOUT_ENV = "PHALANX_HEARTBEAT_TIMEOUT_SECONDS"
-_RESTART_HINT = "HINT: check that task's log; restart the job (BackupAndRestore resumes it)."
-
-
-def _op_name(op: Any) -> str:
-    """``"SUM"`` for ``ReduceOp.SUM`` (whose str is ``"RedOpType.SUM"``)."""
-    return str(op).rpartition(".")[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +99,7 @@ class ElasticGroup:
     lost: Callable[[], str | None]
 
 
-class WorkerGroup:
+class WorkerGroup(GroupFailures, GroupCollectives):
     """The process group of the training tasks, with check-in, heartbeats and deadlines.
 
     Made by every worker at the same time (all workers): connects to the chief's TCPStore
@@ -161,6 +153,7 @@ class WorkerGroup:
         self._failure: str | None = None
         self._closed = False
         self._elastic = elastic
+        self._subgroup_checks: list[CollectiveCheck] = []
         # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; restarts reuse it.
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         prefix = f"phalanx/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') if agent_store else '0'}/"
@@ -261,6 +254,10 @@ class WorkerGroup:
         ), "subgroup"
 
     @property
+    def _lost(self) -> str | None:
+        return self._elastic.lost() if self._elastic is not None else None
+
+    @property
     def uses_tls(self) -> bool:
         """Whether collectives that shared memory does not carry go over the TLS ring
         (`phalanx.communication.tls_ring`) instead of gloo."""
@@ -271,272 +268,34 @@ class WorkerGroup:
         """Whether CPU all-reduces go through shared memory (every worker on this machine)."""
         return self._shm is not None
 
-    # ---------------------------------------------------------------- failures
-    @property
-    def failure(self) -> str | None:
-        """Why this group can no longer be used, or None while it is healthy."""
-        report = self._check.report
-        return (
-            self._failure
-            or (str(report) if report else None)
-            or self._health.dead_peer()
-            or self._watch.verdict
-            or (self._elastic.lost() if self._elastic is not None else None)
-        )
-
-    def _raise(self, what: str, cause: BaseException | None = None) -> None:
-        self._failure = self.failure or "it was closed"
-        report = self._check.report
-        if self._watch.explains(self._failure) or (report is not None and self._failure == str(report)):
-            raise CollectiveMismatchError(self._failure) from cause
-        raise PeerUnavailableError(
-            f"{what} failed on {self._name(self.rank)}: {self._failure}. {_RESTART_HINT}"
-        ) from cause
-
-    def _check_usable(self, what: str) -> None:
-        if self._closed:
-            raise RuntimeError(
-                f"{what} was called after the strategy was closed. HINT: create a new "
-                "MultiWorkerMirroredStrategy (on every worker)."
-            )
-        if self.failure is not None:
-            self._raise(what)
-
-    def _blame(self, exc: RuntimeError, what: str) -> None:
-        """A collective failed inside torch.distributed: name the task responsible."""
-        text = str(exc).splitlines()[0] if str(exc) else repr(exc)
-        reported = self._check.peer_report()  # a peer saw a mismatch and left
-        if reported is not None and self.failure is None:
-            self._failure = str(reported)
-        suspicion = self._watch.suspicion()  # a peer that raised on a mismatch and exited
-        if suspicion is not None and self.failure is None:
-            self._failure = suspicion
-        elif "timed out" in text.lower() and self.failure is None:
-            self._failure = (
-                f"no answer within the process group's timeout ({self._collective_timeout:g}s; "
-                f"every worker still sends heartbeats, so one is stuck or called another collective): {text}"
-            )
-        elif self.world_size == 2:
-            self._failure = self.failure or f"{self._name(1 - self.rank)} closed its connection ({text})"
-        else:  # the heartbeats tell which peer is gone
-            deadline = time.monotonic() + self._health.timeout + 2 * HEARTBEAT_INTERVAL
-            while self.failure is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-            self._failure = self.failure or f"a peer closed its connection ({text})"
-        self._raise(what, exc)
-
-    # ---------------------------------------------------------------- waiting (all workers)
-    def wait(self, work: Any, what: str, timeout: float | None = None) -> None:
-        """Waits for an async collective, watching the health check and the deadline.
+    def subgroup(
+        self, gloo: Any, store: Any, rank: int, size: int, global_ranks: Sequence[int]
+    ) -> SubgroupEngine:
+        """The engine of a group of this job's workers made with ``torch.distributed.new_group()``
+        (its members; `phalanx.communication.subgroups`): signed as this group's collectives
+        are, and a mismatch on it fails this group too.
 
         Args:
-            work: What ``torch.distributed.<collective>(..., async_op=True)`` returned.
-            what: The collective, for messages.
-            timeout: Seconds (default: the group's collective timeout).
-
-        Raises:
-            PeerUnavailableError: A peer died or stopped answering, or the deadline passed.
+            gloo: The gloo group between the members, which carries the collectives.
+            store: The new group's store.
+            rank, size: This worker's rank in the new group and its size.
+            global_ranks: Each member's rank in the job (empty: every worker).
         """
-        self._watched_wait(work, what, timeout, where_issued=False)
-
-    def _watched_wait(self, work: Any, what: str, timeout: float | None, where_issued: bool) -> None:
-        with timeline.span(what, "collective"):  # free unless PHALANX_TIMELINE is set
-            self._watch.begin_wait(work, what, where_issued)
-            try:
-                self._wait_for(work, what, self._collective_timeout if timeout is None else timeout)
-            finally:
-                self._watch.end_wait()
-
-    def _wait_for(self, work: Any, what: str, limit: float) -> None:
-        deadline = time.monotonic() + limit
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                if self._wait_some(work, min(POLL_SECONDS, max(remaining, 0.001))):
-                    return
-            except RuntimeError as exc:
-                self._on_error(exc, work, what)
-            if self.failure is not None:
-                self._raise(what)
-            if time.monotonic() >= deadline:
-                self._failure = f"no answer within {limit:g}s"
-                self._raise(what)
-
-    def _on_error(self, exc: RuntimeError, work: Any, what: str) -> None:
-        """Raises the error of a wait that failed (a timed wait that ran out returns)."""
-        if isinstance(exc, CollectiveMismatchError):  # a transport saw another code
-            self._failure = self._failure or str(exc)
-            raise CollectiveMismatchError(self._failure) from exc
-        if isinstance(exc, PeerGoneError):  # a peer that saw a mismatch closed its connections
-            reported = self._check.peer_report()
-            if reported is not None:
-                self._failure = self._failure or str(reported)
-                raise CollectiveMismatchError(self._failure) from exc
-        if isinstance(exc, CollectivesDifferError):  # the TLS ring saw another collective (unsigned)
-            verdict = self._verdict_soon()
-            self._failure = self._failure or verdict or exc.failure
-            raise CollectiveMismatchError(self._failure) from exc
-        if isinstance(exc, PeerGoneError):  # our own transports name the peer
-            # a peer that raised on a mismatch and exited first is explained as one
-            self._failure = self.failure or self._watch.suspicion() or exc.failure
-            self._raise(what, exc)
-        if work.is_completed():
-            # A timed wait can run out just as the collective finishes: ask the finished work
-            # for its own outcome, so only a real error (a peer's socket closed) is blamed.
-            try:
-                work.wait()
-            except RuntimeError as final:
-                self._blame(final, what)
-
-    def _verdict_soon(self) -> str | None:
-        """The mismatch the stall inspector proves within a gossip round (it names where each
-        worker is, and the call sites), else None."""
-        deadline = time.monotonic() + 2 * HEARTBEAT_INTERVAL + POLL_SECONDS
-        while self._watch.enabled and time.monotonic() < deadline:
-            proven = self._watch.suspicion()
-            if proven is not None:
-                return proven
-            time.sleep(0.05)
-        return None
-
-    def _wait_some(self, work: Any, seconds: float) -> bool:
-        """True once ``work`` finished; False after ``seconds`` without (raises its error)."""
-        if self.backend == "gloo":
-            # Blocks on a condition variable: wakes exactly at completion, no polling.
-            work.wait(timedelta(seconds=seconds))  # raises "timed out" while still running
-            return True
-        end = time.monotonic() + seconds  # nccl: its timed wait may abort the communicator
-        pause = 0.00005
-        while not work.is_completed():
-            if time.monotonic() > end:
-                return False
-            time.sleep(pause)  # sleep, never spin: the communication threads need the cores
-            pause = min(0.001, pause * 2)
-        work.wait()
-        return True
-
-    # ---------------------------------------------------------------- collectives (all workers)
-    def _sign(self, kind: str, tensor: torch.Tensor, what: str) -> tuple[Any, Signed]:
-        """The collective's stall-inspector signature (None when off) and its checked code."""
-        signature = self._watch.issue(kind, (tensor,), what)
-        return signature, self._check.sign(kind, tensor, what, signature)
-
-    def all_reduce_async(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> Any:
-        """Starts an in-place all-reduce and returns its work; pass it to `wait` (all workers).
-
-        Precondition: same shape and dtype on every worker, same call order.
-        """
-        self._check_usable("all_reduce")
-        signature, signed = self._sign(f"all_reduce({_op_name(op)})", tensor, "all_reduce")
-        transport = self._shm or self._ring or self._gloo
-        return self._watch.attach(transport.all_reduce_async(tensor, op, signed), signature)
-
-    def all_reduce(
-        self,
-        tensor: torch.Tensor,
-        op: Any = dist.ReduceOp.SUM,
-        what: str = "all_reduce",
-        timeout: float | None = None,
-    ) -> torch.Tensor:
-        """In-place all-reduce of a contiguous tensor (all workers; same shape and dtype).
-
-        ``timeout`` overrides the group's collective timeout for this call.
-        """
-        self._check_usable(what)
-        self._watched_wait(self.all_reduce_async(tensor, op), what, timeout, where_issued=True)
-        return tensor
-
-    def try_reduce_scatter_async(
-        self, tensor: torch.Tensor, output: torch.Tensor, op: Any = dist.ReduceOp.SUM
-    ) -> Any | None:
-        """Starts a reduce-scatter where the transport has one of its own (shared memory) and
-        returns its work: ``tensor`` holds one part per worker, laid end to end, each the size of
-        ``output``, which receives this worker's part of the reduction. None where the transport
-        has none (the caller all-reduces instead; nothing was issued). All workers.
-        """
-        if (
-            self._shm is None
-            or not self._shm.handles(tensor, op)
-            or not output.is_contiguous()
-            or output.dtype != tensor.dtype
-            or tensor.numel() != self.world_size * output.numel()
-        ):
-            return None
-        self._check_usable("reduce_scatter")
-        signature, signed = self._sign(f"reduce_scatter({_op_name(op)})", tensor, "reduce_scatter")
-        return self._watch.attach(self._shm.reduce_scatter_async(tensor, output, op, signed), signature)
-
-    def try_all_gather_into_async(self, tensor: torch.Tensor, output: torch.Tensor) -> Any | None:
-        """Starts gathering every worker's ``tensor`` straight into ``output`` (the workers'
-        tensors laid end to end, in rank order) where the transport can (shared memory) and
-        returns its work; None elsewhere (the caller uses `all_gather_async`; nothing was
-        issued). All workers.
-        """
-        if (
-            self._shm is None
-            or not output.is_contiguous()
-            or output.dtype != tensor.dtype
-            or output.numel() != self.world_size * tensor.numel()
-        ):
-            return None
-        self._check_usable("all_gather")
-        signature, signed = self._sign("all_gather", tensor, "all_gather")
-        rows = list(output.view(self.world_size, -1))
-        work, _ = self._shm.all_gather_async(tensor.contiguous().view(-1), signed, out=rows)
-        return self._watch.attach(work, signature)
-
-    def announce_all_reduces(
-        self, specs: Sequence[tuple[int, torch.dtype]], what: str = "the gradient all-reduces"
-    ) -> None:
-        """Announces this worker's next ``len(specs)`` collectives: SUM all-reduces of these
-        element counts and dtypes, the last of which leaves its final element to the check
-        (all workers, at the same point). Over gloo with the collective check on, when some
-        do not fit in a first message, they then go as one gloo call each
-        (`phalanx.communication.gloo_transport`); elsewhere a no-op."""
-        if self._shm is not None or self._ring is not None or not self._gloo.worth_announcing(specs):
-            return
-        self._check_usable(what)
-        codes = self._check.upcoming_codes("all_reduce(SUM)", list(specs))
-        shapes = tuple(torch.empty(n, dtype=d, device="meta") for n, d in specs)  # for the report
-        signature = self._watch.issue("announce(all_reduce(SUM))", shapes, what)
-        # the code covers every announced size (the report shows them as shapes)
-        sizes = ", ".join(f"{str(d).removeprefix('torch.')}[{n}]" for n, d in specs)
-        signed = self._check.sign(f"announce(all_reduce(SUM) of {sizes})", shapes[0], what, signature)
-        self._gloo.announce(signed, [(n, d, c) for (n, d), c in zip(specs, codes, strict=True)])
-
-    def broadcast_async(self, tensor: torch.Tensor, src: int) -> Any:
-        """Starts an in-place broadcast of a contiguous tensor from worker ``src`` and returns its
-        work; pass it to `wait` (all workers; same shape and dtype)."""
-        self._check_usable("broadcast")
-        signature, signed = self._sign(f"broadcast(from {src})", tensor, "broadcast")
-        transport = self._shm or self._ring or self._gloo  # all-reduces' order: a mismatch is met
-        return self._watch.attach(transport.broadcast_async(tensor, src, signed), signature)
-
-    def broadcast(
-        self, tensor: torch.Tensor, src: int = 0, what: str = "broadcast", timeout: float | None = None
-    ) -> torch.Tensor:
-        """In-place broadcast from worker ``src`` (all workers; same shape and dtype)."""
-        self._check_usable(what)
-        self._watched_wait(self.broadcast_async(tensor, src), what, timeout, where_issued=True)
-        return tensor
-
-    def all_gather_async(self, tensor: torch.Tensor) -> tuple[Any, list[torch.Tensor]]:
-        """Starts gathering every worker's contiguous tensor: its work (pass it to `wait`) and
-        the list, in rank order, it fills (all workers; same shape and dtype everywhere)."""
-        self._check_usable("all_gather")
-        signature, signed = self._sign("all_gather", tensor, "all_gather")
-        transport = self._shm or self._ring or self._gloo
-        work, out = transport.all_gather_async(tensor, signed)
-        return self._watch.attach(work, signature), out
-
-    def all_gather(
-        self, tensor: torch.Tensor, what: str = "all_gather", timeout: float | None = None
-    ) -> list[torch.Tensor]:
-        """Every worker's tensor, in rank order (all workers; same shape and dtype everywhere)."""
-        self._check_usable(what)
-        work, out = self.all_gather_async(tensor.contiguous())
-        self._watched_wait(work, what, timeout, where_issued=True)
-        return out
+        members = list(global_ranks) or list(range(size))
+        engine = SubgroupEngine(
+            gloo,
+            store,
+            rank,
+            size,
+            [self._name(r) for r in members],
+            self._check.enabled,
+            self._works.add,
+            self._check_usable,
+            self.wait,
+            self._watch if size == self.world_size else None,  # the same numbering everywhere
+        )
+        self._subgroup_checks.append(engine.check)
+        return engine
 
     # ---------------------------------------------------------------- shutdown
     def _at_exit(self) -> None:

@@ -14,6 +14,7 @@ from phalanx.communication import process_group
 from phalanx.communication._work import QueuedWork
 from phalanx.communication.call_sites import call_site
 from phalanx.communication.process_group import PhalanxProcessGroup, _create
+from phalanx.communication.subgroups import SubgroupEngine
 
 
 class _OneWorker:
@@ -148,14 +149,57 @@ class _Opts:
         )
 
 
-def test_a_subgroup_is_plain_gloo_and_refused_when_the_job_uses_tls(monkeypatch):
-    assert isinstance(_create(_Opts(), None), dist.ProcessGroupGloo)
+def test_a_subgroup_is_plain_gloo_without_a_job_and_refused_when_the_job_uses_tls(monkeypatch):
+    assert isinstance(_create(_Opts(), None), dist.ProcessGroupGloo)  # no phalanx default group
     tls_group, _ = _group(uses_tls=True)
     monkeypatch.setattr(process_group, "_default_group", lambda: tls_group)
     with pytest.raises(
         RuntimeError, match="in plaintext between machines, and this job's collectives use TLS"
     ):
         _create(_Opts(), None)
+
+
+class _Job(_OneWorker):
+    """A job's engine that makes real subgroup engines (what `WorkerGroup.subgroup` does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.waited, self.checks = [], []
+
+    def subgroup(self, gloo, store, rank, size, global_ranks):
+        names = [f"worker:{r}" for r in (global_ranks or range(size))]
+        engine = SubgroupEngine(gloo, store, rank, size, names, True, lambda w: w, self.usable, self.wait)
+        self.checks.append(engine.check)
+        return engine
+
+    def usable(self, what):
+        self.issued.append(f"usable {what}")
+
+    def wait(self, work, what, timeout=None):
+        self.waited.append(what)
+        work.wait()
+
+
+def test_a_subgroup_of_the_job_gets_a_signed_engine_of_its_own(monkeypatch):
+    job = _Job()
+    default = PhalanxProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10), job)
+    monkeypatch.setattr(process_group, "_default_group", lambda: default)
+    options = _Opts()
+    options.global_ranks_in_group = [0]
+    sub = _create(options, None)
+    assert isinstance(sub, PhalanxProcessGroup)
+    engine = sub._engine
+    assert isinstance(engine, SubgroupEngine)
+    assert engine._gloo.group is sub.gloo  # one gloo group under it, carrying the signed calls
+    value = torch.tensor([1.0, 2.0])
+    sub.allreduce([value]).wait()
+    sub.broadcast([value], dist.BroadcastOptions()).wait()
+    assert value.tolist() == [1.0, 2.0]
+    assert job.issued == ["usable all_reduce", "usable broadcast"]  # the job's failure state
+    assert job.waited == ["all_reduce", "broadcast"]  # the job's watched wait
+    signed = engine.check.sign("all_reduce(SUM)", value, "all_reduce")
+    assert signed.seq == 3  # its own numbering: the job's check saw none of them
+    assert job.checks == [engine.check]  # its reports fail the job's group
 
 
 def test_avg_is_a_sum_divided_and_needs_floating_point():
