@@ -100,6 +100,28 @@ def test_a_lost_chief_is_replaced_and_restarted_it_joins_after_the_members(tmp_p
     assert "[worker-0] Elastic membership" not in output  # the joiner never became the chief
 
 
+def test_fit_survives_a_worker_lost_in_the_validation_pass(tmp_path, fit_reference):
+    """Worker 2 dies in the 4th batch of the validation pass after epoch 0: the survivors
+    re-form and validate again from the start, so every epoch's val_loss is the uninterrupted
+    run's (the whole validation set, once) and training goes on."""
+    reference = _alone(FIT, tmp_path / "alone", 3, -1, -1, 0, 1)
+    job = tmp_path / "job"
+    job.mkdir()
+    run = _launch("--workers", 3, "--min-workers", 2, FIT, job, 3, 2, 50, 0, 1)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert "worker 2 kills itself in a validation pass" in output
+    assert "left: ['worker:2 (" in output
+    results = _results(job)
+    assert sorted(results) == ["weights-0-0", "weights-1-0"]
+    _assert_same_weights(results, fit_reference)  # validating changes no weight
+    for result in results.values():
+        assert result["workers"] == 2
+        assert len(result["val_loss"]) == 3
+        torch.testing.assert_close(result["val_loss"], reference["val_loss"], rtol=1e-5, atol=1e-6)
+        assert result["run_count"] == reference["run_count"] == 150 + 3 * 10  # no pass counted twice
+
+
 def _assert_recovered(folder: Path, survivor: dict, what: str) -> None:
     seconds = _recovery_seconds(folder, survivor)
     print(f"{what}: the survivors' next step completed {seconds:.2f}s after the SIGKILL")

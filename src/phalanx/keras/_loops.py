@@ -6,13 +6,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from phalanx.keras._elastic_loop import elastic_train_epoch
+from phalanx.checkpoint.failure_handling.elastic import is_recoverable
+from phalanx.keras._elastic_loop import elastic_sync_of, elastic_train_epoch
 from phalanx.keras._epoch import Epoch
 
 if TYPE_CHECKING:
     from phalanx.keras.data_adapter import DataHandler
 
-__all__ = ["LoopModel", "evaluate_loop", "predict_loop", "train_epoch"]
+__all__ = ["LoopModel", "evaluate_loop", "predict_loop", "train_epoch", "validation_pass"]
 
 
 class LoopModel(Protocol):
@@ -107,6 +108,28 @@ def evaluate_loop(model: LoopModel, handler: DataHandler, callbacks: Any) -> dic
     logs = model._logs()
     callbacks.on_test_end(logs)
     return logs
+
+
+def validation_pass(model: LoopModel, handler: DataHandler, callbacks: Any) -> dict[str, float]:
+    """``fit``'s validation pass: `evaluate_loop`. In an elastic job a worker lost during it
+    makes the members re-form the group and run the pass again from its start, split over the
+    members there are now: the pass changes no state, so the redo is exact and the same on
+    every member (skipping it would leave the epoch without ``val_`` logs, which
+    ``EarlyStopping`` and ``ModelCheckpoint`` read).
+
+    Raises:
+        BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
+    """
+    if getattr(model.strategy, "membership", None) is None:
+        return evaluate_loop(model, handler, callbacks)
+    sync, _ = elastic_sync_of(model)
+    while True:
+        try:
+            return evaluate_loop(model, handler, callbacks)
+        except Exception as exc:
+            if not is_recoverable(model.strategy, exc):
+                raise
+            sync.recover(exc)
 
 
 def predict_loop(model: LoopModel, handler: DataHandler, callbacks: Any) -> Any:

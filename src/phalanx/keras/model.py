@@ -10,7 +10,7 @@ from torch import nn
 from phalanx import mixed_precision
 from phalanx.keras import _model_files, optimizers
 from phalanx.keras._elastic_loop import MoveTo
-from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch
+from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch, validation_pass
 from phalanx.keras.compile_utils import LossContainer, identifier_config, resolve_metrics
 from phalanx.keras.data_adapter import DataHandler, float_dtype_of, split_validation
 from phalanx.strategies.default import get_replica_context, get_strategy
@@ -223,7 +223,7 @@ class Model(nn.Module):
                 continue
             skip = 0
             if val_handler is not None and (epoch + 1) % validation_freq == 0:
-                val_logs = evaluate_loop(self, val_handler, _callbacks_module().CallbackList([]))
+                val_logs = validation_pass(self, val_handler, _callbacks_module().CallbackList([]))
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
             cbs.on_epoch_end(epoch, logs)
             if self.stop_training:

@@ -1,7 +1,11 @@
 """Model.fit with BackupAndRestore under an elastic MultiWorkerMirroredStrategy (phalanx launch
 --min-workers); a chosen worker SIGKILLs itself, once or repeatedly.
 
-usage: elastic_fit.py OUT_DIR EPOCHS KILL_RANK KILL_AT_STEP [PAUSE]
+usage: elastic_fit.py OUT_DIR EPOCHS KILL_RANK KILL_AT_STEP [PAUSE] [VALIDATE]
+
+VALIDATE=1: fit validates on 240 more examples after every epoch (10 batches), and the killer
+dies in the 4th validation batch after KILL_AT_STEP training steps instead (the others wait in
+that validation step).
 
 KILL_RANK < 0: nobody kills itself (the chaos test kills from outside). Every worker writes
 OUT_DIR/weights-<rank>-<incarnation>.pt (its final weights and the wall times of its steps)
@@ -21,6 +25,7 @@ import phalanx
 
 out_dir, epochs, kill_rank, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 pause = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+validate = len(sys.argv) > 6 and sys.argv[6] == "1"
 strategy = phalanx.MultiWorkerMirroredStrategy()
 rank = int(os.environ.get("RANK", strategy.cluster_resolver.task_id or 0))  # TF_CONFIG alone: its index
 incarnation = int(os.environ.get("PHALANX_ELASTIC_INCARNATION", "0"))
@@ -31,8 +36,31 @@ torch.manual_seed(0)
 g = torch.Generator().manual_seed(1)
 x = torch.randn(1200, 6, generator=g)
 y = torch.randint(0, 3, (1200,), generator=g)
+validation = (torch.randn(240, 6, generator=g), torch.randint(0, 3, (240,), generator=g))
+
+
+def _kill(where: str) -> None:
+    with open(os.path.join(out_dir, "killed-at"), "w") as f:
+        f.write(repr(time.time()))
+    print(f"worker {rank} kills itself {where}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Validated(phalanx.Model):
+    """The killer SIGKILLs itself in the 4th batch of the validation pass after KILL_AT steps."""
+
+    val_batches = 0
+
+    def _test_step(self, *batch):
+        if validate and rank == kill_rank and incarnation == 0 and steps.done == kill_at:
+            Validated.val_batches += 1
+            if Validated.val_batches == 4:
+                _kill("in a validation pass")
+        return super()._test_step(*batch)
+
+
 with strategy.scope():
-    model = phalanx.Model(nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)))
+    model = Validated(nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)))
     model.compile(
         optimizer="adam",
         loss=phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -48,10 +76,8 @@ class Steps(phalanx.callbacks.Callback):
         self.times, self.done = [], 0
 
     def on_train_batch_begin(self, batch, logs=None):
-        if rank == kill_rank and incarnation == 0 and self.done == kill_at:  # the others wait in the step
-            with open(os.path.join(out_dir, "killed-at"), "w") as f:
-                f.write(repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
+        if rank == kill_rank and incarnation == 0 and self.done == kill_at and not validate:
+            _kill("in a training step")  # the others wait in the step
 
     def on_train_batch_end(self, batch, logs=None):
         self.done += 1
@@ -62,13 +88,23 @@ class Steps(phalanx.callbacks.Callback):
 
 steps = Steps()
 backup = phalanx.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"), save_freq=5)
-model.fit(x, y, batch_size=24, epochs=epochs, shuffle=True, verbose=0, callbacks=[backup, steps])
+history = model.fit(
+    x,
+    y,
+    batch_size=24,
+    epochs=epochs,
+    shuffle=True,
+    verbose=0,
+    callbacks=[backup, steps],
+    validation_data=validation if validate else None,
+)
 torch.save(
     {
         "weights": model.module.state_dict(),
         "times": steps.times,
         "run_count": strategy.run_count,
         "workers": strategy.num_workers_in_sync,
+        "val_loss": history.history.get("val_loss", []),
     },
     os.path.join(out_dir, f"weights-{rank}-{incarnation}.pt"),
 )
