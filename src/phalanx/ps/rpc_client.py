@@ -7,7 +7,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -16,7 +16,7 @@ import torch
 from phalanx.cluster._token import check_token
 from phalanx.ps import channel_security as security
 from phalanx.ps import wire
-from phalanx.ps.data_client import DataClient, DataConnectError
+from phalanx.ps.data_client import DataClient, DataConnectError, Watch
 from phalanx.ps.data_server import data_path_mode
 from phalanx.ps.rpc_common import DATA_PATH_METHOD, DATA_PATH_METHODS, SERVICE, as_is
 from phalanx.ps.rpc_errors import (
@@ -138,6 +138,37 @@ class RpcClient:
             RemoteError: The task's handler raised (or it has no such method).
         """
         limit = self._timeout if timeout is None else timeout
+        return self._call(method, header, tensors, limit, wait_for_ready, None)
+
+    def call_watched(
+        self,
+        method: str,
+        header: Mapping[str, Any] | None,
+        tensors: Sequence[torch.Tensor],
+        *,
+        timeout: float,
+        every: float,
+        on_wait: Callable[[], None],
+    ) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        """`call`, with ``on_wait()`` run on this thread every ``every`` seconds until the reply
+        comes (the chief's heartbeat while a worker runs a function): what it raises ends the
+        call (gRPC's is cancelled, the data path's connection closed) and is raised unchanged.
+        No thread is used on either path.
+
+        Raises:
+            As `call`, and what ``on_wait`` raises.
+        """
+        return self._call(method, header, tensors, timeout, False, (every, on_wait))
+
+    def _call(
+        self,
+        method: str,
+        header: Mapping[str, Any] | None,
+        tensors: Sequence[torch.Tensor],
+        limit: float,
+        wait_for_ready: bool,
+        watch: Watch | None,
+    ) -> tuple[dict[str, Any], list[torch.Tensor]]:
         if not wait_for_ready and method in DATA_PATH_METHODS:
             start = time.monotonic()
             for last in (False, True):
@@ -145,12 +176,14 @@ class RpcClient:
                 if data is None:
                     break
                 try:
-                    return data.call(method, dict(header or {}), tensors, limit)
+                    return data.call(method, dict(header or {}), tensors, limit, watch)
                 except DataConnectError:
                     if last:
                         raise
                     self._forget_data_path(data)  # restarted on another port? gRPC tells
             limit = max(limit - (time.monotonic() - start), 0.001)  # the discovery's wait counts
+        if watch is not None:
+            return _watched(self.start(method, header, tensors, timeout=limit), *watch)
         return self._grpc_call(method, header, tensors, limit, wait_for_ready)
 
     def _forget_data_path(self, data: DataClient) -> None:
@@ -307,6 +340,21 @@ def _announcement_ok(port: Any, methods: Any) -> bool:
         and isinstance(methods, list)
         and all(isinstance(m, str) for m in methods)
     )
+
+
+def _watched(
+    call: PendingCall, every: float, on_wait: Callable[[], None]
+) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """The reply of a gRPC ``call``, running ``on_wait`` every ``every`` seconds meanwhile."""
+    while True:
+        try:
+            return call.result(timeout=every)
+        except TimeoutError:
+            try:
+                on_wait()
+            except BaseException:
+                call.cancel()
+                raise
 
 
 class PendingCall:

@@ -118,7 +118,7 @@ class RpcServer:
         if not methods or data_path_mode() == "grpc":
             return None
         served = {m: self._handlers[m] for m in methods if m in self._handlers}
-        if not served:  # a worker task: its calls are small, and gRPC's (docs/performance.md)
+        if not served:  # a task that serves none of them
             return None
         data = DataServer(host, token, names, served, name=self.name, limit=self._limit, insecure=insecure)
         announce = {"port": data.port, "methods": sorted(served)}

@@ -21,6 +21,7 @@ the function ends (`WorkerEnvironment.run`); before any push it is not on the st
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -87,6 +88,14 @@ class AfterPush(TorchFunctionMode):
         """Reads every pending variable now."""
         if self._pending:
             self._read(self.take())
+
+    @staticmethod
+    def outside() -> contextlib.AbstractContextManager[Any]:
+        """A block of phalanx's own reads and pushes that the mode does not watch: they touch
+        gradients and the wire's buffers, never a pending variable's values (a read writes
+        them), and each of their ~100 torch operations per push would otherwise go through
+        ``__torch_function__`` (~1 us each; torch disables modes and subclass handlers alike)."""
+        return torch._C.DisableTorchFunction()
 
     def _takes_pending(self, arguments: Any) -> bool:
         return any(id(leaf) in self._pending for leaf in tree_leaves(arguments))
