@@ -15,6 +15,7 @@ they act only while a scheduled function runs.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -24,21 +25,30 @@ from phalanx.ps.worker import context
 
 __all__ = ["install", "sparse_gradient"]
 
+# the ids a lazy table's forward was called with, by id(module), from its pre-hook to its hook:
+# the module's own forward gets none (its whole-table lookup would be thrown away)
+_held = threading.local()
+
 
 def install() -> None:
     """Installs the two global hooks (idempotent)."""
     _hooks.add_module_forward_hooks(_before_forward, _after_forward)
 
 
-def _before_forward(module: torch.nn.Module, args: Any) -> None:
+def _before_forward(module: torch.nn.Module, args: Any) -> tuple[Any, ...] | None:
     env = context.current()
     if env is None or not env.lazy:
-        return
+        return None
     for name, param in module._parameters.items():
         if param is None or not env.is_lazy(param):
             continue
         if not (isinstance(module, torch.nn.Embedding) and name == "weight"):
             env.read_whole(param)  # another module uses the table itself
+        elif args and isinstance(args[0], torch.Tensor):
+            held = _held.__dict__.setdefault("ids", {})
+            held[id(module)] = args[0]
+            return (args[0][:0], *args[1:])  # `_after_forward` looks the ids up by rows
+    return None
 
 
 def _after_forward(module: torch.nn.Module, args: Any, output: Any) -> Any:
@@ -50,7 +60,7 @@ def _after_forward(module: torch.nn.Module, args: Any, output: Any) -> Any:
             "nn.Embedding(max_norm=...) renormalizes rows of the whole table in place, which a "
             "sharded table on the ps tasks cannot do. HINT: drop max_norm, or do not partition it."
         )
-    ids = args[0]
+    ids = _held.__dict__.get("ids", {}).pop(id(module), args[0])
     unique, inverse = torch.unique(ids, return_inverse=True)
     rows = env.lookup_rows(module.weight, unique)
     if torch.is_grad_enabled() and module.weight.requires_grad:
