@@ -519,6 +519,43 @@ def test_a_tied_sharded_table_is_read_whole_where_another_module_uses_it(ps_1wor
     torch.testing.assert_close(model.embed.weight, local.embed.weight, rtol=1e-5, atol=1e-6)
 
 
+def test_an_embedding_subclass_with_its_own_forward_gets_the_ids(ps_1worker_2ps):
+    """Only `nn.Embedding`'s own forward is given no ids on a worker (its result is replaced
+    by the lookup by rows); a subclass's forward still sees them."""
+    from phalanx.partitioners import FixedShardsPartitioner
+
+    class Checked(torch.nn.Embedding):
+        def forward(self, ids):
+            if ids.numel() == 0:
+                raise AssertionError("the subclass's forward got no ids")
+            return super().forward(ids)
+
+    def make():
+        torch.manual_seed(0)
+        return Checked(6, 4)
+
+    ids = torch.tensor([[1, 2], [3, 3]])
+    local = make()
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.1)
+    local_opt.zero_grad()
+    local(ids).pow(2).mean().backward()
+    local_opt.step()
+    strategy = ps_1worker_2ps.strategy(FixedShardsPartitioner(2))
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = make()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        optimizer.zero_grad()
+        model(ids).pow(2).mean().backward()
+        optimizer.step()
+
+    coordinator.schedule(step)
+    coordinator.join()
+    torch.testing.assert_close(model.weight, local.weight, rtol=1e-5, atol=1e-6)
+
+
 def test_variables_used_before_the_first_lookup_are_read_there_and_the_rows_alone_after(
     ps_1worker_2ps, monkeypatch
 ):

@@ -28,6 +28,7 @@ __all__ = ["install", "sparse_gradient"]
 # the ids a lazy table's forward was called with, by id(module), from its pre-hook to its hook:
 # the module's own forward gets none (its whole-table lookup would be thrown away)
 _held = threading.local()
+_EMBEDDING_FORWARD = torch.nn.Embedding.forward  # a subclass's own forward gets the ids, as before
 
 
 def install() -> None:
@@ -44,7 +45,7 @@ def _before_forward(module: torch.nn.Module, args: Any) -> tuple[Any, ...] | Non
             continue
         if not (isinstance(module, torch.nn.Embedding) and name == "weight"):
             env.read_whole(param)  # another module uses the table itself
-        elif args and isinstance(args[0], torch.Tensor):
+        elif args and isinstance(args[0], torch.Tensor) and type(module).forward is _EMBEDDING_FORWARD:
             held = _held.__dict__.setdefault("ids", {})
             held[id(module)] = args[0]
             return (args[0][:0], *args[1:])  # `_after_forward` looks the ids up by rows
