@@ -5,8 +5,10 @@ whole by a worker: when the module runs forward inside a scheduled function, the
 input asks for are fetched from the shards that hold them (`PSClient.read_rows`), the lookup
 is made on that small table, and ``optimizer.step()`` sends the small table's gradient back
 as a sparse gradient of the whole weight (the ps tasks apply it; optimizers without sparse
-support get it as a dense gradient, which gives the same update). A module other than the
-embedding that uses the same weight (tied weights) makes the worker read it whole.
+support get it as a dense gradient, which gives the same update). `nn.Embedding`'s own forward
+is given no ids meanwhile: its lookup in the local copy of the whole table would be thrown away
+(a subclass's forward still gets them). A module other than the embedding that uses the same
+weight (tied weights) makes the worker read it whole.
 
 The hooks are global torch module hooks, installed by the worker's environment through
 `phalanx._hooks` (removed with phalanx's other changes to torch once no strategy is alive);
