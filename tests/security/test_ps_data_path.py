@@ -26,8 +26,9 @@ from phalanx.communication.tls_links import tls_contexts
 from phalanx.ps import wire
 from phalanx.ps.data_client import DataClient
 from phalanx.ps.data_frames import FRAME, MAGIC, Kind, read_frame, read_message, send_frame
+from phalanx.ps.rpc_common import DATA_PATH_METHOD
 from phalanx.ps.rpc_errors import MessageTooLargeError, TaskUnavailableError
-from phalanx.ps.transport import DATA_PATH_METHOD, RpcClient
+from phalanx.ps.transport import RpcClient
 from security.helpers import SCRIPTS
 from security.impostor import own_tls_identity
 from support.cluster import child_env

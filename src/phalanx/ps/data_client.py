@@ -18,7 +18,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ from phalanx.ps import wire
 from phalanx.ps.data_frames import FrameError, Kind, Segment, read_frame, read_message, send_frame
 from phalanx.ps.rpc_errors import TaskUnavailableError, peer_not_authenticated, remote_error, too_large
 
-__all__ = ["SEGMENT_FROM", "DataClient", "DataConnectError"]
+__all__ = ["SEGMENT_FROM", "DataClient", "DataConnectError", "Watch"]
 
 SEGMENT_FROM = 1 << 16  # smaller messages go on the stream: a copy costs less than a segment
 _MIN_SEGMENT = 1 << 20
@@ -47,6 +47,19 @@ class _Connection:
         if self.segment is not None:
             self.segment.close()
             self.segment = None
+
+
+# while a reply is awaited, ``on_wait()`` runs every ``every`` seconds on the caller's thread; what it
+# raises ends the call (its connection is closed) and reaches the caller unchanged
+Watch = tuple[float, Callable[[], None]]
+
+
+class _Stopped(Exception):
+    """What a `Watch`'s ``on_wait`` raised, carried past the transport's own error mapping."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class DataConnectError(TaskUnavailableError):
@@ -100,8 +113,10 @@ class DataClient:
         header: dict[str, Any],
         tensors: Sequence[torch.Tensor],
         timeout: float,
+        watch: Watch | None = None,
     ) -> tuple[dict[str, Any], list[torch.Tensor]]:
-        """One call of ``method``; raises as `phalanx.ps.transport.RpcClient.call`."""
+        """One call of ``method`` on the caller's thread; raises as
+        `phalanx.ps.transport.RpcClient.call`, or what ``watch``'s ``on_wait`` raised."""
         parts = wire.pack_parts(header, tensors)
         size = sum(part.nbytes for part in parts)
         if size > self._limit:
@@ -109,7 +124,10 @@ class DataClient:
         deadline = time.monotonic() + timeout
         connection = self._take(method, deadline)
         try:
-            result = self._exchange(connection, method, parts, size, deadline)
+            result = self._exchange(connection, method, parts, size, deadline, watch)
+        except _Stopped as stopped:
+            connection.close()  # a reply may still come: this connection cannot be reused
+            raise stopped.error from None
         except TimeoutError:
             connection.close()
             raise TaskUnavailableError(
@@ -144,7 +162,13 @@ class DataClient:
         )
 
     def _exchange(
-        self, connection: _Connection, method: str, parts: list[memoryview], size: int, deadline: float
+        self,
+        connection: _Connection,
+        method: str,
+        parts: list[memoryview],
+        size: int,
+        deadline: float,
+        watch: Watch | None,
     ) -> tuple[dict[str, Any], list[torch.Tensor]] | Exception:
         sock = connection.sock
         self._ensure_segment(connection, size, deadline)
@@ -158,6 +182,9 @@ class DataClient:
             send_frame(sock, Kind.REQUEST, method=method, in_segment=size)
         else:
             send_frame(sock, Kind.REQUEST, parts, method=method)
+        if watch is not None:
+            _await_reply(sock, deadline, *watch)
+            sock.settimeout(_left(deadline))
         kind, flags, _, length = read_frame(sock)
         if length > self._limit:
             raise FrameError(f"a reply of {length} bytes, over the {self._limit}-byte limit")
@@ -262,6 +289,22 @@ def _left(deadline: float) -> float:
     if left <= 0:
         raise TimeoutError
     return left
+
+
+def _await_reply(
+    sock: socket.socket | ssl.SSLSocket, deadline: float, every: float, on_wait: Callable[[], None]
+) -> None:
+    """Returns once a reply starts to arrive (or the peer closed), calling ``on_wait`` every
+    ``every`` seconds meanwhile; nothing of the reply is read, so none is lost to a wait."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    while not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+        if poller.poll(max(min(every, _left(deadline)), 0.001) * 1000):
+            return
+        try:
+            on_wait()
+        except BaseException as exc:
+            raise _Stopped(exc) from None
 
 
 def _still_open(sock: socket.socket | ssl.SSLSocket) -> bool:

@@ -23,8 +23,9 @@ from phalanx.cluster._token import cluster_token
 from phalanx.cluster.cluster_def import ServerDef
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.ps.coordinator.fencing import Fences, TaggedRpcClient
+from phalanx.ps.rpc_common import DATA_PATH_METHODS
+from phalanx.ps.rpc_server import RpcServer
 from phalanx.ps.store import VariableStore
-from phalanx.ps.transport import DATA_PATH_METHODS, RpcServer
 from phalanx.ps.variables import PSClient
 from phalanx.ps.worker.environment import WorkerEnvironment
 from phalanx.ps.worker.running import RunningClosure

@@ -95,12 +95,15 @@ class PSClient:
         return groups
 
     def _each_ps(self, work: Mapping[int, Callable[[], T]]) -> dict[int, T]:
-        """Runs one call per ps task, in parallel; raises the first error."""
-        if len(work) == 1:
-            ((ps, call),) = work.items()
-            return {ps: call()}
-        futures = {ps: self._pool.submit(call) for ps, call in work.items()}
-        return {ps: future.result() for ps, future in futures.items()}
+        """Runs one call per ps task, in parallel (the first on this thread: one thread hop
+        less per round); raises the first error."""
+        if not work:
+            return {}
+        (ps, call), *others = work.items()
+        futures = {other: self._pool.submit(work_of) for other, work_of in others}
+        results = {ps: call()}
+        results.update((other, future.result()) for other, future in futures.items())
+        return results
 
     def call(
         self, ps: int, method: str, header: Mapping[str, Any], tensors: Sequence[torch.Tensor] = ()

@@ -109,3 +109,40 @@ def test_two_steps_in_one_function_train_like_two_local_steps(ps_1worker_2ps):
     coordinator.join()
     torch.testing.assert_close(model.weight, local.weight)
     torch.testing.assert_close(model.bias, local.bias)
+
+
+def test_phalanx_reads_and_pushes_are_outside_the_mode():
+    """A worker's own reads and pushes (wire packing, sparse gradients) do not pass through
+    ``AfterPush.__torch_function__``: they never read a pending variable's values."""
+    from phalanx.ps.worker.after_push import AfterPush
+
+    seen = []
+    mode = AfterPush(lambda names: seen.append(list(names)))
+    w = torch.zeros(2)
+    mode.add({"w": w})  # pending: a torch operation that takes it reads it first
+    try:
+        with AfterPush.outside():
+            w.add(1)
+        assert seen == []
+        w.add(1)
+        assert seen == [["w"]]
+    finally:
+        mode.finish()
+
+
+def test_a_pending_variable_inside_a_list_argument_is_read_first():
+    """``torch.cat([x, w])``: the mode looks into the lists and tuples an operation takes."""
+    from phalanx.ps.worker.after_push import AfterPush
+
+    seen = []
+    mode = AfterPush(lambda names: seen.append(list(names)))
+    w = torch.zeros(2)
+    mode.add({"w": w})
+    try:
+        torch.cat([torch.ones(2), torch.ones(1)])
+        torch.stack((torch.ones(2),))
+        assert seen == []
+        torch.cat([torch.ones(2), w])
+        assert seen == [["w"]]
+    finally:
+        mode.finish()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 import pytest
 import torch
@@ -173,5 +174,75 @@ def test_a_task_that_announces_no_usable_data_path_is_called_on_grpc(caplog):
         assert client._data is None
         assert "announced no usable data path" in caplog.text
     finally:
+        client.close()
+        server.stop()
+
+
+def _slow_worker(release: threading.Event) -> RpcServer:
+    """A worker task whose ``run`` waits for ``release``."""
+
+    def run(header, tensors):
+        release.wait(30)
+        return {"ran": header["closure"]}, list(tensors)
+
+    server = RpcServer("127.0.0.1", 0, TOKEN, {"run": run}, name="worker:0 (test)", data_methods=["run"])
+    server.start()
+    return server
+
+
+@pytest.mark.parametrize("mode", ["auto", "stream", "grpc"])
+def test_a_watched_call_runs_its_heartbeat_on_the_calling_thread_until_the_reply(monkeypatch, mode):
+    """The chief's ``run`` to a worker: on the worker's data path (gRPC when it is off), the
+    heartbeat runs every interval on the caller's thread while the function runs."""
+    monkeypatch.setenv("PHALANX_PS_DATA_PATH", mode)
+    release = threading.Event()
+    server = _slow_worker(release)
+    client = RpcClient(f"127.0.0.1:{server.port}", TOKEN, name="worker:0 (test)")
+    beats: list[str] = []
+
+    def heartbeat():
+        beats.append(threading.current_thread().name)
+        if len(beats) == 3:
+            release.set()
+
+    try:
+        header, (back,) = client.call_watched(
+            "run", {"closure": 7}, [torch.arange(3)], timeout=30, every=0.05, on_wait=heartbeat
+        )
+        assert header == {"ran": 7}
+        assert torch.equal(back, torch.arange(3))
+        assert len(beats) >= 3
+        assert set(beats) == {threading.current_thread().name}
+        assert ("run" in client._on_data_path(5)) == (mode != "grpc")
+    finally:
+        release.set()
+        client.close()
+        server.stop()
+
+
+@pytest.mark.parametrize("mode", ["auto", "grpc"])
+def test_what_the_heartbeat_raises_ends_the_call_and_the_next_call_works(monkeypatch, mode):
+    """A run given up on (the worker counted lost, or the closure deadline): the heartbeat's
+    error reaches the caller unchanged (not a transport error), and the next call gets a
+    connection of its own (the late reply of the first never reaches it)."""
+    monkeypatch.setenv("PHALANX_PS_DATA_PATH", mode)
+    release = threading.Event()
+    server = _slow_worker(release)
+    client = RpcClient(f"127.0.0.1:{server.port}", TOKEN, name="worker:0 (test)")
+
+    def give_up():
+        raise TimeoutError("the closure deadline passed")  # an OSError: not to be taken as the link's
+
+    try:
+        with pytest.raises(TimeoutError, match="the closure deadline passed"):
+            client.call_watched("run", {"closure": 1}, [], timeout=30, every=0.05, on_wait=give_up)
+        if mode != "grpc":
+            assert client._data is not None
+            assert not client._data._idle  # closed, not given back
+        release.set()
+        header, _ = client.call_watched("run", {"closure": 2}, [], timeout=30, every=5, on_wait=give_up)
+        assert header == {"ran": 2}
+    finally:
+        release.set()
         client.close()
         server.stop()

@@ -454,19 +454,30 @@ def test_an_embedding_is_read_by_rows_split_or_not_and_trains_like_a_local_one(
         dense_read.append(len(handles))
         return original_dense(self, handles, known)
 
+    whole_table_lookups = []
+    original_embedding = torch.nn.functional.embedding
+
+    def counting_embedding(ids, weight, *args, **kwargs):
+        if weight.shape[0] == 50 and ids.numel():  # the module's own lookup in the whole table
+            whole_table_lookups.append(ids.numel())
+        return original_embedding(ids, weight, *args, **kwargs)
+
     PSClient.read_changed_and_rows, PSClient.read_changed = counting, counting_dense
+    torch.nn.functional.embedding = counting_embedding
     try:
         for batch in ids:
             coordinator.schedule(train, args=(model, optimizer, [batch]))
             coordinator.join()
     finally:
         PSClient.read_changed_and_rows, PSClient.read_changed = original, original_dense
+        torch.nn.functional.embedding = original_embedding
     for ours, theirs in zip(model.parameters(), local.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
     assert rows_read  # the worker looked rows up (in-process, the same class)
     assert max(rows_read) <= 8  # never the whole table of 50
     assert len(rows_read) == len(ids)  # one lookup per step ...
     assert dense_read == []  # ... which read the Linear layer too: one read round trip per step
+    assert whole_table_lookups == []  # the module's forward got no ids: its result was thrown away
 
 
 def test_a_tied_sharded_table_is_read_whole_where_another_module_uses_it(ps_1worker_2ps):
@@ -506,6 +517,43 @@ def test_a_tied_sharded_table_is_read_whole_where_another_module_uses_it(ps_1wor
     coordinator.schedule(step)
     coordinator.join()
     torch.testing.assert_close(model.embed.weight, local.embed.weight, rtol=1e-5, atol=1e-6)
+
+
+def test_an_embedding_subclass_with_its_own_forward_gets_the_ids(ps_1worker_2ps):
+    """Only `nn.Embedding`'s own forward is given no ids on a worker (its result is replaced
+    by the lookup by rows); a subclass's forward still sees them."""
+    from phalanx.partitioners import FixedShardsPartitioner
+
+    class Checked(torch.nn.Embedding):
+        def forward(self, ids):
+            if ids.numel() == 0:
+                raise AssertionError("the subclass's forward got no ids")
+            return super().forward(ids)
+
+    def make():
+        torch.manual_seed(0)
+        return Checked(6, 4)
+
+    ids = torch.tensor([[1, 2], [3, 3]])
+    local = make()
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.1)
+    local_opt.zero_grad()
+    local(ids).pow(2).mean().backward()
+    local_opt.step()
+    strategy = ps_1worker_2ps.strategy(FixedShardsPartitioner(2))
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = make()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        optimizer.zero_grad()
+        model(ids).pow(2).mean().backward()
+        optimizer.step()
+
+    coordinator.schedule(step)
+    coordinator.join()
+    torch.testing.assert_close(model.weight, local.weight, rtol=1e-5, atol=1e-6)
 
 
 def test_variables_used_before_the_first_lookup_are_read_there_and_the_rows_alone_after(

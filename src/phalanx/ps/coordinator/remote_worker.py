@@ -100,28 +100,28 @@ class RemoteWorker:
         header = {"closure": run, "heartbeat_timeout": self.abandon_after, "fence": fence}
         # the RPC's own deadline is a backstop: the closure deadline below fires first
         limit = self.closure_timeout + self._interval * (self._misses + 2)
-        call = self._client.start("run", header, [request], timeout=limit)
         start, missed = time.monotonic(), 0
-        while True:
-            try:
-                reply, tensors = call.result(timeout=self._interval)
-            except TimeoutError:
-                elapsed = time.monotonic() - start
-                if elapsed > self.closure_timeout:
-                    call.cancel()
-                    raise self._closure_timeout(what, elapsed) from None
-                missed = 0 if self.status(self._interval, run) is not None else missed + 1
-                if missed >= self._misses:
-                    call.cancel()
-                    raise WorkerLostError(
-                        f"{self.name} stopped answering heartbeats ({missed} missed, "
-                        f"{missed * self._interval:g}s)"
-                    ) from None
-                continue
-            except TaskUnavailableError as exc:
-                raise WorkerLostError(str(exc)) from exc
-            changes = BufferChanges.from_reply(reply.get("buffers", []), tensors[1:])
-            return bool(reply["ok"]), tensors[0].numpy().tobytes(), changes
+
+        def heartbeat() -> None:  # every interval without the reply, on this thread
+            nonlocal missed
+            elapsed = time.monotonic() - start
+            if elapsed > self.closure_timeout:
+                raise self._closure_timeout(what, elapsed)
+            missed = 0 if self.status(self._interval, run) is not None else missed + 1
+            if missed >= self._misses:
+                silent = missed * self._interval
+                raise WorkerLostError(
+                    f"{self.name} stopped answering heartbeats ({missed} missed, {silent:g}s)"
+                )
+
+        try:
+            reply, tensors = self._client.call_watched(
+                "run", header, [request], timeout=limit, every=self._interval, on_wait=heartbeat
+            )
+        except TaskUnavailableError as exc:
+            raise WorkerLostError(str(exc)) from exc
+        changes = BufferChanges.from_reply(reply.get("buffers", []), tensors[1:])
+        return bool(reply["ok"]), tensors[0].numpy().tobytes(), changes
 
     def _closure_timeout(self, what: str, elapsed: float) -> ClosureTimeoutError:
         return ClosureTimeoutError(

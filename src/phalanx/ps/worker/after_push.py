@@ -21,12 +21,12 @@ the function ends (`WorkerEnvironment.run`); before any push it is not on the st
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
 
 __all__ = ["AfterPush"]
 
@@ -43,6 +43,18 @@ def _reads_values(func: Any) -> bool:
     if getattr(func, "__name__", "") in _DESCRIPTOR_CALLS:
         return getattr(func, "__self__", None) is _DATA
     return func not in _METADATA
+
+
+def _any_leaf(value: Any, ids: dict[int, str]) -> bool:
+    """Whether ``value`` or an item of its lists, tuples and dicts (nested) is in ``ids``: the
+    containers torch operations take (pytree's general walk cost more than the operation)."""
+    if id(value) in ids:
+        return True
+    if isinstance(value, list | tuple):
+        return any(_any_leaf(item, ids) for item in value)
+    if isinstance(value, dict):
+        return any(_any_leaf(item, ids) for item in value.values())
+    return False
 
 
 class AfterPush(TorchFunctionMode):
@@ -88,8 +100,16 @@ class AfterPush(TorchFunctionMode):
         if self._pending:
             self._read(self.take())
 
+    @staticmethod
+    def outside() -> contextlib.AbstractContextManager[Any]:
+        """A block of phalanx's own reads and pushes that the mode does not watch: they touch
+        gradients and the wire's buffers, never a pending variable's values (a read writes
+        them), and each of their ~100 torch operations per push would otherwise go through
+        ``__torch_function__`` (~1 us each; torch disables modes and subclass handlers alike)."""
+        return torch._C.DisableTorchFunction()
+
     def _takes_pending(self, arguments: Any) -> bool:
-        return any(id(leaf) in self._pending for leaf in tree_leaves(arguments))
+        return _any_leaf(arguments, self._pending)
 
     def __torch_function__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None

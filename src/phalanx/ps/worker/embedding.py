@@ -5,8 +5,10 @@ whole by a worker: when the module runs forward inside a scheduled function, the
 input asks for are fetched from the shards that hold them (`PSClient.read_rows`), the lookup
 is made on that small table, and ``optimizer.step()`` sends the small table's gradient back
 as a sparse gradient of the whole weight (the ps tasks apply it; optimizers without sparse
-support get it as a dense gradient, which gives the same update). A module other than the
-embedding that uses the same weight (tied weights) makes the worker read it whole.
+support get it as a dense gradient, which gives the same update). `nn.Embedding`'s own forward
+is given no ids meanwhile: its lookup in the local copy of the whole table would be thrown away
+(a subclass's forward still gets them). A module other than the embedding that uses the same
+weight (tied weights) makes the worker read it whole.
 
 The hooks are global torch module hooks, installed by the worker's environment through
 `phalanx._hooks` (removed with phalanx's other changes to torch once no strategy is alive);
@@ -15,6 +17,7 @@ they act only while a scheduled function runs.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -24,21 +27,31 @@ from phalanx.ps.worker import context
 
 __all__ = ["install", "sparse_gradient"]
 
+# the ids a lazy table's forward was called with, by id(module), from its pre-hook to its hook:
+# the module's own forward gets none (its whole-table lookup would be thrown away)
+_held = threading.local()
+_EMBEDDING_FORWARD = torch.nn.Embedding.forward  # a subclass's own forward gets the ids, as before
+
 
 def install() -> None:
     """Installs the two global hooks (idempotent)."""
     _hooks.add_module_forward_hooks(_before_forward, _after_forward)
 
 
-def _before_forward(module: torch.nn.Module, args: Any) -> None:
+def _before_forward(module: torch.nn.Module, args: Any) -> tuple[Any, ...] | None:
     env = context.current()
     if env is None or not env.lazy:
-        return
+        return None
     for name, param in module._parameters.items():
         if param is None or not env.is_lazy(param):
             continue
         if not (isinstance(module, torch.nn.Embedding) and name == "weight"):
             env.read_whole(param)  # another module uses the table itself
+        elif args and isinstance(args[0], torch.Tensor) and type(module).forward is _EMBEDDING_FORWARD:
+            held = _held.__dict__.setdefault("ids", {})
+            held[id(module)] = args[0]
+            return (args[0][:0], *args[1:])  # `_after_forward` looks the ids up by rows
+    return None
 
 
 def _after_forward(module: torch.nn.Module, args: Any, output: Any) -> Any:
@@ -50,7 +63,7 @@ def _after_forward(module: torch.nn.Module, args: Any, output: Any) -> Any:
             "nn.Embedding(max_norm=...) renormalizes rows of the whole table in place, which a "
             "sharded table on the ps tasks cannot do. HINT: drop max_norm, or do not partition it."
         )
-    ids = args[0]
+    ids = _held.__dict__.get("ids", {}).pop(id(module), args[0])
     unique, inverse = torch.unique(ids, return_inverse=True)
     rows = env.lookup_rows(module.weight, unique)
     if torch.is_grad_enabled() and module.weight.requires_grad:

@@ -123,7 +123,10 @@ class WorkerEnvironment:
             if self.read_at.get(handle.name) != known.get(handle.ps):
                 known[handle.ps] = -1  # a copy older than the rest: read them all
         looked_up = None
-        with timeline.span("ps read", "ps", {"variables": len(handles), "rows": lookup is not None}):
+        with (
+            AfterPush.outside(),
+            timeline.span("ps read", "ps", {"variables": len(handles), "rows": lookup is not None}),
+        ):
             if lookup is None:
                 values, versions = self.ps.read_changed(handles, known)
             else:
@@ -196,6 +199,10 @@ class WorkerEnvironment:
         with a copy of this optimizer, in one step (nothing comes back: see `_pushed`). Clears
         the gradients so the local ``step`` that follows changes nothing."""
         self.current.check_wanted("pushing its gradients to the ps tasks")
+        with AfterPush.outside():
+            self._push_gradients(optimizer)
+
+    def _push_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         groups = [[self._handle_of(p) for p in group["params"]] for group in optimizer.param_groups]
         hyper = [hyperparameters(group) for group in optimizer.param_groups]
         key = optimizer_key(optimizer, groups)
