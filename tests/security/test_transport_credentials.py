@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import grpc
 import pytest
@@ -165,6 +166,52 @@ class _Recorder:
         client.close()
         upstream.close()
         self._listener.close()
+
+
+class _SlowRelay:
+    """A TCP relay that holds the server's first bytes of every connection (its TLS
+    ServerHello) for ``delay`` seconds: a handshake as slow as on a loaded machine."""
+
+    def __init__(self, target: str, delay: float) -> None:
+        host, port = target.rsplit(":", 1)
+        self._target, self._delay = (host, int(port)), delay
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(self._target)
+                threading.Thread(target=self._pump, args=(upstream, client, self._delay), daemon=True).start()
+                threading.Thread(target=self._pump, args=(client, upstream, 0.0), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket, delay: float) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                time.sleep(delay)
+                delay = 0.0
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def test_a_slow_handshake_is_waited_for_not_taken_for_an_impostor(server):
+    # gRPC gives a connection attempt at least grpc.min_reconnect_backoff_ms: at 100 ms a
+    # handshake slowed by a loaded machine failed and was reported as PeerAuthenticationError
+    relay = _SlowRelay(server.address, delay=0.5)
+    try:
+        client = RpcClient(relay.address, TOKEN, name="worker:0 (test)", timeout=60)
+        with contextlib.closing(client):
+            client.call("run", {"tag": "slow"})
+    finally:
+        relay.close()
+    assert server.ran() == ["ran {'tag': 'slow'}"]
 
 
 def test_a_recorded_call_replayed_to_the_server_runs_nothing(server):

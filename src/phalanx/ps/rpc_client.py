@@ -32,10 +32,13 @@ __all__ = ["PendingCall", "RpcClient"]
 
 log = logging.getLogger("phalanx")
 
-# a task that restarts is reachable again within a second, not after gRPC's default backoff (2 min)
+# a task that restarts is reachable again within a second, not after gRPC's default backoff (2
+# min). grpc.min_reconnect_backoff_ms is gRPC's MIN_CONNECT_TIMEOUT, the least time one attempt
+# (TCP and the TLS handshake) is given: kept at gRPC's 20 s, since at 100 ms a handshake slowed
+# by a loaded machine failed and read as a peer without the cluster's credentials
 _RECONNECT = [
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 20_000),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 _ADDRESS = re.compile(r"(\[[0-9A-Za-z:.%]+\]|[^\s:\[\]/]+):(\d{1,5})")
