@@ -480,8 +480,34 @@ def test_an_embedding_is_read_by_rows_split_or_not_and_trains_like_a_local_one(
     assert whole_table_lookups == []  # the module's forward got no ids: its result was thrown away
 
 
-def test_a_tied_sharded_table_is_read_whole_where_another_module_uses_it(ps_1worker_2ps):
+def _one_sgd_step_on_two_sharded_ps(cluster, make):
+    """(the model after one SGD step scheduled on a worker, tables split over 2 ps; the same
+    step on one device), both made by ``make``."""
     from phalanx.partitioners import FixedShardsPartitioner
+
+    ids = torch.tensor([[1, 2], [3, 3]])
+    local = make()
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.1)
+    local_opt.zero_grad()
+    local(ids).pow(2).mean().backward()
+    local_opt.step()
+    strategy = cluster.strategy(FixedShardsPartitioner(2))
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = make()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        optimizer.zero_grad()
+        model(ids).pow(2).mean().backward()
+        optimizer.step()
+
+    coordinator.schedule(step)
+    coordinator.join()
+    return model, local
+
+
+def test_a_tied_sharded_table_is_read_whole_where_another_module_uses_it(ps_1worker_2ps):
 
     class Tied(torch.nn.Module):
         def __init__(self):
@@ -497,32 +523,13 @@ def test_a_tied_sharded_table_is_read_whole_where_another_module_uses_it(ps_1wor
         torch.manual_seed(0)
         return Tied()
 
-    ids = torch.tensor([[1, 2], [3, 3]])
-    local = make()
-    local_opt = torch.optim.SGD(local.parameters(), lr=0.1)
-    local_opt.zero_grad()
-    local(ids).pow(2).mean().backward()
-    local_opt.step()
-    strategy = ps_1worker_2ps.strategy(FixedShardsPartitioner(2))
-    coordinator = ClusterCoordinator(strategy)
-    with strategy.scope():
-        model = make()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def step():
-        optimizer.zero_grad()
-        model(ids).pow(2).mean().backward()
-        optimizer.step()
-
-    coordinator.schedule(step)
-    coordinator.join()
+    model, local = _one_sgd_step_on_two_sharded_ps(ps_1worker_2ps, make)
     torch.testing.assert_close(model.embed.weight, local.embed.weight, rtol=1e-5, atol=1e-6)
 
 
 def test_an_embedding_subclass_with_its_own_forward_gets_the_ids(ps_1worker_2ps):
     """Only `nn.Embedding`'s own forward is given no ids on a worker (its result is replaced
     by the lookup by rows); a subclass's forward still sees them."""
-    from phalanx.partitioners import FixedShardsPartitioner
 
     class Checked(torch.nn.Embedding):
         def forward(self, ids):
@@ -534,25 +541,7 @@ def test_an_embedding_subclass_with_its_own_forward_gets_the_ids(ps_1worker_2ps)
         torch.manual_seed(0)
         return Checked(6, 4)
 
-    ids = torch.tensor([[1, 2], [3, 3]])
-    local = make()
-    local_opt = torch.optim.SGD(local.parameters(), lr=0.1)
-    local_opt.zero_grad()
-    local(ids).pow(2).mean().backward()
-    local_opt.step()
-    strategy = ps_1worker_2ps.strategy(FixedShardsPartitioner(2))
-    coordinator = ClusterCoordinator(strategy)
-    with strategy.scope():
-        model = make()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def step():
-        optimizer.zero_grad()
-        model(ids).pow(2).mean().backward()
-        optimizer.step()
-
-    coordinator.schedule(step)
-    coordinator.join()
+    model, local = _one_sgd_step_on_two_sharded_ps(ps_1worker_2ps, make)
     torch.testing.assert_close(model.weight, local.weight, rtol=1e-5, atol=1e-6)
 
 
