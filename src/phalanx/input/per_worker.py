@@ -57,15 +57,14 @@ class PerWorkerDataset:
 
     Args:
         dataset_fn: Returns an iterable (a DataLoader, a phalanx Dataset, a list of batches...).
+        dumps: Pickles ``dataset_fn`` for the workers (the cluster's pickling contract,
+            `phalanx.ps.pickling.dumps`, which the coordinator passes).
 
     Raises:
         TypeError: ``dataset_fn`` is not callable.
     """
 
-    def __init__(self, dataset_fn: Callable[..., Any]) -> None:
-        # imported here: the pickling contract imports this module to know its classes
-        from phalanx.ps.pickling import dumps
-
+    def __init__(self, dataset_fn: Callable[..., Any], dumps: Callable[[Any], bytes]) -> None:
         if not callable(dataset_fn):
             raise TypeError(
                 "create_per_worker_dataset takes a function that returns the dataset (it runs on "

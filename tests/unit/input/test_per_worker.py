@@ -11,6 +11,7 @@ from phalanx.input.per_worker import (
     WorkerIterator,
     make_dataset,
 )
+from phalanx.ps.pickling import dumps
 
 
 def test_a_dataset_function_taking_an_argument_gets_an_input_context():
@@ -29,7 +30,7 @@ def test_an_exhausted_worker_iterator_is_out_of_range_and_names_the_worker():
 
 
 def test_on_the_chief_a_per_worker_iterator_cannot_advance():
-    iterator = iter(PerWorkerDataset(lambda: [1, 2]))
+    iterator = iter(PerWorkerDataset(lambda: [1, 2], dumps))
     assert iter(iterator) is iterator
     with pytest.raises(RuntimeError, match="advanced on the workers.*HINT"):
         next(iterator)
@@ -37,7 +38,7 @@ def test_on_the_chief_a_per_worker_iterator_cannot_advance():
 
 def test_a_per_worker_dataset_needs_a_function():
     with pytest.raises(TypeError, match=r"takes a function.*Received: list\. HINT"):
-        PerWorkerDataset([1, 2])
+        PerWorkerDataset([1, 2], dumps)
 
 
 def test_per_worker_values_keep_one_value_per_worker():

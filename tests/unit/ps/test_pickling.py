@@ -16,7 +16,7 @@ from phalanx.input.per_worker import PerWorkerDataset
 from phalanx.ps.coordinator.chief import Chief
 from phalanx.ps.coordinator.closure import Closure
 from phalanx.ps.coordinator.remote_worker import RemoteWorker
-from phalanx.ps.pickling import dumps_exception
+from phalanx.ps.pickling import dumps, dumps_exception
 from phalanx.ps.pickling import variable_on_worker as _worker_variable
 from phalanx.ps.transport import RpcClient
 from phalanx.ps.variables import PSClient, VariableHandle
@@ -71,7 +71,7 @@ def test_per_worker_values_become_the_value_of_the_worker_that_runs(ps_2workers_
 
 def test_a_per_worker_iterator_becomes_the_workers_own_made_once(ps_2workers_1ps):
     chief, env = Chief.of(ps_2workers_1ps.strategy()), _worker(ps_2workers_1ps)
-    iterator = iter(PerWorkerDataset(lambda ctx: [10 * ctx.input_pipeline_id + k for k in range(2)]))
+    iterator = iter(PerWorkerDataset(lambda ctx: [10 * ctx.input_pipeline_id + k for k in range(2)], dumps))
     assert [_run(chief, env, next, iterator) for _ in range(2)] == [10, 11]
     with pytest.raises(OutOfRangeError, match="worker 1 is exhausted"):
         _run(chief, env, next, iterator)

@@ -33,6 +33,7 @@ from phalanx.ps.coordinator.deadlines import Deadlines, Waiter
 from phalanx.ps.coordinator.remote_value import RemoteValue
 from phalanx.ps.coordinator.remote_worker import ClosureTimeoutError, RemoteWorker, WorkerLostError
 from phalanx.ps.coordinator.worker_loss import Action, Decision, FailurePolicy, WorkerStateMachine
+from phalanx.ps.pickling import dumps
 from phalanx.ps.variables import BufferChanges
 from phalanx.ps.worker.running import ClosureAbandonedError
 
@@ -176,7 +177,7 @@ class ClusterCoordinator:
 
     def create_per_worker_dataset(self, dataset_fn: Callable[..., Any]) -> PerWorkerDataset:
         """A dataset made on every worker by ``dataset_fn`` (see `PerWorkerDataset`)."""
-        return PerWorkerDataset(dataset_fn)
+        return PerWorkerDataset(dataset_fn, dumps)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stops the worker threads, cancelling running calls (pending functions stay
