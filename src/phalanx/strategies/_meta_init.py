@@ -64,6 +64,7 @@ class MetaInit:
     def __init__(self, device: torch.device) -> None:
         self._device = device
         self._buffers: dict[int, tuple[weakref.ref[nn.Module], list[str]]] = {}
+        self._buffer_values: list[weakref.ref[torch.Tensor]] = []  # for the chief's broadcast
         self._random: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.pending = False  # meta tensors made since the strategy last sharded
 
@@ -74,14 +75,22 @@ class MetaInit:
             cuda = torch.cuda.get_rng_state(self._device) if self._device.type == "cuda" else None
             self._random = (torch.get_rng_state(), cuda)
 
-    def note_buffer(self, module: nn.Module, name: str) -> None:
-        """Records that ``module`` registered buffer ``name`` on the meta device (it got zeros)."""
+    def note_buffer(self, module: nn.Module, name: str, value: torch.Tensor) -> None:
+        """Records that ``module`` registered buffer ``name`` on the meta device; ``value`` is
+        what it got instead (zeros on the device), which the chief's reset will fill."""
         self.note_parameter()
+        self._buffer_values.append(weakref.ref(value))
         entry = self._buffers.get(id(module))
         if entry is None or entry[0]() is not module:
             entry = (weakref.ref(module), [])
             self._buffers[id(module)] = entry
         entry[1].append(name)
+
+    def take_buffers(self) -> list[weakref.ref[torch.Tensor]]:
+        """The buffers made on the meta device since the last call: after `materialize`, they
+        hold the chief's values, which the strategy broadcasts."""
+        taken, self._buffer_values = self._buffer_values, []
+        return taken
 
     def _buffer_names(self, module: nn.Module) -> list[str]:
         entry = self._buffers.get(id(module))

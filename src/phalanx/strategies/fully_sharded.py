@@ -217,7 +217,6 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         self._meta = MetaInit(self._devices[0])  # what the scope made on the meta device
         self._hooked: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # modules with state-dict hooks
         self._state_dict_hooks = _StateDictHooks(self)
-        self._meta_buffer_vars: list[weakref.ref[torch.Tensor]] = []
         self._mesh: DeviceMesh | None = None
         self._own_group = False  # this strategy initialised torch.distributed (one worker)
         self._sharded: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]] = {}
@@ -288,8 +287,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             return super()._create_buffer(module, name, buffer)
         real = torch.zeros_like(buffer, device=self._devices[0])
         made = super()._create_buffer(module, name, real)
-        self._meta.note_buffer(module, name)
-        self._meta_buffer_vars.append(weakref.ref(real if made is None else made))
+        self._meta.note_buffer(module, name, real if made is None else made)
         return real if made is None else made
 
     def _note_submodule(self, parent: nn.Module, child: nn.Module) -> None:
@@ -359,10 +357,10 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 if sharded and module not in self._hooked:
                     self._hooked.add(module)
                     self._state_dict_hooks.install(module)
-        if self._meta_buffer_vars and self._group is not None:  # their values: the chief's resets
-            self._unbroadcast.extend(self._meta_buffer_vars)
+        meta_buffers = self._meta.take_buffers()
+        if meta_buffers and self._group is not None:  # their values: the chief's resets
+            self._unbroadcast.extend(meta_buffers)
             self._broadcast_from_chief()
-        self._meta_buffer_vars = []
         self._meta.pending = False
 
     def _scatter_materialized(self, slots: Sequence[tuple[nn.Module, str, torch.Tensor]]) -> None:
