@@ -346,6 +346,9 @@ class SharedMemoryAllReduce:
         if self._use_two_shot and self._world > 2 and n >= TWO_SHOT_ELEMENTS:
             self._two_shot(chunk, rows[:, :n], combine)
             return
+        if self._world == 2:  # chunk holds this worker's slot; a + b == b + a, bit for bit
+            combine(chunk, rows[1 - self._rank, :n], out=chunk)  # one buffer fewer to read
+            return
         combine(rows[0, :n], rows[1, :n], out=chunk)
         for k in range(2, self._world):
             combine(chunk, rows[k, :n], out=chunk)
