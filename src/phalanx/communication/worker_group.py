@@ -257,6 +257,11 @@ class WorkerGroup(GroupFailures, GroupCollectives):
     def _lost(self) -> str | None:
         return self._elastic.lost() if self._elastic is not None else None
 
+    def in_flight(self) -> list[Any]:
+        """This group's collectives that were started and have not completed yet (those its
+        `RecentWorks` holds): what dropping the group must let fail before it goes on."""
+        return [work for _, work in list(self._works._works) if not work.is_completed()]
+
     @property
     def uses_tls(self) -> bool:
         """Whether collectives that shared memory does not carry go over the TLS ring

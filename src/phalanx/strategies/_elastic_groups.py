@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from phalanx.communication.group_sockets import GroupSockets, in_flight
+from phalanx.communication.group_sockets import GroupSockets
 from phalanx.communication.health import PeerUnavailableError
 from phalanx.communication.worker_group import ElasticGroup, WorkerGroup
 from phalanx.strategies._bucket_sync import BucketSync
@@ -69,7 +69,7 @@ def _let_in_flight_fail(group: WorkerGroup) -> None:
     """Waits (bounded) until the group's collectives cut off by the shutdown have failed, so
     that their completion callbacks run now, not while the interpreter finalizes."""
     deadline = time.monotonic() + IN_FLIGHT_WAIT
-    while in_flight(group) and time.monotonic() < deadline:
+    while group.in_flight() and time.monotonic() < deadline:
         time.sleep(0.005)
 
 
