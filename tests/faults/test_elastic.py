@@ -122,6 +122,30 @@ def test_fit_survives_a_worker_lost_in_the_validation_pass(tmp_path, fit_referen
         assert result["run_count"] == reference["run_count"] == 150 + 3 * 10  # no pass counted twice
 
 
+@pytest.mark.parametrize(
+    ("when", "said"),
+    [
+        ("start", "the first group formed with 2 workers"),  # never checked in: left out of epoch 0
+        ("join", "Membership epoch 0's group did not form"),  # counted in, lost in the group's check-in
+    ],
+)
+def test_a_worker_lost_while_the_workers_first_join_joins_when_restarted(tmp_path, fit_reference, when, said):
+    """Worker 2 is SIGKILLed before the first step: the first group forms over the two others
+    (at once: the membership took it for lost, no join timeout), and the restarted worker 2
+    joins at the first step boundary, as any restarted worker does."""
+    run = _launch("--workers", 3, "--min-workers", 2, "--max-restarts", 1, FIT, tmp_path, 3, 2, when, 0.02)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert "worker 2 kills itself" in output
+    assert said in output
+    assert "restarting worker-2 (restart 1 of 1)" in run.stderr
+    assert "joined: ['worker:2 (" in output
+    results = _results(tmp_path)
+    assert sorted(results) == ["weights-0-0", "weights-1-0", "weights-2-1"]
+    _assert_same_weights(results, fit_reference)
+    assert all(r["workers"] == 3 and r["run_count"] == 150 for r in results.values())
+
+
 def _assert_recovered(folder: Path, survivor: dict, what: str) -> None:
     seconds = _recovery_seconds(folder, survivor)
     print(f"{what}: the survivors' next step completed {seconds:.2f}s after the SIGKILL")

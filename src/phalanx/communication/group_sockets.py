@@ -126,4 +126,3 @@ class GroupSockets:
             sock.close()
         self.connections = []
         return count
-

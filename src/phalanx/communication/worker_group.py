@@ -166,7 +166,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         if self._watch.enabled:
             self._watch.publish_initial(self._store)  # before check-in: every key exists after it
         self._store.set(f"collective-check/{rank}", "1" if check_enabled() else "0")
-        rendezvous.check_in(self._store, deadline, join_timeout)
+        rendezvous.check_in(self._store, deadline, join_timeout, lambda: self._lost)  # elastic: its verdict
         # the codes are on when every worker has them on (a first message must match its peer's)
         checked = all(
             v == b"1" for v in self._store.multi_get([f"collective-check/{r}" for r in range(world_size)])

@@ -55,8 +55,9 @@ class ElasticSync:
 
     def __init__(self, strategy: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None]) -> None:
         self.strategy, self._get_state, self._set_state = strategy, get_state, set_state
-        # a task that joined a running job takes the chief's state at its first boundary
-        self._needs_state = strategy.membership.me.incarnation > 0
+        # a task that joined a running job (restarted, or late for the first group) takes the
+        # chief's state at its first boundary
+        self._needs_state = strategy.membership.joined
         self._synced = False  # the state was handed over and no step ran since
         self.last_loss_at: float | None = None
         self.recoveries = 0
