@@ -20,7 +20,7 @@ import torch
 pytestmark = pytest.mark.multiprocess
 
 SCRIPTS = Path(__file__).parent / "scripts"
-FIT, LOOP = SCRIPTS / "elastic_fit.py", SCRIPTS / "elastic_loop.py"
+FIT, LOOP, PASS = SCRIPTS / "elastic_fit.py", SCRIPTS / "elastic_loop.py", SCRIPTS / "elastic_evaluate.py"
 RECOVERY_BOUND = 15.0  # seconds from a loss to the survivors' next completed step (the issue's bound)
 
 
@@ -144,6 +144,36 @@ def test_a_worker_lost_while_the_workers_first_join_joins_when_restarted(tmp_pat
     assert sorted(results) == ["weights-0-0", "weights-1-0", "weights-2-1"]
     _assert_same_weights(results, fit_reference)
     assert all(r["workers"] == 3 and r["run_count"] == 150 for r in results.values())
+
+
+@pytest.mark.parametrize("what", ["evaluate", "predict"])
+def test_evaluate_and_predict_on_their_own_survive_a_lost_worker(tmp_path, what):
+    """Worker 2 dies in the 4th batch of `Model.evaluate` / `Model.predict` called on their own:
+    the survivors re-form and run the pass again from its start, so the result is the
+    uninterrupted run's; callbacks see the pass begin and end once and every batch once, in
+    order. The restarted worker 2 is not admitted during the pass (its program starts over:
+    it would meet the members nowhere): the job finishes without it."""
+    alone, job = tmp_path / "alone", tmp_path / "job"
+    alone.mkdir()
+    job.mkdir()
+    env = {k: v for k, v in _env().items() if k not in ("TF_CONFIG", "RANK", "WORLD_SIZE")}
+    subprocess.run([sys.executable, str(PASS), str(alone), "-1", what], check=True, env=env, timeout=240)
+    reference = torch.load(alone / "result-0-0.pt")
+    run = _launch("--workers", 3, "--min-workers", 2, "--max-restarts", 1, PASS, job, 2, what)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert f"worker 2 kills itself in the 4th batch of {what}" in output
+    assert "re-forms the group after" in output
+    assert "joined: ['worker:2" not in output
+    results = {p.stem: torch.load(p) for p in sorted(job.glob("result-*.pt"))}
+    assert sorted(results) == ["result-0-0", "result-1-0"], output
+    begin, end = ("test_begin", "test_end") if what == "evaluate" else ("predict_begin", "predict_end")
+    batches = [event for i in range(10) for event in (f"begin {i}", f"end {i}")]
+    for result in results.values():
+        assert result["workers"] == 2
+        assert result["events"] == [begin, *batches, end]
+        assert result["run_count"] == reference["run_count"] == 10  # the redo is not counted twice
+        torch.testing.assert_close(result["result"], reference["result"], rtol=1e-5, atol=1e-6)
 
 
 def _assert_recovered(folder: Path, survivor: dict, what: str) -> None:

@@ -101,7 +101,7 @@ def _let_in_flight_fail(group: WorkerGroup) -> None:
         time.sleep(0.005)
 
 
-def reform(strategy: Any) -> None:
+def reform(strategy: Any, admit: bool = True) -> None:
     """`MultiWorkerMirroredStrategy.reform` (see there)."""
     membership = strategy._membership
     if membership is None:
@@ -115,8 +115,8 @@ def reform(strategy: Any) -> None:
     params = [p for p in (ref() for ref in plain) if isinstance(p, torch.nn.Parameter)]
     for param in params:  # a step cut short left partial sums in .grad: drop them
         param.grad = None
-    membership.reform()
-    strategy._group = make_group(strategy, admit=True)
+    membership.reform(admit)
+    strategy._group = make_group(strategy, admit)
     if strategy._num_local_replicas == 1:
         strategy._buckets = strategy._make_buckets(strategy._group)
         for param in params:  # in creation order, as on every member

@@ -93,8 +93,10 @@ class ElasticSync:
         self.sync_state()
         return True
 
-    def recover(self, exc: BaseException) -> None:
+    def recover(self, exc: BaseException, admit: bool = True) -> None:
         """After ``exc`` (a lost worker) in a step: re-forms and takes the chief's state.
+        ``admit=False``: the re-form admits no waiting joiner (an evaluation or prediction pass:
+        a joiner meets the members at a training step boundary only).
 
         Raises:
             BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
@@ -104,7 +106,7 @@ class ElasticSync:
             reason = str(exc).split(". HINT")[0]
             log.warning("%s re-forms the group after: %s", self._own_name(), reason)
             try:
-                self.strategy.reform()
+                self.strategy.reform(admit=admit)
                 self.sync_state()
                 break
             except Exception as again:  # another worker lost while re-forming: once more
