@@ -24,9 +24,9 @@ FIT, LOOP, PASS = SCRIPTS / "elastic_fit.py", SCRIPTS / "elastic_loop.py", SCRIP
 RECOVERY_BOUND = 15.0  # seconds from a loss to the survivors' next completed step (the issue's bound)
 
 
-def _launch(*args: object, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def _launch(*args: object, timeout: float = 240, **env: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "phalanx", "launch", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=_env())
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**_env(), **env})
 
 
 def _env() -> dict[str, str]:
@@ -68,14 +68,19 @@ def fit_reference(tmp_path_factory):
     return _alone(FIT, tmp_path_factory.mktemp("fit") / "alone", 3, -1, -1)
 
 
-def test_fit_survives_a_sigkilled_worker(tmp_path, fit_reference):
-    run = _launch("--workers", 3, "--min-workers", 2, FIT, tmp_path, 3, 2, 20)
+@pytest.mark.parametrize("transport", ["shared_memory", "gloo"])
+def test_fit_survives_a_sigkilled_worker(tmp_path, fit_reference, transport):
+    """On shared memory (the default on one machine) and on gloo: every re-formed group agrees
+    on segments of its own."""
+    shm = "1" if transport == "shared_memory" else "0"
+    run = _launch("--workers", 3, "--min-workers", 2, FIT, tmp_path, 3, 2, 20, PHALANX_SHARED_MEMORY=shm)
     assert run.returncode == 0, run.stdout + run.stderr
     results = _results(tmp_path)
     assert sorted(results) == ["weights-0-0", "weights-1-0"]
     _assert_same_weights(results, fit_reference)
     for result in results.values():
         assert result["workers"] == 2
+        assert result["shared_memory"] == (transport == "shared_memory")  # the re-formed group's
         assert result["run_count"] == 150  # every step once: 3 epochs of 50 batches
     _assert_recovered(tmp_path, results["weights-0-0"], "lost worker 2")
     assert "worker-2 left at" in run.stderr  # the launcher logs the loss, with the time
