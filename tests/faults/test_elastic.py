@@ -20,13 +20,13 @@ import torch
 pytestmark = pytest.mark.multiprocess
 
 SCRIPTS = Path(__file__).parent / "scripts"
-FIT, LOOP = SCRIPTS / "elastic_fit.py", SCRIPTS / "elastic_loop.py"
+FIT, LOOP, PASS = SCRIPTS / "elastic_fit.py", SCRIPTS / "elastic_loop.py", SCRIPTS / "elastic_evaluate.py"
 RECOVERY_BOUND = 15.0  # seconds from a loss to the survivors' next completed step (the issue's bound)
 
 
-def _launch(*args: object, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def _launch(*args: object, timeout: float = 240, **env: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "phalanx", "launch", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=_env())
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**_env(), **env})
 
 
 def _env() -> dict[str, str]:
@@ -68,14 +68,19 @@ def fit_reference(tmp_path_factory):
     return _alone(FIT, tmp_path_factory.mktemp("fit") / "alone", 3, -1, -1)
 
 
-def test_fit_survives_a_sigkilled_worker(tmp_path, fit_reference):
-    run = _launch("--workers", 3, "--min-workers", 2, FIT, tmp_path, 3, 2, 20)
+@pytest.mark.parametrize("transport", ["shared_memory", "gloo"])
+def test_fit_survives_a_sigkilled_worker(tmp_path, fit_reference, transport):
+    """On shared memory (the default on one machine) and on gloo: every re-formed group agrees
+    on segments of its own."""
+    shm = "1" if transport == "shared_memory" else "0"
+    run = _launch("--workers", 3, "--min-workers", 2, FIT, tmp_path, 3, 2, 20, PHALANX_SHARED_MEMORY=shm)
     assert run.returncode == 0, run.stdout + run.stderr
     results = _results(tmp_path)
     assert sorted(results) == ["weights-0-0", "weights-1-0"]
     _assert_same_weights(results, fit_reference)
     for result in results.values():
         assert result["workers"] == 2
+        assert result["shared_memory"] == (transport == "shared_memory")  # the re-formed group's
         assert result["run_count"] == 150  # every step once: 3 epochs of 50 batches
     _assert_recovered(tmp_path, results["weights-0-0"], "lost worker 2")
     assert "worker-2 left at" in run.stderr  # the launcher logs the loss, with the time
@@ -120,6 +125,60 @@ def test_fit_survives_a_worker_lost_in_the_validation_pass(tmp_path, fit_referen
         assert len(result["val_loss"]) == 3
         torch.testing.assert_close(result["val_loss"], reference["val_loss"], rtol=1e-5, atol=1e-6)
         assert result["run_count"] == reference["run_count"] == 150 + 3 * 10  # no pass counted twice
+
+
+@pytest.mark.parametrize(
+    ("when", "said"),
+    [
+        ("start", "the first group formed with 2 workers"),  # never checked in: left out of epoch 0
+        ("join", "Membership epoch 0's group did not form"),  # counted in, lost in the group's check-in
+    ],
+)
+def test_a_worker_lost_while_the_workers_first_join_joins_when_restarted(tmp_path, fit_reference, when, said):
+    """Worker 2 is SIGKILLed before the first step: the first group forms over the two others
+    (at once: the membership took it for lost, no join timeout), and the restarted worker 2
+    joins at the first step boundary, as any restarted worker does."""
+    run = _launch("--workers", 3, "--min-workers", 2, "--max-restarts", 1, FIT, tmp_path, 3, 2, when, 0.02)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert "worker 2 kills itself" in output
+    assert said in output
+    assert "restarting worker-2 (restart 1 of 1)" in run.stderr
+    assert "joined: ['worker:2 (" in output
+    results = _results(tmp_path)
+    assert sorted(results) == ["weights-0-0", "weights-1-0", "weights-2-1"]
+    _assert_same_weights(results, fit_reference)
+    assert all(r["workers"] == 3 and r["run_count"] == 150 for r in results.values())
+
+
+@pytest.mark.parametrize("what", ["evaluate", "predict"])
+def test_evaluate_and_predict_on_their_own_survive_a_lost_worker(tmp_path, what):
+    """Worker 2 dies in the 4th batch of `Model.evaluate` / `Model.predict` called on their own:
+    the survivors re-form and run the pass again from its start, so the result is the
+    uninterrupted run's; callbacks see the pass begin and end once and every batch once, in
+    order. The restarted worker 2 is not admitted during the pass (its program starts over:
+    it would meet the members nowhere): the job finishes without it."""
+    alone, job = tmp_path / "alone", tmp_path / "job"
+    alone.mkdir()
+    job.mkdir()
+    env = {k: v for k, v in _env().items() if k not in ("TF_CONFIG", "RANK", "WORLD_SIZE")}
+    subprocess.run([sys.executable, str(PASS), str(alone), "-1", what], check=True, env=env, timeout=240)
+    reference = torch.load(alone / "result-0-0.pt")
+    run = _launch("--workers", 3, "--min-workers", 2, "--max-restarts", 1, PASS, job, 2, what)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert f"worker 2 kills itself in the 4th batch of {what}" in output
+    assert "re-forms the group after" in output
+    assert "joined: ['worker:2" not in output
+    results = {p.stem: torch.load(p) for p in sorted(job.glob("result-*.pt"))}
+    assert sorted(results) == ["result-0-0", "result-1-0"], output
+    begin, end = ("test_begin", "test_end") if what == "evaluate" else ("predict_begin", "predict_end")
+    batches = [event for i in range(10) for event in (f"begin {i}", f"end {i}")]
+    for result in results.values():
+        assert result["workers"] == 2
+        assert result["events"] == [begin, *batches, end]
+        assert result["run_count"] == reference["run_count"] == 10  # the redo is not counted twice
+        torch.testing.assert_close(result["result"], reference["result"], rtol=1e-5, atol=1e-6)
 
 
 def _assert_recovered(folder: Path, survivor: dict, what: str) -> None:

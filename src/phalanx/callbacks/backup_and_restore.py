@@ -24,7 +24,7 @@ FORMAT = "phalanx.backup/1"
 def _joining(model: Any) -> bool:
     """Whether ``model`` trains in a task that joins a running elastic job (its first fit)."""
     membership = getattr(model.strategy, "membership", None)
-    if membership is None or membership.me.incarnation == 0:
+    if membership is None or not membership.joined:
         return False
     from phalanx.keras._elastic_loop import elastic_sync_of
 

@@ -14,7 +14,7 @@ it exited 0.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -56,15 +56,12 @@ class ElasticLaunch:
         self._store = AuthenticatedStore(dist.PrefixStore(PREFIX, self._server), token, PREFIX)
         self._started = time.monotonic()
 
-    def environment(self, user_env: Mapping[str, str]) -> dict[str, str]:
-        """The variables every task gets (shared memory is off unless the user sets it)."""
+    def environment(self) -> dict[str, str]:
+        """The variables every task gets: where the store is and the minimum. (Shared memory
+        stays on: a re-formed group agrees on fresh segments, `open_transports`.)"""
         from phalanx.communication.membership import ELASTIC_STORE_ENV, MIN_WORKERS_ENV
-        from phalanx.communication.same_machine import SHARED_MEMORY_ENV
 
-        env = {MIN_WORKERS_ENV: str(self.min_workers), ELASTIC_STORE_ENV: self.address}
-        if SHARED_MEMORY_ENV not in user_env:
-            env[SHARED_MEMORY_ENV] = "0"
-        return env
+        return {MIN_WORKERS_ENV: str(self.min_workers), ELASTIC_STORE_ENV: self.address}
 
     def incarnation_env(self, name: str) -> dict[str, str]:
         """The variable that tells a (re)started task its incarnation."""

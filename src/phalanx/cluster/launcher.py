@@ -115,7 +115,7 @@ def launch(
     env = {**(env or {}), TOKEN_ENV: check_token(token) if token is not None else new_token()}
     elastic = _elastic_launch(min_workers, max_restarts, env, out)
     if elastic is not None:
-        env = {**elastic.environment(env), **env}
+        env = {**elastic.environment(), **env}
     tasks = plan_tasks(spec, _all_tasks(spec))
     return run_tasks(argv, tasks, env, timeout, out, stop_auxiliary=True, elastic=elastic)
 

@@ -30,9 +30,9 @@ import contextlib
 import os
 import socket
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TypeVar
 
-__all__ = ["GroupSockets", "in_flight", "open_sockets"]
+__all__ = ["GroupSockets", "open_sockets"]
 
 T = TypeVar("T")
 _FDS = "/proc/self/fd"
@@ -126,10 +126,3 @@ class GroupSockets:
             sock.close()
         self.connections = []
         return count
-
-
-def in_flight(group: Any) -> list[Any]:
-    """The works a `WorkerGroup` still holds that have not completed (empty if unknown)."""
-    recent = getattr(group, "_works", None)
-    works = list(getattr(recent, "_works", ()))
-    return [work for _, work in works if not work.is_completed()]

@@ -6,6 +6,7 @@ else gloo itself (both None)."""
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -66,7 +67,7 @@ def open_transports(
     port = chief[1]
     pids, shm_allowed = probe_machines(store, rank, world_size, str(port))
     opened = Transports()
-    if pids is not None and shm_allowed:
+    if pids is not None and shm_allowed and world_size > 1:  # an elastic job's group may have one
         # its own gloo group: the transport's thread agrees on segments without interleaving
         # with the collectives of the training thread (made before the job's process group,
         # on the store: a gloo backend of its own, in no torch.distributed registry)
@@ -74,7 +75,7 @@ def open_transports(
             dist.PrefixStore("phalanx-shm/", store), rank, world_size, timedelta(seconds=collective_timeout)
         )
         opened.shm = SharedMemoryAllReduce(
-            f"{port}-{pids[0]}",
+            f"{port}-{pids[0]}-{_group_nonce(store, rank)}",
             rank,
             world_size,
             pids,
@@ -108,3 +109,12 @@ def open_transports(
             "files of one CA) and TCP between the machines on ephemeral ports (docs/multi_machine.md)."
         ) from None
     return opened
+
+
+def _group_nonce(store: Any, rank: int) -> str:
+    """A random name of this group, the same on its workers (rank 0 draws it). An elastic job's
+    groups share the store's port and often the chief: without it, a worker taken for lost that
+    removes its files late could remove a segment of the next group while its members open it."""
+    if rank == 0:
+        store.set("shm-nonce", secrets.token_hex(4))
+    return bytes(store.get("shm-nonce")).decode()

@@ -17,6 +17,11 @@ member.
   A member whose beacon says ``dead``, names another incarnation, or has not moved for
   ``PHALANX_ELASTIC_DEAD_SECONDS`` (3 s) is lost; the watcher thread reports it to the group
   (`Membership.failure`), so a collective that waits for it fails within half a second.
+* **The first formation** (`Membership.start`, every task of incarnation 0) works as a
+  re-form does, over every task of the cluster: the decider waits until each checked in or is
+  lost (or for the join timeout), so a task lost before the first step does not hold the
+  others; it joins (restarted) at the first step boundary. A task that comes after the first
+  group formed without it joins likewise.
 * **Re-forming** (`Membership.reform`, every survivor): each checks in under the next epoch;
   the first to check in decides: it waits until every old member checked in or is lost,
   adds the tasks waiting to join, writes the members and moves ``epoch`` on (a decider lost
@@ -66,6 +71,7 @@ PREFIX = "phalanx/elastic/"
 BEACON_SECONDS = 0.2
 DEFAULT_DEAD_AFTER = 3.0
 STOP_SECONDS = 5.0  # the watcher's longest round: a few store calls (milliseconds)
+DECIDE_MARGIN = 5.0  # seconds those who wait for a decision allow beyond the decider's timeout
 DEAD = "dead"
 
 
@@ -194,6 +200,7 @@ class Membership:
         self.members: list[Member] = []
         self._lost: str | None = None
         self._join_pending = False
+        self.joined = False  # this task joined a running job (it takes the chief's state)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -212,10 +219,10 @@ class Membership:
             time.sleep(0.02)
         return bytes(self._store.get(key))
 
-    def _gave_up(self, what: str) -> PeerUnavailableError:
+    def _gave_up(self, what: str, seconds: float | None = None) -> PeerUnavailableError:
         return PeerUnavailableError(
-            f"{self._name(self.me.task)} gave up after {self._timeout:g}s waiting for {what}. HINT: "
-            "check the other tasks' logs and that the launcher (which serves the store) runs."
+            f"{self._name(self.me.task)} gave up after {seconds or self._timeout:g}s waiting for {what}. "
+            "HINT: check the other tasks' logs and that the launcher (which serves the store) runs."
         )
 
     # ------------------------------------------------------------------ forming (all workers)
@@ -234,7 +241,8 @@ class Membership:
         return self._name(self.members[rank].task) if 0 <= rank < len(self.members) else f"worker:{rank}"
 
     def start(self) -> None:
-        """Joins the job: the first formation (every task of incarnation 0), else as a joiner.
+        """Joins the job: the first formation (every task of incarnation 0 that comes before it is
+        decided), else as a joiner (`joined`).
 
         Raises:
             PeerUnavailableError: A joiner was not admitted, or the job finished first.
@@ -251,11 +259,16 @@ class Membership:
             raise
 
     def _enter(self) -> None:
-        if self.me.incarnation == 0:
-            if self._store.add("e/0/decider/0", 1) == 1:
-                self._publish(0, [Member(t, 0) for t in range(self._num_tasks)])
-            self._adopt(0)
-            return
+        if self.me.incarnation == 0 and not self._store.check(["epoch"]):
+            # the first formation: every task that checked in, once the others are lost (or
+            # after the timeout); no joiner (it takes the chief's state at the first boundary)
+            self._store.set(f"e/0/here/{self.me}", "1")
+            self._decide_or_wait(0, [Member(t, 0) for t in range(self._num_tasks)], admit=False)
+            if self.me in _parse_members(self._store.get("e/0/members")):
+                self._adopt(0)
+                return
+        # a restarted task, or one that came after the first group formed without it
+        self.joined = True
         self._store.set(f"join/{self.me.task}", str(self.me.incarnation))
         log.warning("%s asks to join the running job.", self._name(self.me.task))
         deadline = time.monotonic() + self._timeout
@@ -278,9 +291,10 @@ class Membership:
                 )
             time.sleep(0.05)
 
-    def reform(self) -> None:
-        """Moves to the next epoch with every live member and the waiting joiners (every
-        survivor, after a failure or when `join_pending`).
+    def reform(self, admit: bool = True) -> None:
+        """Moves to the next epoch with every live member and, with ``admit``, the waiting
+        joiners (every survivor, after a failure or when `join_pending`; ``admit=False``: the
+        first group failed while it formed, and a joiner waits for the first step boundary).
 
         Raises:
             BelowMinimumWorkersError: Fewer than ``min_workers`` are left.
@@ -288,25 +302,26 @@ class Membership:
         """
         epoch = self.epoch + 1
         self._store.set(f"e/{epoch}/here/{self.me}", "1")
-        self._decide_or_wait(epoch)
+        self._decide_or_wait(epoch, self.members, admit)
         self._adopt(epoch)
 
-    def _decide_or_wait(self, epoch: int) -> None:
+    def _decide_or_wait(self, epoch: int, old: list[Member], admit: bool) -> None:
         """The first to check in decides; if that decider is lost before it publishes, the
-        next to notice takes over (numbered attempts: exactly one decider each)."""
-        deadline = time.monotonic() + self._timeout
+        next to notice takes over (numbered attempts: exactly one decider each). The others
+        wait a little longer than a decider does (`DECIDE_MARGIN`): it may have started first."""
+        deadline = time.monotonic() + self._timeout + DECIDE_MARGIN
         attempt = 0
         while True:
             key = f"e/{epoch}/decider/{attempt}"
             if self._store.add(key, 1) == 1:
                 self._store.set(f"{key}/task", str(self.me))
-                self._decide(epoch)
+                self._decide(epoch, old, admit)
                 return
             while not self._store.check([f"e/{epoch}/members"]):
                 if self._decider_lost(key):
                     break
                 if time.monotonic() > deadline:
-                    raise self._gave_up(f"the members of epoch {epoch}")
+                    raise self._gave_up(f"the members of epoch {epoch}", self._timeout + DECIDE_MARGIN)
                 time.sleep(0.02)
             else:
                 return
@@ -317,8 +332,7 @@ class Membership:
             return False
         return self.lost_reason(Member.parse(self._store.get(f"{key}/task").decode())) is not None
 
-    def _decide(self, epoch: int) -> None:
-        old = self.members
+    def _decide(self, epoch: int, old: list[Member], admit: bool) -> None:
         deadline = time.monotonic() + self._timeout
         while True:
             here = [m for m in old if self._store.check([f"e/{epoch}/here/{m}"])]
@@ -326,7 +340,7 @@ class Membership:
             if len(here) + len(gone) == len(old) or time.monotonic() > deadline:
                 break
             time.sleep(0.02)
-        joiners = self._joiners({m.task for m in here})
+        joiners = self._joiners({m.task for m in here}) if admit else []
         # joiners after the members that stay: rank 0, whose state every member takes, is never
         # a joiner (a restarted task 0 would hand out its fresh weights)
         by_task = lambda m: m.task  # noqa: E731
@@ -348,8 +362,20 @@ class Membership:
         self._store.set("epoch", str(epoch))
 
     def _log_change(self, epoch: int, members: list[Member]) -> None:
-        """The chief (rank 0 of the new epoch) logs who left and who joined, and when."""
-        if epoch == 0 or members[0] != self.me:
+        """The chief (rank 0 of the new epoch) logs who left and who joined, and when (at the
+        first formation: who is missing, if any task is)."""
+        if members[0] != self.me or (epoch == 0 and len(members) == self._num_tasks):
+            return
+        if epoch == 0:
+            log.warning(
+                "Elastic membership epoch 0 at %s: the first group formed with %d workers %s; missing: %s "
+                "(lost before the first step, or not checked in within %gs); restarted, they join.",
+                time.strftime("%H:%M:%S"),
+                len(members),
+                [self._name(m.task) for m in members],
+                [self._name(t) for t in range(self._num_tasks) if t not in {m.task for m in members}],
+                self._timeout,
+            )
             return
         log.warning(
             "Elastic membership epoch %d at %s: %d workers %s; left: %s; joined: %s.",
@@ -369,12 +395,13 @@ class Membership:
                 f"for lost: no beacon for {self.settings.dead_after:g}s). HINT: a restarted task joins again."
             )
         if len(members) < self.settings.min_workers:
+            missing = [self._name(t) for t in range(self._num_tasks) if t not in {m.task for m in members}]
             raise BelowMinimumWorkersError(
                 f"Only {len(members)} workers are left ({[self._name(m.task) for m in members]}), fewer than "
-                f"the job's minimum of {self.settings.min_workers} ({MIN_WORKERS_ENV}). HINT: restart the "
-                "job; BackupAndRestore or a PreemptionCheckpointHandler resumes it."
+                f"the job's minimum of {self.settings.min_workers} ({MIN_WORKERS_ENV}); missing: {missing}. "
+                "HINT: restart the job; BackupAndRestore or a PreemptionCheckpointHandler resumes it."
             )
-        if self.members:
+        if self.members or epoch == 0:
             self._log_change(epoch, members)
         self.epoch, self.members, self._lost, self._join_pending = epoch, members, None, False
 

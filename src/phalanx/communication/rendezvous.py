@@ -275,11 +275,17 @@ class Rendezvous:
                 last_log = now
             time.sleep(0.1)
 
-    def check_in(self, store: Any, deadline: float, join_timeout: float) -> None:
+    def check_in(
+        self, store: Any, deadline: float, join_timeout: float, lost: Callable[[], str | None] | None = None
+    ) -> None:
         """Checks this worker in and waits until every worker did (all workers).
 
+        Args:
+            lost: An elastic job's verdict on its members (`Membership.failure`): once it names
+                one, waiting stops (the members re-form without it).
+
         Raises:
-            PeerUnavailableError: Some did not by ``deadline`` (they are named).
+            PeerUnavailableError: Some did not by ``deadline``, or ``lost`` named one (they are named).
         """
         store.add(HealthCheck.key(self._rank), 1)
         start = last_log = time.monotonic()
@@ -287,6 +293,12 @@ class Rendezvous:
             missing = self.missing_tasks(store)
             if not missing:
                 return
+            reason = lost() if lost is not None else None
+            if reason is not None:
+                raise PeerUnavailableError(
+                    f"Stopped waiting for {missing} to join the group: {reason}. HINT: the members of an "
+                    "elastic job re-form without it; a restarted task joins at a step boundary."
+                )
             now = time.monotonic()
             if now > deadline:
                 raise PeerUnavailableError(

@@ -166,7 +166,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         if self._watch.enabled:
             self._watch.publish_initial(self._store)  # before check-in: every key exists after it
         self._store.set(f"collective-check/{rank}", "1" if check_enabled() else "0")
-        rendezvous.check_in(self._store, deadline, join_timeout)
+        rendezvous.check_in(self._store, deadline, join_timeout, lambda: self._lost)  # elastic: its verdict
         # the codes are on when every worker has them on (a first message must match its peer's)
         checked = all(
             v == b"1" for v in self._store.multi_get([f"collective-check/{r}" for r in range(world_size)])
@@ -256,6 +256,11 @@ class WorkerGroup(GroupFailures, GroupCollectives):
     @property
     def _lost(self) -> str | None:
         return self._elastic.lost() if self._elastic is not None else None
+
+    def in_flight(self) -> list[Any]:
+        """This group's collectives that were started and have not completed yet (those its
+        `RecentWorks` holds): what dropping the group must let fail before it goes on."""
+        return [work for _, work in list(self._works._works) if not work.is_completed()]
 
     @property
     def uses_tls(self) -> bool:

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
-from phalanx.checkpoint.failure_handling.elastic import is_recoverable
-from phalanx.keras._elastic_loop import elastic_sync_of, elastic_train_epoch
+from phalanx.checkpoint._objects import load_into, state_of
+from phalanx.checkpoint.failure_handling.elastic import ElasticSync, is_recoverable
+from phalanx.keras._elastic_loop import elastic_train_epoch
 from phalanx.keras._epoch import Epoch
 
 if TYPE_CHECKING:
     from phalanx.keras.data_adapter import DataHandler
 
 __all__ = ["LoopModel", "evaluate_loop", "predict_loop", "train_epoch", "validation_pass"]
+
+T = TypeVar("T")
 
 
 class LoopModel(Protocol):
@@ -26,6 +30,8 @@ class LoopModel(Protocol):
 
     @property
     def strategy(self) -> Any: ...
+    @property
+    def module(self) -> Any: ...
     def train(self, mode: bool = True) -> Any: ...
     def eval(self) -> Any: ...
     def _logs(self) -> dict[str, float]: ...
@@ -91,68 +97,131 @@ def _train_step_on_worker(model: LoopModel, batch: tuple[Any, ...]) -> None:
 
 
 def evaluate_loop(model: LoopModel, handler: DataHandler, callbacks: Any) -> dict[str, float]:
-    """Runs the test step over one pass of ``handler``; returns global logs."""
-    strategy = model.strategy
+    """Runs the test step over one pass of ``handler``; returns global logs. Elastic: a worker
+    lost during the pass makes the members re-form and run it again (`_elastic_pass`).
+
+    Raises:
+        BelowMinimumWorkersError: Fewer workers are left than the job's minimum (elastic).
+    """
     model._reset_metrics()
     callbacks.on_test_begin()
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for step, batch in enumerate(_distributed(model, handler, 0, 0)):
-                callbacks.on_test_batch_begin(step)
-                strategy.run(model._test_step, args=batch)
-                callbacks.on_test_batch_end(step, model._logs())
-    finally:
-        model.train(was_training)
-    logs = model._logs()
+    fired = _Fired(callbacks.on_test_batch_begin, callbacks.on_test_batch_end)
+    logs: dict[str, float] = _elastic_pass(model, lambda redo: _test_pass(model, handler, fired, redo))
     callbacks.on_test_end(logs)
     return logs
 
 
-def validation_pass(model: LoopModel, handler: DataHandler, callbacks: Any) -> dict[str, float]:
-    """``fit``'s validation pass: `evaluate_loop`. In an elastic job a worker lost during it
-    makes the members re-form the group and run the pass again from its start, split over the
-    members there are now: the pass changes no state, so the redo is exact and the same on
-    every member (skipping it would leave the epoch without ``val_`` logs, which
-    ``EarlyStopping`` and ``ModelCheckpoint`` read).
+def _test_pass(model: LoopModel, handler: DataHandler, fired: _Fired, redo: bool) -> dict[str, float]:
+    if redo:
+        model._reset_metrics()
+    for step, batch in enumerate(_distributed(model, handler, 0, 0)):
+        fired.begin(step)
+        model.strategy.run(model._test_step, args=batch)
+        fired.end(step, model._logs())
+    return model._logs()
 
-    Raises:
-        BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
-    """
-    if getattr(model.strategy, "membership", None) is None:
-        return evaluate_loop(model, handler, callbacks)
-    sync, _ = elastic_sync_of(model)
-    while True:
-        try:
-            return evaluate_loop(model, handler, callbacks)
-        except Exception as exc:
-            if not is_recoverable(model.strategy, exc):
-                raise
-            sync.recover(exc)
+
+def validation_pass(model: LoopModel, handler: DataHandler, callbacks: Any) -> dict[str, float]:
+    """``fit``'s validation pass: `evaluate_loop` (elastic as it is: skipping the pass after a
+    loss would leave the epoch without the ``val_`` logs that ``EarlyStopping`` and
+    ``ModelCheckpoint`` read)."""
+    return evaluate_loop(model, handler, callbacks)
 
 
 def predict_loop(model: LoopModel, handler: DataHandler, callbacks: Any) -> Any:
-    """Predictions for every example, in input order, gathered over replicas and workers."""
-    strategy = model.strategy
-    outputs: list[Any] = []
+    """Predictions for every example, in input order, gathered over replicas and workers.
+    Elastic: a worker lost during the pass makes the members re-form and run it again.
+
+    Raises:
+        ValueError: The input is empty.
+        BelowMinimumWorkersError: Fewer workers are left than the job's minimum (elastic).
+    """
     callbacks.on_predict_begin()
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for step, batch in enumerate(_distributed(model, handler, 0, 0)):
-                callbacks.on_predict_batch_begin(step)
-                per_replica = strategy.run(model._predict_step, args=batch)
-                gathered = strategy.gather(per_replica, axis=0)
-                outputs.append(gathered)
-                callbacks.on_predict_batch_end(step, {"outputs": gathered})
-    finally:
-        model.train(was_training)
+    fired = _Fired(callbacks.on_predict_batch_begin, callbacks.on_predict_batch_end)
+    outputs: list[Any] = _elastic_pass(model, lambda redo: _predict_pass(model, handler, fired))
     callbacks.on_predict_end()
     if not outputs:
         raise ValueError("predict got no data: the input is empty.")
     return _concat(outputs)
+
+
+def _predict_pass(model: LoopModel, handler: DataHandler, fired: _Fired) -> list[Any]:
+    outputs: list[Any] = []
+    for step, batch in enumerate(_distributed(model, handler, 0, 0)):
+        fired.begin(step)
+        per_replica = model.strategy.run(model._predict_step, args=batch)
+        gathered = model.strategy.gather(per_replica, axis=0)
+        outputs.append(gathered)
+        fired.end(step, {"outputs": gathered})
+    return outputs
+
+
+class _Fired:
+    """A pass's batch callbacks, when the pass may be run again from its start (an elastic job
+    after a loss): each batch's begin and end fire once, the first time the pass reaches it, so
+    callbacks see every batch once and in order (a batch cut short: its begin, then, redone,
+    its end)."""
+
+    def __init__(self, on_begin: Callable[[int], Any], on_end: Callable[[int, Any], Any]) -> None:
+        self._on_begin, self._on_end = on_begin, on_end
+        self._begun = self._ended = 0  # batches whose begin / end fired
+
+    def begin(self, step: int) -> None:
+        if step >= self._begun:
+            self._begun = step + 1
+            self._on_begin(step)
+
+    def end(self, step: int, logs: Any) -> None:
+        if step >= self._ended:
+            self._ended = step + 1
+            self._on_end(step, logs)
+
+
+def _elastic_pass(model: LoopModel, run: Callable[[bool], T]) -> T:
+    """``run(redo)``: one evaluation or prediction pass, in eval mode without gradients.
+
+    In an elastic job a worker lost during it makes the members re-form the group and run it
+    again from its start (``redo=True``), split over the members there are now: the pass
+    changes no state but the run count (which keys dropout), so the members take the chief's
+    weights and its run count at the pass's start, and the redo is exact and the same on every
+    member. The re-form admits no joiner:
+    a restarted task runs its program from the start, and meets the members only at a training
+    step boundary (`fit`, `PreemptionCheckpointHandler.run`), where they admit it.
+
+    Raises:
+        BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
+    """
+    strategy = model.strategy
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            if getattr(strategy, "membership", None) is None:
+                return run(False)
+            start = strategy.run_count
+            sync = ElasticSync(
+                strategy,
+                lambda: {"module": state_of(model.module), "run_count": start},
+                lambda state: _load_pass_state(model, state),
+            )
+            redo = False
+            while True:
+                try:
+                    return run(redo)
+                except Exception as exc:
+                    if not is_recoverable(strategy, exc):
+                        raise
+                    sync.recover(exc, admit=False)
+                    redo = True
+    finally:
+        model.train(was_training)
+
+
+def _load_pass_state(model: LoopModel, state: dict[str, Any]) -> None:
+    """The chief's weights (the same as every member's, unless a loss cut short the broadcast
+    of initial values) and the run count at the pass's start."""
+    load_into(model.module, state["module"], "module")
+    model.strategy.run_count = int(state["run_count"])
 
 
 def _concat(outputs: list[Any]) -> Any:

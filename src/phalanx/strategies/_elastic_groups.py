@@ -6,28 +6,56 @@ apart from the strategy's other concerns."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import torch
 
-from phalanx.communication.group_sockets import GroupSockets, in_flight
+from phalanx.communication.group_sockets import GroupSockets
 from phalanx.communication.health import PeerUnavailableError
 from phalanx.communication.worker_group import ElasticGroup, WorkerGroup
 from phalanx.strategies._bucket_sync import BucketSync
 
 __all__ = ["REFORM_ATTEMPTS", "REFORM_JOIN_TIMEOUT", "close_elastic", "drop_group", "make_group", "reform"]
 
+log = logging.getLogger("phalanx")
+
 REFORM_JOIN_TIMEOUT = 30.0  # seconds the members of a re-formed group wait for each other
 REFORM_ATTEMPTS = 5  # new groups that fail while forming (a member lost meanwhile) before giving up
 IN_FLIGHT_WAIT = 2.0  # seconds a dropped group's shut-down collectives get to fail (milliseconds, measured)
 
 
-def make_group(strategy: Any) -> WorkerGroup:
+def make_group(strategy: Any, admit: bool = False) -> WorkerGroup:
     """The group of the membership's current epoch (an elastic job; all its members), its
-    connections recorded (`GroupSockets`)."""
+    connections recorded (`GroupSockets`).
+
+    A member lost while the group forms (its check-in stops at the membership's verdict) makes
+    the members re-form without it and try again, `REFORM_ATTEMPTS` groups in all: the first
+    group as a re-formed one. ``admit``: whether those re-forms admit waiting joiners (not
+    while the first group forms: a joiner takes the chief's state at the first step boundary).
+
+    Raises:
+        BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
+        PeerUnavailableError: The group failed `REFORM_ATTEMPTS` times, or this worker was left out.
+    """
     membership = strategy._membership
     assert membership is not None
+    attempt = 1
+    while True:
+        try:
+            return _group_of_epoch(strategy)
+        except PeerUnavailableError as exc:  # a member was lost while the group formed: once more
+            if attempt >= REFORM_ATTEMPTS:
+                raise
+            epoch, reason = membership.epoch, str(exc).split(". HINT")[0]
+            log.warning("Membership epoch %d's group did not form (%s); re-forming.", epoch, reason)
+        attempt += 1
+        membership.reform(admit)
+
+
+def _group_of_epoch(strategy: Any) -> WorkerGroup:
+    membership = strategy._membership
     strategy._num_workers, strategy._worker_index = len(membership.members), membership.rank
     join = strategy._group_settings[0]
     if membership.epoch > 0:  # every member is alive and waiting: a lost one must not cost 120 s
@@ -69,11 +97,11 @@ def _let_in_flight_fail(group: WorkerGroup) -> None:
     """Waits (bounded) until the group's collectives cut off by the shutdown have failed, so
     that their completion callbacks run now, not while the interpreter finalizes."""
     deadline = time.monotonic() + IN_FLIGHT_WAIT
-    while in_flight(group) and time.monotonic() < deadline:
+    while group.in_flight() and time.monotonic() < deadline:
         time.sleep(0.005)
 
 
-def reform(strategy: Any) -> None:
+def reform(strategy: Any, admit: bool = True) -> None:
     """`MultiWorkerMirroredStrategy.reform` (see there)."""
     membership = strategy._membership
     if membership is None:
@@ -87,14 +115,8 @@ def reform(strategy: Any) -> None:
     params = [p for p in (ref() for ref in plain) if isinstance(p, torch.nn.Parameter)]
     for param in params:  # a step cut short left partial sums in .grad: drop them
         param.grad = None
-    for attempt in range(REFORM_ATTEMPTS):
-        membership.reform()
-        try:
-            strategy._group = make_group(strategy)
-            break
-        except PeerUnavailableError:  # a member was lost while the group formed: once more
-            if attempt == REFORM_ATTEMPTS - 1:
-                raise
+    membership.reform(admit)
+    strategy._group = make_group(strategy, admit)
     if strategy._num_local_replicas == 1:
         strategy._buckets = strategy._make_buckets(strategy._group)
         for param in params:  # in creation order, as on every member

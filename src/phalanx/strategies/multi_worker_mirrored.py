@@ -195,10 +195,11 @@ class MultiWorkerMirroredStrategy(Strategy):
         """The elastic membership (``PHALANX_MIN_WORKERS`` set, several workers), else None."""
         return self._membership
 
-    def reform(self) -> None:
+    def reform(self, admit: bool = True) -> None:
         """Drops the current group and makes the next membership epoch's: after a lost worker,
         or to admit a joiner (every live member; an elastic job only). The caller then hands
         the new members the chief's state (`phalanx.checkpoint.failure_handling.elastic`).
+        ``admit=False``: waiting joiners are left waiting (a re-form inside an evaluation pass).
         What is still in flight on the dropped group fails at once, on every member
         (`phalanx.communication.group_sockets`).
 
@@ -207,7 +208,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
             PeerUnavailableError: This worker was left out, or the new group failed 5 times.
         """
-        _elastic_groups.reform(self)
+        _elastic_groups.reform(self, admit)
 
     def handed_over(self) -> None:
         """Records that every member took the chief's state (an elastic job, after a re-form):

@@ -3,6 +3,9 @@
 
 usage: elastic_fit.py OUT_DIR EPOCHS KILL_RANK KILL_AT_STEP [PAUSE] [VALIDATE]
 
+KILL_AT_STEP "start": the killer dies before it makes its strategy (it never joins); "join": it
+dies in the first group's check-in, after the membership counted it in (the others wait there).
+
 VALIDATE=1: fit validates on 240 more examples after every epoch (10 batches), and the killer
 dies in the 4th validation batch after KILL_AT_STEP training steps instead (the others wait in
 that validation step).
@@ -22,13 +25,29 @@ import torch
 from torch import nn
 
 import phalanx
+from phalanx.communication import rendezvous
 
-out_dir, epochs, kill_rank, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+out_dir, epochs, kill_rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+kill_when = sys.argv[4] if sys.argv[4] in ("start", "join") else None
+kill_at = -1 if kill_when else int(sys.argv[4])
 pause = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 validate = len(sys.argv) > 6 and sys.argv[6] == "1"
+incarnation = int(os.environ.get("PHALANX_ELASTIC_INCARNATION", "0"))
+
+
+def _kill(where: str) -> None:
+    with open(os.path.join(out_dir, "killed-at"), "w") as f:
+        f.write(repr(time.time()))
+    print(f"worker {os.environ.get('RANK')} kills itself {where}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if kill_when and os.environ.get("RANK") == str(kill_rank) and incarnation == 0:
+    if kill_when == "start":
+        _kill("before it joins")
+    rendezvous.Rendezvous.check_in = lambda *args, **kwargs: _kill("in the first group's check-in")
 strategy = phalanx.MultiWorkerMirroredStrategy()
 rank = int(os.environ.get("RANK", strategy.cluster_resolver.task_id or 0))  # TF_CONFIG alone: its index
-incarnation = int(os.environ.get("PHALANX_ELASTIC_INCARNATION", "0"))
 with open(os.path.join(out_dir, f"pid-{rank}-{incarnation}"), "w") as f:
     f.write(str(os.getpid()))
 
@@ -37,13 +56,6 @@ g = torch.Generator().manual_seed(1)
 x = torch.randn(1200, 6, generator=g)
 y = torch.randint(0, 3, (1200,), generator=g)
 validation = (torch.randn(240, 6, generator=g), torch.randint(0, 3, (240,), generator=g))
-
-
-def _kill(where: str) -> None:
-    with open(os.path.join(out_dir, "killed-at"), "w") as f:
-        f.write(repr(time.time()))
-    print(f"worker {rank} kills itself {where}", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Validated(phalanx.Model):
@@ -105,6 +117,7 @@ torch.save(
         "run_count": strategy.run_count,
         "workers": strategy.num_workers_in_sync,
         "val_loss": history.history.get("val_loss", []),
+        "shared_memory": strategy._group is not None and strategy._group.uses_shared_memory,  # the last group
     },
     os.path.join(out_dir, f"weights-{rank}-{incarnation}.pt"),
 )

@@ -15,7 +15,9 @@ import torch
 import torch.distributed as dist
 
 from phalanx.cluster._ports import free_ports
-from phalanx.communication.group_sockets import GroupSockets, in_flight, open_sockets
+from phalanx.communication.group_sockets import GroupSockets, open_sockets
+from phalanx.communication.recent_works import RecentWorks
+from phalanx.communication.worker_group import WorkerGroup
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
 
@@ -89,5 +91,22 @@ def test_a_descriptor_closed_and_reused_since_is_left_alone(store):
         s.close()
 
 
-def test_in_flight_of_something_that_holds_no_works_is_empty():
-    assert in_flight(object()) == []
+class _Work:
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+    def is_completed(self) -> bool:
+        return self.done
+
+
+def test_a_groups_in_flight_works_are_those_not_completed():
+    """`WorkerGroup.in_flight`: what dropping a group waits for (`_elastic_groups.drop_group`)."""
+    group = WorkerGroup.__new__(WorkerGroup)  # no process group: only its held works matter
+    group._works = RecentWorks()
+    assert group.in_flight() == []
+    done, waiting = _Work(True), _Work(False)
+    group._works.add(done)
+    group._works.add(waiting)
+    assert group.in_flight() == [waiting]
+    waiting.done = True
+    assert group.in_flight() == []

@@ -55,8 +55,9 @@ class ElasticSync:
 
     def __init__(self, strategy: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None]) -> None:
         self.strategy, self._get_state, self._set_state = strategy, get_state, set_state
-        # a task that joined a running job takes the chief's state at its first boundary
-        self._needs_state = strategy.membership.me.incarnation > 0
+        # a task that joined a running job (restarted, or late for the first group) takes the
+        # chief's state at its first boundary
+        self._needs_state = strategy.membership.joined
         self._synced = False  # the state was handed over and no step ran since
         self.last_loss_at: float | None = None
         self.recoveries = 0
@@ -92,8 +93,10 @@ class ElasticSync:
         self.sync_state()
         return True
 
-    def recover(self, exc: BaseException) -> None:
+    def recover(self, exc: BaseException, admit: bool = True) -> None:
         """After ``exc`` (a lost worker) in a step: re-forms and takes the chief's state.
+        ``admit=False``: the re-form admits no waiting joiner (an evaluation or prediction pass:
+        a joiner meets the members at a training step boundary only).
 
         Raises:
             BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
@@ -103,7 +106,7 @@ class ElasticSync:
             reason = str(exc).split(". HINT")[0]
             log.warning("%s re-forms the group after: %s", self._own_name(), reason)
             try:
-                self.strategy.reform()
+                self.strategy.reform(admit=admit)
                 self.sync_state()
                 break
             except Exception as again:  # another worker lost while re-forming: once more

@@ -70,13 +70,12 @@ def _trainer(name: str, code: int | None) -> TaskState:
     return TaskState(name, True, code)
 
 
-def test_the_tasks_learn_the_store_and_the_minimum_and_shared_memory_is_off(launch_side):
+def test_the_tasks_learn_the_store_and_the_minimum_and_shared_memory_stays_on(launch_side):
     elastic, _ = launch_side
-    env = elastic.environment({})
+    env = elastic.environment()
     assert env["PHALANX_MIN_WORKERS"] == "2"
     assert env["PHALANX_ELASTIC_STORE"] == elastic.address
-    assert env["PHALANX_SHARED_MEMORY"] == "0"
-    assert "PHALANX_SHARED_MEMORY" not in elastic.environment({"PHALANX_SHARED_MEMORY": "1"})
+    assert "PHALANX_SHARED_MEMORY" not in env  # the user's choice, on by default
     assert elastic.incarnation_env("worker-1") == {"PHALANX_ELASTIC_INCARNATION": "0"}
 
 
