@@ -45,6 +45,11 @@ class RecentWorks:
             self._works.append((now, work))
         return work
 
+    def pending(self) -> list[Any]:
+        """The works held that have not completed yet, oldest first."""
+        with self._lock:
+            return [work for _, work in self._works if not work.is_completed()]
+
     def __len__(self) -> int:
         return len(self._works)
 

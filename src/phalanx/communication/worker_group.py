@@ -260,7 +260,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
     def in_flight(self) -> list[Any]:
         """This group's collectives that were started and have not completed yet (those its
         `RecentWorks` holds): what dropping the group must let fail before it goes on."""
-        return [work for _, work in list(self._works._works) if not work.is_completed()]
+        return self._works.pending()
 
     @property
     def uses_tls(self) -> bool:

@@ -105,3 +105,13 @@ def test_the_process_group_threads_end_while_its_works_are_held():
     assert len(works) == 1
     assert torch.equal(tensor, torch.ones(4))
     works.clear()
+
+
+def test_pending_lists_the_works_not_completed_oldest_first():
+    works = RecentWorks(clock=Clock())
+    first, done, last = Work(completed=False), Work(), Work(completed=False)
+    for work in (first, done, last):
+        works.add(work)
+    assert works.pending() == [first, last]
+    first.completed = True
+    assert works.pending() == [last]
