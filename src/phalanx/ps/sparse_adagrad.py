@@ -7,36 +7,56 @@ time on the ps (docs/performance.md, session 9). `apply_rows` computes the same 
 looked-up rows only, with dense kernels (``index_select``, ``index_put_``),
 bit for bit what torch's `_single_tensor_adagrad` writes (`tests/unit/ps/test_sparse_adagrad.py`
 checks it against torch for the cases `takes` accepts). Anything else (other optimizers, weight
-decay, ``maximize``, ``differentiable``, ``fused``, step hooks, complex tables, a gradient that
+decay, ``maximize``, ``differentiable``, ``fused``, complex tables, a gradient that
 is not one coalesced row index) stays with torch's ``step``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch.optim import optimizer as torch_optimizer
 
-__all__ = ["apply_rows", "takes"]
+__all__ = ["apply_rows", "step_hooks", "step_without_hooks", "takes"]
 
 
-def _no_hooks(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step()`` would run no step hooks (its own or global ones)."""
-    return not (
-        getattr(optimizer, "_optimizer_step_pre_hooks", None)
-        or getattr(optimizer, "_optimizer_step_post_hooks", None)
-        or getattr(torch_optimizer, "_global_optimizer_pre_hooks", None)
-        or getattr(torch_optimizer, "_global_optimizer_post_hooks", None)
+def _unhooked_step(optimizer: torch.optim.Optimizer) -> Any:
+    """``optimizer``'s ``step`` without torch's hook-and-profiling wrapper (None: not found)."""
+    return getattr(type(optimizer).step, "__wrapped__", None)
+
+
+@contextlib.contextmanager
+def step_hooks(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Runs ``optimizer``'s step pre-hooks before the block and its post-hooks after it (the
+    global ones and its own, in torch's order), as ``optimizer.step()`` runs them."""
+    pre = (
+        *torch_optimizer._global_optimizer_pre_hooks.values(),
+        *optimizer._optimizer_step_pre_hooks.values(),
     )
+    for hook in pre:
+        hook(optimizer, (), {})
+    yield
+    post = (
+        *optimizer._optimizer_step_post_hooks.values(),
+        *torch_optimizer._global_optimizer_post_hooks.values(),
+    )
+    for hook in post:
+        hook(optimizer, (), {})
+
+
+def step_without_hooks(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.step()`` inside `step_hooks` (which ran the hooks already)."""
+    _unhooked_step(optimizer)(optimizer)
 
 
 def takes(
     optimizer: torch.optim.Optimizer, group: Mapping[str, Any], variable: torch.Tensor, grad: torch.Tensor
 ) -> bool:
     """Whether `apply_rows` computes this update exactly as ``optimizer.step()`` would."""
-    if type(optimizer) is not torch.optim.Adagrad or not grad.is_sparse or not _no_hooks(optimizer):
+    if type(optimizer) is not torch.optim.Adagrad or not grad.is_sparse or _unhooked_step(optimizer) is None:
         return False
     if any(group.get(option) for option in ("weight_decay", "maximize", "differentiable", "fused")):
         return False

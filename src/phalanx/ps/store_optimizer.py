@@ -99,19 +99,23 @@ class StoreOptimizer:
         torch optimizers leave a parameter without gradient (and its state) untouched."""
         assert self.torch is not None
         dense = not self.takes_sparse()
-        stepped = False
+        rows: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]] = []
         try:
             for variable, grad in zip(variables, grads, strict=True):
                 grad = grad.detach().to("cpu")
                 group = self._group_of.get(id(variable))
                 if group is not None and sparse_adagrad.takes(self.torch, group, variable, grad):
-                    # torch's own update of these rows, without its sparse tensors
-                    sparse_adagrad.apply_rows(group, self.torch.state[variable], variable, grad)
-                    continue
-                variable.grad = grad.to_dense() if dense and grad.is_sparse else grad
-                stepped = True
-            if stepped:
+                    rows.append((group, variable, grad))  # torch's update, without its sparse tensors
+                else:
+                    variable.grad = grad.to_dense() if dense and grad.is_sparse else grad
+            if not rows:
                 self.torch.step()
+                return
+            with sparse_adagrad.step_hooks(self.torch):  # one step: its hooks run once, around all
+                for group, variable, grad in rows:
+                    sparse_adagrad.apply_rows(group, self.torch.state[variable], variable, grad)
+                if len(rows) < len(variables):
+                    sparse_adagrad.step_without_hooks(self.torch)
         finally:
             for variable in variables:
                 variable.grad = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.optim import optimizer as torch_optimizer
 
 from phalanx.ps import sparse_adagrad
 from phalanx.ps.store_optimizer import StoreOptimizer
@@ -66,9 +67,6 @@ def test_what_it_leaves_to_torch() -> None:
         pass
 
     assert not _takes(Mine([table], lr=0.1), table, grad)
-    hooked = torch.optim.Adagrad([table], lr=0.1)
-    hooked.register_step_pre_hook(lambda *args: None)
-    assert not _takes(hooked, table, grad)
 
 
 def test_store_optimizer_steps_rows_and_dense_together_as_torch() -> None:
@@ -88,3 +86,38 @@ def test_store_optimizer_steps_rows_and_dense_together_as_torch() -> None:
         for name in variables:
             assert torch.equal(variables[name], reference[name]), name
             assert variables[name].grad is None
+
+
+@pytest.mark.parametrize("with_dense", [False, True])
+def test_step_hooks_run_once_around_the_whole_step(with_dense: bool) -> None:
+    """As torch's ``step()``: the optimizer's own and the global pre-hooks before any variable
+    changed, the post-hooks after all did, once per push."""
+    g = torch.Generator().manual_seed(3)
+    variables = {"table": torch.randn(30, 2, generator=g), "w": torch.randn(2, generator=g)}
+    store = StoreOptimizer(torch.optim.Adagrad, [{"names": ["table", "w"], "lr": 0.2}], variables)
+    before = {k: v.clone() for k, v in variables.items()}
+    seen: list[tuple[str, bool]] = []
+
+    def changed() -> bool:
+        return any(not torch.equal(variables[k], before[k]) for k in variables)
+
+    assert store.torch is not None
+    handles = [
+        store.torch.register_step_pre_hook(lambda *args: seen.append(("pre", changed()))),
+        store.torch.register_step_post_hook(lambda *args: seen.append(("post", changed()))),
+        torch_optimizer.register_optimizer_step_pre_hook(
+            lambda *args: seen.append(("global pre", changed()))
+        ),
+        torch_optimizer.register_optimizer_step_post_hook(
+            lambda *args: seen.append(("global post", changed()))
+        ),
+    ]
+    try:
+        names = ["table", "w"] if with_dense else ["table"]
+        grads = [_row_grad(variables["table"], 5, g), torch.ones(2)][: len(names)]
+        store.step([variables[n] for n in names], grads)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert seen == [("global pre", False), ("pre", False), ("post", True), ("global post", True)]
+    assert torch.equal(variables["w"], before["w"]) != with_dense
