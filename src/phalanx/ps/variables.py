@@ -359,7 +359,7 @@ class PSClient:
         self._calls(work)
 
 
-_RowAsk = tuple[str, torch.Tensor, torch.Tensor | None]  # ps variable, its rows, their positions
+_RowAsk = tuple[str, torch.Tensor, torch.Tensor | slice | None]  # ps variable, its rows, their positions
 
 
 def _row_requests(table: VariableHandle, rows: torch.Tensor) -> dict[int, list[_RowAsk]]:
@@ -368,6 +368,15 @@ def _row_requests(table: VariableHandle, rows: torch.Tensor) -> dict[int, list[_
     if not table.shards:
         return {table.ps: [(table.name, rows, None)]}
     asks: dict[int, list[_RowAsk]] = defaultdict(list)
+    if rows.numel() > 1 and bool((rows[1:] >= rows[:-1]).all()):  # a lookup's rows (torch.unique)
+        bounds = sharding.rows_of(table)
+        cuts = torch.searchsorted(rows, torch.tensor([stop for _, stop in bounds[:-1]])).tolist()
+        for shard, (start, _), lo, hi in zip(
+            table.shards, bounds, [0, *cuts], [*cuts, rows.numel()], strict=True
+        ):
+            if hi > lo:
+                asks[shard.ps].append((shard.name, rows[lo:hi] - start, slice(lo, hi)))
+        return asks
     for shard, (start, stop) in zip(table.shards, sharding.rows_of(table), strict=True):
         mine = ((rows >= start) & (rows < stop)).nonzero().flatten()
         if mine.numel():
