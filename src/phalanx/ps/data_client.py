@@ -19,7 +19,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -31,6 +31,7 @@ from phalanx.ps.rpc_errors import TaskUnavailableError, peer_not_authenticated, 
 
 __all__ = ["SEGMENT_FROM", "DataClient", "DataConnectError", "Watch"]
 
+T = TypeVar("T")
 SEGMENT_FROM = 1 << 16  # smaller messages go on the stream: a copy costs less than a segment
 _MIN_SEGMENT = 1 << 20
 
@@ -117,14 +118,44 @@ class DataClient:
     ) -> tuple[dict[str, Any], list[torch.Tensor]]:
         """One call of ``method`` on the caller's thread; raises as
         `phalanx.ps.transport.RpcClient.call`, or what ``watch``'s ``on_wait`` raised."""
+        return self.begin(method, header, tensors, timeout)(watch)
+
+    def begin(
+        self, method: str, header: dict[str, Any], tensors: Sequence[torch.Tensor], timeout: float
+    ) -> Callable[[Watch | None], tuple[dict[str, Any], list[torch.Tensor]]]:
+        """Sends a call of ``method`` and returns at once; calling what it returns waits for the
+        reply (once, on any thread; a ``watch`` as `call`'s). The call owns its connection
+        until then, so calls begun one after the other on one thread run at once (one per ps
+        task, `phalanx.ps.variables.PSClient`) without a thread each.
+
+        Raises:
+            As `call` (what is raised before the request left: nothing reached the task).
+        """
         parts = wire.pack_parts(header, tensors)
         size = sum(part.nbytes for part in parts)
         if size > self._limit:
             raise too_large(f"The request of {method} to {self.name}", size, self._limit)
         deadline = time.monotonic() + timeout
         connection = self._take(method, deadline)
+        self._guarded(
+            connection, method, timeout, lambda: self._send(connection, method, parts, size, deadline)
+        )
+
+        def finish(watch: Watch | None = None) -> tuple[dict[str, Any], list[torch.Tensor]]:
+            result = self._guarded(
+                connection, method, timeout, lambda: self._receive(connection, method, deadline, watch)
+            )
+            self._give_back(connection)
+            if isinstance(result, Exception):
+                raise result
+            return result
+
+        return finish
+
+    def _guarded(self, connection: _Connection, method: str, timeout: float, step: Callable[[], T]) -> T:
+        """``step()``, its failures as the caller's errors; a failure closes ``connection``."""
         try:
-            result = self._exchange(connection, method, parts, size, deadline, watch)
+            return step()
         except _Stopped as stopped:
             connection.close()  # a reply may still come: this connection cannot be reused
             raise stopped.error from None
@@ -141,10 +172,6 @@ class DataClient:
         except BaseException:
             connection.close()
             raise
-        self._give_back(connection)
-        if isinstance(result, Exception):
-            raise result
-        return result
 
     def _broken(self, method: str, exc: BaseException) -> TaskUnavailableError:
         if isinstance(exc, ssl.SSLError):
@@ -161,15 +188,9 @@ class DataClient:
             "version; a task that closes every connection at once may refuse this process's credentials."
         )
 
-    def _exchange(
-        self,
-        connection: _Connection,
-        method: str,
-        parts: list[memoryview],
-        size: int,
-        deadline: float,
-        watch: Watch | None,
-    ) -> tuple[dict[str, Any], list[torch.Tensor]] | Exception:
+    def _send(
+        self, connection: _Connection, method: str, parts: list[memoryview], size: int, deadline: float
+    ) -> None:
         sock = connection.sock
         self._ensure_segment(connection, size, deadline)
         sock.settimeout(_left(deadline))
@@ -182,9 +203,14 @@ class DataClient:
             send_frame(sock, Kind.REQUEST, method=method, in_segment=size)
         else:
             send_frame(sock, Kind.REQUEST, parts, method=method)
+
+    def _receive(
+        self, connection: _Connection, method: str, deadline: float, watch: Watch | None
+    ) -> tuple[dict[str, Any], list[torch.Tensor]] | Exception:
+        sock, segment = connection.sock, connection.segment
         if watch is not None:
             _await_reply(sock, deadline, *watch)
-            sock.settimeout(_left(deadline))
+        sock.settimeout(_left(deadline))
         kind, flags, _, length = read_frame(sock)
         if length > self._limit:
             raise FrameError(f"a reply of {length} bytes, over the {self._limit}-byte limit")

@@ -18,6 +18,9 @@ give the same bytes:
   names, its submodules: cloudpickle's own reduction), a module (its ``__dict__`` copy), an
   optimizer (its ``defaults``, ``state`` and ``param_groups``), a variable (its handle);
 * strings, bytes, numbers, tuples, frozensets and code objects cannot change.
+* a class or function pickled by its name (cloudpickle's own test, without reducing it
+  again): the same module and qualified name, the module still in ``sys.modules`` and holding
+  it under that name, and not registered to be pickled by value.
 
 Recording costs about twice a plain pickling, so a function is recorded from its second
 schedule on (one made anew for every schedule, a lambda in the loop, never is), and a function
@@ -39,6 +42,7 @@ import io
 import math
 import os
 import pickle
+import sys
 import threading
 import types
 from collections.abc import Callable
@@ -238,7 +242,10 @@ class _Entry:
 
     def __init__(self, data: bytes, root: Any, pickler: _Recording) -> None:
         self.data, self.root = data, root
-        self.reductions, self.snapshots = pickler.reductions, pickler.snapshots
+        self.snapshots = pickler.snapshots
+        # classes and functions pickled by name are checked by what decides it (`_named`)
+        self.named = [named for obj, reduced in pickler.reductions if (named := _named(obj, reduced))]
+        self.reductions = [(obj, reduced) for obj, reduced in pickler.reductions if not _named(obj, reduced)]
         self.containers: list[tuple[Any, tuple[Any, ...], tuple[Any, ...]]] = []
         self.held = [obj for _, obj in pickler.memo.copy().values()]  # keeps identities valid
         for obj in self.held:
@@ -262,8 +269,43 @@ class _Entry:
                 return False
         # no override takes a snapshot's object while its type stays (they decide by type, or
         # by identity with the strategy and the coordinator, which a snapshot's object is not)
+        if not all(_still_named(*named) for named in self.named):
+            return False
         checker = _Recording(io.BytesIO(), replace)
         return all(_same(_recorded(checker, obj), reduced) for obj, reduced in self.reductions)
+
+
+def _named(obj: Any, reduced: Any) -> tuple[Any, str, str, Any] | None:
+    """``(obj, module name, qualified name, module)`` for a class or function that was pickled
+    by its name (None for anything else): what `_still_named` checks instead of reducing it
+    again. Only plain classes and functions: the overrides decide for them by type and identity
+    (never true for a class or a function), the recorder names them before any dispatch table."""
+    kind = type(obj)
+    if not (kind is type or kind is types.FunctionType):
+        return None
+    if not (isinstance(reduced, tuple) and len(reduced) == 3 and reduced[0] is _GLOBAL):
+        return None
+    _, module_name, name = reduced
+    if getattr(obj, "__module__", None) != module_name or getattr(obj, "__qualname__", None) != name:
+        return None  # named through pickle.whichmodule: reduced again at every check
+    module = sys.modules.get(module_name)
+    return None if module is None else (obj, module_name, name, module)
+
+
+def _still_named(obj: Any, module_name: str, name: str, module: Any) -> bool:
+    """Whether cloudpickle would still pickle ``obj`` by the same name: the same module and
+    qualified name, the module still in ``sys.modules`` and holding ``obj`` under that name,
+    and not registered to be pickled by value (cloudpickle's `_should_pickle_by_reference`)."""
+    if (
+        obj.__module__ != module_name
+        or obj.__qualname__ != name
+        or sys.modules.get(module_name) is not module
+    ):
+        return False
+    found: Any = module
+    for part in name.split("."):
+        found = getattr(found, part, _EMPTY)
+    return found is obj and not cloudpickle.cloudpickle._is_registered_pickle_by_value(module)
 
 
 def _container_unchanged(obj: Any, keys: tuple[Any, ...], values: tuple[Any, ...]) -> bool:

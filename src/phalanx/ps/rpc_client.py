@@ -189,6 +189,32 @@ class RpcClient:
             return _watched(self.start(method, header, tensors, timeout=limit), *watch)
         return self._grpc_call(method, header, tensors, limit, wait_for_ready)
 
+    def begin(
+        self,
+        method: str,
+        header: Mapping[str, Any] | None = None,
+        tensors: Sequence[torch.Tensor] = (),
+        *,
+        timeout: float | None = None,
+    ) -> Callable[[], tuple[dict[str, Any], list[torch.Tensor]]]:
+        """Starts `call` and returns what waits for its reply (call it once): on the data path
+        the request leaves now and no thread is used, so the calls a worker makes to each ps
+        task in one round go out together; elsewhere the whole call runs when its reply is
+        asked for.
+
+        Raises:
+            As `call`, from this method or from what it returns.
+        """
+        limit = self._timeout if timeout is None else timeout
+        data = self._data if method in DATA_PATH_METHODS and method in self._on_data_path(limit) else None
+        if data is not None:
+            try:
+                finish = data.begin(method, dict(header or {}), tensors, limit)
+                return lambda: finish(None)
+            except DataConnectError:
+                pass  # nothing was sent: `call` asks the task where its data path is now
+        return lambda: RpcClient.call(self, method, header, tensors, timeout=timeout)
+
     def _forget_data_path(self, data: DataClient) -> None:
         """Asks the task again where its data path listens, at the next call."""
         with self._data_lock:

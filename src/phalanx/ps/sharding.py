@@ -39,8 +39,22 @@ def split_gradient(handle: VariableHandle, grad: torch.Tensor) -> list[torch.Ten
         return split_value(handle, grad)
     grad = grad.coalesce()
     indices, values = grad.indices(), grad.values()
+    bounds = rows_of(handle)
+    if indices.shape[0] == 1:  # rows sorted and distinct: each shard's entries are one slice
+        cuts = torch.searchsorted(indices[0], torch.tensor([stop for _, stop in bounds[:-1]])).tolist()
+        ends = [*cuts, indices.shape[1]]
+        return [
+            torch.sparse_coo_tensor(
+                indices[:, lo:hi] - start,
+                values[lo:hi],
+                (stop - start, *grad.shape[1:]),
+                check_invariants=False,
+                is_coalesced=True,
+            )
+            for (start, stop), lo, hi in zip(bounds, [0, *cuts], ends, strict=True)
+        ]
     out = []
-    for start, stop in rows_of(handle):
+    for start, stop in bounds:
         keep = (indices[0] >= start) & (indices[0] < stop)
         shifted = indices[:, keep].clone()
         shifted[0] -= start

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from phalanx.ps import sparse_adagrad
+
 __all__ = ["StoreOptimizer", "check_groups"]
 
 
@@ -38,6 +40,9 @@ class StoreOptimizer:
                 {"params": [variables[n] for n in self.names[i]], **self.hyper[i]} for i in self.real
             ]
             self.torch = optimizer_class(param_groups)
+        self._group_of: dict[int, dict[str, Any]] = {
+            id(p): group for group in (self.torch.param_groups if self.torch else []) for p in group["params"]
+        }
 
     def same_as(self, optimizer_class: type, groups: Sequence[Mapping[str, Any]]) -> bool:
         """Same class (by identity, or by name when cloudpickle rebuilt it) and same variables."""
@@ -94,11 +99,23 @@ class StoreOptimizer:
         torch optimizers leave a parameter without gradient (and its state) untouched."""
         assert self.torch is not None
         dense = not self.takes_sparse()
+        rows: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]] = []
         try:
             for variable, grad in zip(variables, grads, strict=True):
                 grad = grad.detach().to("cpu")
-                variable.grad = grad.to_dense() if dense and grad.is_sparse else grad
-            self.torch.step()
+                group = self._group_of.get(id(variable))
+                if group is not None and sparse_adagrad.takes(self.torch, group, variable, grad):
+                    rows.append((group, variable, grad))  # torch's update, without its sparse tensors
+                else:
+                    variable.grad = grad.to_dense() if dense and grad.is_sparse else grad
+            if not rows:
+                self.torch.step()
+                return
+            with sparse_adagrad.step_hooks(self.torch):  # one step: its hooks run once, around all
+                for group, variable, grad in rows:
+                    sparse_adagrad.apply_rows(group, self.torch.state[variable], variable, grad)
+                if len(rows) < len(variables):
+                    sparse_adagrad.step_without_hooks(self.torch)
         finally:
             for variable in variables:
                 variable.grad = None

@@ -7,7 +7,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -94,6 +94,30 @@ class PSClient:
             groups[handle.ps].append(position)
         return groups
 
+    def _calls(self, work: Mapping[int, _Call]) -> dict[int, tuple[dict[str, Any], list[torch.Tensor]]]:
+        """One call per ps task (``{ps: (method, header, tensors)}``), all sent before any reply
+        is awaited, on this thread (`RpcClient.begin`); raises the first error once every call
+        that was sent has been answered (so none is left on a connection)."""
+        if len(work) < 2 or not all(hasattr(self._clients[ps], "begin") for ps in work):
+            return self._each_ps({ps: _bind(self.call, ps, *call) for ps, call in work.items()})
+        waits: dict[int, Callable[[], tuple[dict[str, Any], list[torch.Tensor]]]] = {}
+        error: BaseException | None = None
+        for ps, (method, header, tensors) in work.items():
+            try:
+                waits[ps] = self._clients[ps].begin(method, header, tensors)
+            except Exception as exc:
+                error = exc
+                break
+        replies = {}
+        for ps, wait in waits.items():
+            try:
+                replies[ps] = wait()
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        return replies
+
     def _each_ps(self, work: Mapping[int, Callable[[], T]]) -> dict[int, T]:
         """Runs one call per ps task, in parallel (the first on this thread: one thread hop
         less per round); raises the first error."""
@@ -147,19 +171,16 @@ class PSClient:
         work = {}
         for ps, pos in self._per_ps(handles).items():
             header = {"names": [handles[i].name for i in pos], "overwrite": overwrite}
-            work[ps] = _bind(self.call, ps, "create", header, [values[i].detach().cpu() for i in pos])
-        self._each_ps(work)
+            work[ps] = _Call("create", header, [values[i].detach().cpu() for i in pos])
+        self._calls(work)
 
     def read(self, handles: Sequence[VariableHandle]) -> list[torch.Tensor]:
         """The current values, in the order of ``handles``."""
         logical = handles
         handles, _ = self._expand(handles)
         groups = self._per_ps(handles)
-        replies = self._each_ps(
-            {
-                ps: _bind(self.call, ps, "read", {"names": [handles[i].name for i in pos]})
-                for ps, pos in groups.items()
-            }
+        replies = self._calls(
+            {ps: _Call("read", {"names": [handles[i].name for i in pos]}) for ps, pos in groups.items()}
         )
         return self._collapse(logical, self._in_order(groups, replies, len(handles)))
 
@@ -174,8 +195,8 @@ class PSClient:
         work = {}
         for ps, pos in self._per_ps(handles).items():
             header = {"names": [handles[i].name for i in pos]}
-            work[ps] = _bind(self.call, ps, method, header, [values[i].detach().cpu() for i in pos])
-        self._each_ps(work)
+            work[ps] = _Call(method, header, [values[i].detach().cpu() for i in pos])
+        self._calls(work)
 
     # ------------------------------------------------------------------ optimizers
     def create_optimizer(
@@ -203,8 +224,8 @@ class PSClient:
                 ],
                 "overwrite": False,
             }
-            work[ps] = _bind(self.call, ps, "create_optimizer", header)
-        self._each_ps(work)
+            work[ps] = _Call("create_optimizer", header)
+        self._calls(work)
 
     def apply_gradients(
         self,
@@ -233,8 +254,8 @@ class PSClient:
             header["hyperparameters"] = (
                 None if hyperparameters is None else [dict(h) for h in hyperparameters]
             )
-            work[ps] = _bind(self.call, ps, "apply_gradients", header, tensors)
-        replies = self._each_ps(work)
+            work[ps] = _Call("apply_gradients", header, tensors)
+        replies = self._calls(work)
         versions = {ps: int(r[0]["version"]) for ps, r in replies.items()}
         if not return_values:
             return [], versions
@@ -289,8 +310,8 @@ class PSClient:
         for ps in sorted(groups.keys() | asks.keys()):
             header: dict[str, Any] = {"names": [physical[i].name for i in groups.get(ps, [])]}
             header.update(version=known.get(ps, -1), rows=[name for name, _, _ in asks.get(ps, [])])
-            work[ps] = _bind(self.call, ps, "read_if_newer", header, [r for _, r, _ in asks.get(ps, [])])
-        replies = self._each_ps(work)
+            work[ps] = _Call("read_if_newer", header, [r for _, r, _ in asks.get(ps, [])])
+        replies = self._calls(work)
         values: dict[int, torch.Tensor] = {}
         for ps, pos in groups.items():
             header, tensors = replies[ps]
@@ -325,9 +346,7 @@ class PSClient:
 
     def optimizer_state(self, key: str) -> list[dict[str, Any]]:
         """Each ps task's state of optimizer ``key`` (see `phalanx.ps.store`)."""
-        replies = self._each_ps(
-            {ps: _bind(self.call, ps, "optimizer_state", {"key": key}) for ps in range(self.num_ps)}
-        )
+        replies = self._calls({ps: _Call("optimizer_state", {"key": key}) for ps in range(self.num_ps)})
         return [messages.decode_optimizer_state(*replies[ps]) for ps in range(self.num_ps)]
 
     def load_optimizer_state(self, key: str, states: Sequence[Mapping[str, Any]]) -> None:
@@ -336,11 +355,11 @@ class PSClient:
         for ps in range(self.num_ps):
             header, tensors = messages.encode_optimizer_state(states[ps])
             header["key"] = key
-            work[ps] = _bind(self.call, ps, "load_optimizer_state", header, tensors)
-        self._each_ps(work)
+            work[ps] = _Call("load_optimizer_state", header, tensors)
+        self._calls(work)
 
 
-_RowAsk = tuple[str, torch.Tensor, torch.Tensor | None]  # ps variable, its rows, their positions
+_RowAsk = tuple[str, torch.Tensor, torch.Tensor | slice | None]  # ps variable, its rows, their positions
 
 
 def _row_requests(table: VariableHandle, rows: torch.Tensor) -> dict[int, list[_RowAsk]]:
@@ -349,6 +368,15 @@ def _row_requests(table: VariableHandle, rows: torch.Tensor) -> dict[int, list[_
     if not table.shards:
         return {table.ps: [(table.name, rows, None)]}
     asks: dict[int, list[_RowAsk]] = defaultdict(list)
+    if rows.numel() > 1 and bool((rows[1:] >= rows[:-1]).all()):  # a lookup's rows (torch.unique)
+        bounds = sharding.rows_of(table)
+        cuts = torch.searchsorted(rows, torch.tensor([stop for _, stop in bounds[:-1]])).tolist()
+        for shard, (start, _), lo, hi in zip(
+            table.shards, bounds, [0, *cuts], [*cuts, rows.numel()], strict=True
+        ):
+            if hi > lo:
+                asks[shard.ps].append((shard.name, rows[lo:hi] - start, slice(lo, hi)))
+        return asks
     for shard, (start, stop) in zip(table.shards, sharding.rows_of(table), strict=True):
         mine = ((rows >= start) & (rows < stop)).nonzero().flatten()
         if mine.numel():
@@ -373,6 +401,14 @@ def _gather_rows(
                 out = torch.empty((rows.numel(), *table.shape[1:]), dtype=table.torch_dtype)
             out[where] = value
     return out if out is not None else torch.empty((0, *table.shape[1:]), dtype=table.torch_dtype)
+
+
+class _Call(NamedTuple):
+    """One call to a ps task."""
+
+    method: str
+    header: Mapping[str, Any]
+    tensors: Sequence[torch.Tensor] = ()
 
 
 def _bind(fn: Callable[..., T], *args: Any) -> Callable[[], T]:

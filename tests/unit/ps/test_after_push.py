@@ -146,3 +146,34 @@ def test_a_pending_variable_inside_a_list_argument_is_read_first():
         assert seen == [["w"]]
     finally:
         mode.finish()
+
+
+def test_the_mode_leaves_the_stack_once_nothing_is_pending():
+    """After the lookup took the pending variables, the rest of the function's operations
+    skip ``__torch_function__``; a later push enters the mode again. Inside its own handler
+    (a flush) or below another mode it stays, and `finish` leaves it."""
+    from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+    from phalanx.ps.worker.after_push import AfterPush
+
+    seen = []
+    mode = AfterPush(lambda names: seen.append(list(names)))
+    w = torch.zeros(2)
+    try:
+        mode.add({"w": w})
+        assert _get_current_function_mode_stack() == [mode]
+        assert mode.take() == ["w"]
+        assert _get_current_function_mode_stack() == []
+        mode.add({"w": w})  # pushed again
+        assert mode.active
+        assert _get_current_function_mode_stack() == [mode]
+        w.add(1)  # flushed from inside the handler: the mode stays for its caller
+        assert seen == [["w"]]
+        assert _get_current_function_mode_stack() == [mode]
+        with TorchFunctionMode() as inner:
+            mode.add({"w": w})
+            assert mode.take() == ["w"]
+            assert _get_current_function_mode_stack() == [mode, inner]
+    finally:
+        mode.finish()
+    assert _get_current_function_mode_stack() == []

@@ -266,3 +266,44 @@ def test_the_switch(monkeypatch):
     monkeypatch.setenv(PICKLE_CACHE_ENV, "yes")
     with pytest.raises(ValueError, match="PHALANX_PS_PICKLE_CACHE must be 0 or 1"):
         pickle_cache_enabled()
+
+
+def _helper(x):  # pickled by its name while this module holds it under that name
+    return x + 1
+
+
+class _Kind:
+    pass
+
+
+@pytest.mark.parametrize("change", ["module attribute", "by value", "qualified name"])
+def test_a_class_or_function_pickled_by_name_is_seen_when_its_name_would_change(change, monkeypatch):
+    """A class or function reached by a closure is pickled by its name only while cloudpickle
+    finds it there and its module is not registered to go by value: each change of that makes
+    the next schedule pickle again (and cloudpickle then writes it by value)."""
+    import sys
+
+    import cloudpickle
+
+    module = sys.modules[__name__]
+
+    def step(helper=_helper, kind=_Kind):
+        return helper(1), kind
+
+    cache = PickleCache()
+    first = _warm(cache, (step, (), {}))
+    if change == "module attribute":
+        monkeypatch.setattr(module, "_helper", lambda x: x)
+    elif change == "qualified name":
+        _Kind.__qualname__ = "_Renamed"
+    else:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        assert _dumps(cache, (step, (), {})) != first
+        assert cache.hits == 1
+    finally:
+        _Kind.__qualname__ = "_Kind"
+        if change == "by value":
+            cloudpickle.unregister_pickle_by_value(module)
+        monkeypatch.undo()
+    assert _dumps(cache, (step, (), {})) == first

@@ -120,3 +120,7 @@ class TaggedRpcClient(RpcClient):
     def start(self, method: str, header: Mapping[str, Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         """`RpcClient.start` with the run's tag in the header."""
         return super().start(method, self._tagged(header), *args, **kwargs)
+
+    def begin(self, method: str, header: Mapping[str, Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        """`RpcClient.begin` with the run's tag in the header."""
+        return super().begin(method, self._tagged(header), *args, **kwargs)

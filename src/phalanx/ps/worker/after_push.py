@@ -93,7 +93,19 @@ class AfterPush(TorchFunctionMode):
         RPC); none is pending afterwards."""
         names = sorted(set(self._pending.values()))
         self._pending.clear()
+        self._leave_if_on_top()
         return names
+
+    def _leave_if_on_top(self) -> None:
+        """Leaves the mode while nothing is pending, so that the rest of the function's torch
+        operations (an embedding step's forward and backward after its lookup) do not go
+        through ``__torch_function__``; `add` enters it again. Only when it is the innermost
+        mode: inside its own handler (a `flush`) torch has taken it off the stack, and a mode
+        the function entered after it stays above it."""
+        depth = torch._C._len_torch_function_stack()
+        if self.active and depth and torch._C._get_function_stack_at(depth - 1) is self:
+            self.active = False
+            self.__exit__(None, None, None)
 
     def flush(self) -> None:
         """Reads every pending variable now."""

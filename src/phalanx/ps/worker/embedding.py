@@ -86,5 +86,9 @@ def sparse_gradient(
             values.append(rows.grad)
     if not indices:
         return None
+    if len(indices) == 1:  # one lookup's rows come from torch.unique: sorted, each once (coalesced)
+        return torch.sparse_coo_tensor(
+            indices[0][None], values[0], shape, check_invariants=False, is_coalesced=True
+        )
     coo = torch.sparse_coo_tensor(torch.cat(indices)[None], torch.cat(values), shape, check_invariants=False)
     return coo.coalesce()
