@@ -39,8 +39,8 @@ first breaks it as above, on every worker alike or as a mismatch; a worker whose
 still in flight waits for it first (so it knows whether the next pass was announced). After a
 break at the start of a pass (a collective between passes: a barrier at an epoch's end, a log
 line every step) a worker offers nothing for the next pass, or, while such breaks keep coming
-within 8 passes of each other, for 2, 4, ... 1024 passes. A worker that offers nothing (code 0) makes every
-worker go on as before: each decides from the same sums.
+within 8 passes of each other, for 2, 4, ... 1024 passes. A worker that offers nothing (code 0)
+makes every worker go on as before: each decides from the same sums.
 """
 
 from __future__ import annotations
