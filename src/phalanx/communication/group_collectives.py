@@ -124,7 +124,10 @@ class GroupCollectives(abc.ABC):
     def announced_tail(self) -> int:
         """How many final elements of the last announced all-reduce `announce_all_reduces`
         may use (give it as ``tail``): the break mark, the next pass's announcement and the
-        end-of-data flag (`phalanx.communication.gloo_transport.announced_tail`)."""
+        end-of-data flag (`phalanx.communication.gloo_transport.announced_tail`) over gloo;
+        elsewhere, where nothing is announced, the one element it has always left."""
+        if self._shm is not None or self._ring is not None:
+            return 1
         return announced_tail(self.world_size)
 
     def announce_all_reduces(
