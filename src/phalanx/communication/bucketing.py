@@ -10,8 +10,7 @@ A gradient of at least ``solo_bytes`` (1 MiB) is a bucket of its own, all-reduce
 autograd put it: DDP's reducer copies every gradient into its bucket and (without
 ``gradient_as_bucket_view``) back out; here the large ones, nearly all the bytes of a
 model, are copied neither way, and the small ones are copied in once and their ``.grad``
-is a view of the bucket afterwards. The last of the large ones in launch order, when at most
-``join_bytes`` (4 MiB), is copied into the last bucket instead: one all-reduce fewer a pass.
+is a view of the bucket afterwards.
 
 One backward pass is one *round*; at its end every parameter's ``.grad`` holds the sum over
 workers (DDP's contract: reads and in-place edits between ``backward()`` and
@@ -61,22 +60,17 @@ from phalanx.communication._bucket import Bucket
 from phalanx.communication._rounds import Round, Rounds
 from phalanx.communication._sparse import SPARSE, empty_sparse, plus
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "JOIN_BYTES", "SOLO_BYTES", "GradientBuckets"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "SOLO_BYTES", "GradientBuckets"]
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 FIRST_BUCKET_BYTES = 1024 * 1024
 SOLO_BYTES = 1024 * 1024  # a gradient this large is all-reduced where autograd put it
-# ... unless it is the last such gradient of the pass and at most this large: then it joins the
-# last (packed) bucket, one all-reduce fewer a pass for one copy (on a 2-core box a gloo call
-# costs its threads ~0.5 ms of CPU, a copy of 4 MiB ~0.1-0.3 ms; docs/performance.md, session 9)
-JOIN_BYTES = 4 * 1024 * 1024
 _FLAG_DTYPES = (torch.float32, torch.float64)  # hold the flags' counts exactly
 
 Launch = Callable[[torch.Tensor], Any]  # starts an async in-place SUM all-reduce, returns its work
 Wait = Callable[[Any, str], None]  # waits for that work (raises on failure)
 # tells every launch of a round (element count, dtype) before the first: `WorkerGroup.announce_all_reduces`
 Announce = Callable[[list[tuple[int, torch.dtype]]], None]
-_Group = tuple[list[torch.Tensor], list[int], torch.device, torch.dtype, bool]  # members, slots, where, solo
 
 
 class GradientBuckets:
@@ -94,8 +88,6 @@ class GradientBuckets:
         first_bucket_bytes: Size of the first bucket (default 1 MiB, capped at ``bucket_bytes``).
         solo_bytes: A gradient of at least this size (default 1 MiB, capped at
             ``bucket_bytes``) is its own bucket, all-reduced in place: no copy.
-        join_bytes: The last such gradient of the launch order, if at most this large
-            (default 4 MiB; 0: never), joins the last bucket instead (copied into it).
         announce: ``announce(specs)`` is told every all-reduce of a round (element count and
             dtype, in launch order) just before the first starts; the last bucket then
             leaves its final ``announce_tail`` elements to the transport (the gloo transport's
@@ -116,7 +108,6 @@ class GradientBuckets:
         workers: int = 1,
         solo_bytes: int = SOLO_BYTES,
         announce: Announce | None = None,
-        join_bytes: int = JOIN_BYTES,
         announce_tail: int = 1,
     ) -> None:
         self._launch, self._wait, self._is_active = launch, wait, is_active
@@ -128,7 +119,6 @@ class GradientBuckets:
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
         self._first_bytes = min(first_bucket_bytes, self._bucket_bytes)
         self._solo_bytes = min(solo_bytes, self._bucket_bytes)
-        self._join_bytes = join_bytes
         self._params: list[weakref.ref[torch.nn.Parameter]] = []  # trainable, registration order
         self._layout: list[tuple[torch.Size, torch.dtype, torch.device]] = []  # of each, kept after it dies
         self._is_sparse: list[bool] = []  # of each: its gradients are sparse (not in a bucket)
@@ -206,7 +196,7 @@ class GradientBuckets:
 
     def _build(self) -> list[Bucket]:
         """Buckets in launch order; the last one is packed and carries every bucket's flags."""
-        groups: list[_Group] = []
+        groups: list[tuple[list[torch.Tensor], list[int], torch.device, torch.dtype, bool]] = []
         open_: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int], int]] = {}
         started: set[tuple[torch.device, torch.dtype]] = set()
         for k in reversed(range(len(self._params))):
@@ -226,7 +216,6 @@ class GradientBuckets:
                 members, slots, size = [], [], 0
             open_[key] = ([*members, p], [*slots, k], size + nbytes)
         groups.extend((members, slots, *key, False) for key, (members, slots, _) in open_.items() if members)
-        self._join_last_solo(groups)
         if groups and (groups[-1][4] or groups[-1][3] not in _FLAG_DTYPES):
             groups.append(([], [], groups[-1][2], torch.float32, False))  # the flags alone
         flags = 2 * sum(len(group[0]) for group in groups)
@@ -238,25 +227,6 @@ class GradientBuckets:
         ]
         self._where = {id(p): (b, i) for b, bucket in enumerate(buckets) for i, p in enumerate(bucket.params)}
         return buckets
-
-    def _join_last_solo(self, groups: list[_Group]) -> None:
-        """The last solo gradient of the launch order joins the packed bucket after it (or
-        becomes the packed last bucket that carries the flags) when it is at most
-        ``join_bytes``: it arrives with the last gradients anyway, so its copy costs less than
-        the all-reduce of its own it saves."""
-        solo = len(groups) - 1 if groups and groups[-1][4] else len(groups) - 2
-        if solo < 0 or not groups[solo][4]:
-            return
-        members, slots, device, dtype, _ = groups[solo]
-        nbytes = members[0].numel() * members[0].element_size()
-        if nbytes > self._join_bytes or dtype not in _FLAG_DTYPES:
-            return
-        if solo == len(groups) - 1:  # the last bucket: packed, so the flags ride with it
-            groups[solo] = (members, slots, device, dtype, False)
-            return
-        last = groups[-1]
-        if (last[2], last[3]) == (device, dtype) and nbytes + _nbytes(last[0]) <= self._bucket_bytes:
-            groups[solo:] = [([*last[0], *members], [*last[1], *slots], device, dtype, False)]
 
     def _member(self, k: int) -> torch.Tensor:
         """Slot ``k``'s parameter, or a "meta" placeholder of its layout once it died."""
@@ -447,10 +417,6 @@ class GradientBuckets:
                 handle.remove()
             self._handles.clear()
             self._flush_running()
-
-
-def _nbytes(params: list[torch.Tensor]) -> int:
-    return sum(p.numel() * p.element_size() for p in params)
 
 
 def _write_flags(buckets: list[Bucket]) -> None:

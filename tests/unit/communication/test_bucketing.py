@@ -288,7 +288,7 @@ class Keeper(Recorder):
 def test_a_large_gradient_is_summed_in_place_alone_and_the_flags_ride_in_the_last_bucket():
     small, big, unused = (nn.Parameter(torch.ones(n)) for n in (4, 64, 64))
     recorder = Keeper()
-    buckets = _buckets([small, unused, big], recorder, solo_bytes=256, join_bytes=0)  # 64 floats: 256 B, solo
+    buckets = _buckets([small, unused, big], recorder, solo_bytes=256)  # 64 floats: 256 B, solo
     assert [[p.numel() for p in b] for b in buckets.buckets] == [[64], [64], [4]]
     (big * 2).sum().add(small.sum()).backward()
     # big alone, unused alone (zeros: no worker had a gradient), then small and 3 x 2 flags
@@ -305,37 +305,11 @@ def test_a_large_gradient_is_summed_in_place_alone_and_the_flags_ride_in_the_las
 def test_when_the_last_bucket_is_solo_the_flags_travel_alone():
     big = nn.Parameter(torch.ones(64))
     recorder = Recorder()
-    buckets = _buckets([big], recorder, solo_bytes=256, join_bytes=0)
+    buckets = _buckets([big], recorder, solo_bytes=256)
     (big * 2).sum().backward()
     assert recorder.launched == [64, 2]  # the gradient, then its two flags
     assert [[p.numel() for p in b] for b in buckets.buckets] == [[64]]
     torch.testing.assert_close(big.grad, torch.full((64,), 2.0 * WORKERS))
-
-
-def test_the_last_large_gradient_joins_the_last_bucket_when_small_enough():
-    # the MLP's layout in small: W2 (first in launch order) alone, W1 copied in with the rest
-    bias, first, second = (
-        nn.Parameter(torch.ones(4)),
-        nn.Parameter(torch.ones(64)),
-        nn.Parameter(torch.ones(96)),
-    )
-    recorder = Keeper()
-    buckets = _buckets([first, bias, second], recorder, solo_bytes=256, join_bytes=256)
-    assert [[p.numel() for p in b] for b in buckets.buckets] == [[96], [4, 64]]
-    for _ in range(2):  # the second pass accumulates into the joined one's view of the bucket
-        (first * 2).sum().add(bias.sum()).add((second * 3).sum()).backward()
-    assert recorder.launched == [96, 4 + 64 + 6] * 2  # 3 x 2 flags
-    assert first.grad.data_ptr() != recorder.tensors[1].data_ptr()  # moved aside for pass 2's sum
-    torch.testing.assert_close(first.grad, torch.full((64,), 4.0 * WORKERS))
-    torch.testing.assert_close(second.grad, torch.full((96,), 6.0 * WORKERS))
-    torch.testing.assert_close(bias.grad, torch.full((4,), 2.0 * WORKERS))
-    larger = _buckets([first, bias, second], Recorder(), solo_bytes=256, join_bytes=255)
-    assert [[p.numel() for p in b] for b in larger.buckets] == [[96], [64], [4]]
-    alone = _buckets([second], Recorder(), solo_bytes=256, join_bytes=384)
-    assert [[p.numel() for p in b] for b in alone.buckets] == [[96]]
-    (second * 1).sum().backward()
-    assert alone._buckets is not None
-    assert not alone._buckets[0].solo
 
 
 def test_each_pass_announces_its_all_reduces_once_before_the_first_and_the_last_keeps_a_spare_element():
@@ -346,7 +320,7 @@ def test_each_pass_announces_its_all_reduces_once_before_the_first_and_the_last_
         announced.append((list(specs), len(recorder.launched)))
 
     wait = lambda work, what: work.wait()  # noqa: E731
-    buckets = GradientBuckets(recorder.launch, wait, solo_bytes=256, announce=announce, join_bytes=0)
+    buckets = GradientBuckets(recorder.launch, wait, solo_bytes=256, announce=announce)
     for p in (small, big):
         buckets.add(p)
     for _ in range(2):
