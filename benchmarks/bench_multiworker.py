@@ -211,7 +211,11 @@ def _bench_engines(strategy, reference, rank: int, quick: bool) -> str:
     group = strategy._group
     ours = _mlp()
     buckets = GradientBuckets(
-        group.all_reduce_async, group.wait, workers=2, announce=group.announce_all_reduces
+        group.all_reduce_async,
+        group.wait,
+        workers=2,
+        announce=lambda specs: group.announce_all_reduces(specs, tail=group.announced_tail),
+        announce_tail=group.announced_tail,
     )
     for p in ours.parameters():
         buckets.add(p)
@@ -255,7 +259,7 @@ def _bench_check(strategy, rank: int, quick: bool) -> str:
 
     def switch(on: bool) -> None:  # measurement only: private switches, flipped by every worker alike
         group._check.enabled = on
-        group._gloo.checked = group._gloo.announces = on
+        group._gloo.set_checked(on)
 
     steps = 8 if quick else 25
     run_epoch = _phalanx_epoch(strategy, _batches(steps, 3))

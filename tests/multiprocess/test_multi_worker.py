@@ -64,9 +64,14 @@ def test_two_workers_with_two_local_replicas_equal_four_replicas(mwms_2workers):
         np.testing.assert_allclose(results[1]["state"][name].numpy(), value.numpy(), rtol=1e-6, atol=1e-6)
 
 
-def test_uneven_workers_end_the_epoch_together(tmp_path):
-    run_cluster(SCRIPTS / "uneven_epoch.py", tmp_path).check()
+@pytest.mark.parametrize("carried", [False, True], ids=["asked", "carried_over_gloo"])
+def test_uneven_workers_end_the_epoch_together(tmp_path, carried):
+    # carried: over gloo, each step's end-of-data flag rides with the step before's gradients
+    args, env = (["wide"], {"PHALANX_SHARED_MEMORY": "0"}) if carried else ([], None)
+    run_cluster(SCRIPTS / "uneven_epoch.py", tmp_path, *args, env=env).check()
     results = [json.loads((tmp_path / f"steps-{r}.json").read_text()) for r in range(2)]
+    # 4 iterators: 2 epochs of from_function, FILE, OFF; 8 + 8 + 6 steps and each one's end
+    assert results[0]["agreements"] == results[1]["agreements"] == (4 if carried else 26)
     assert results[0]["sizes"] == [4, 4, 0, 0] * 2  # worker 0 ran out: empty batches, same steps
     assert results[1]["sizes"] == [4, 4, 4, 4] * 2
     # FILE: worker 0 reads 32 rows (4 batches of 8, 4 per replica), worker 1 reads 8

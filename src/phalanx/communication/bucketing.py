@@ -90,8 +90,11 @@ class GradientBuckets:
             ``bucket_bytes``) is its own bucket, all-reduced in place: no copy.
         announce: ``announce(specs)`` is told every all-reduce of a round (element count and
             dtype, in launch order) just before the first starts; the last bucket then
-            leaves its final element to the transport (the gloo transport's check of
-            announced all-reduces). None: no announcement, no extra element.
+            leaves its final ``announce_tail`` elements to the transport (the gloo transport's
+            check of announced all-reduces). ``announce([])`` at the first hook of a pass
+            whose all-reduces differ from the last pass's (the buckets were rebuilt; all
+            workers alike). None: no announcement, no extra element.
+        announce_tail: How many elements the last bucket leaves to ``announce``'s transport.
     """
 
     def __init__(
@@ -105,9 +108,12 @@ class GradientBuckets:
         workers: int = 1,
         solo_bytes: int = SOLO_BYTES,
         announce: Announce | None = None,
+        announce_tail: int = 1,
     ) -> None:
         self._launch, self._wait, self._is_active = launch, wait, is_active
         self._announce = announce
+        self._tail = announce_tail if announce is not None else 0
+        self._rebuilt = False  # since the last pass (tell `announce` at the next)
         self._sum_sparse = sum_sparse
         self._workers = workers
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
@@ -184,6 +190,7 @@ class GradientBuckets:
         if self._buckets is None:
             self._flush_running()
             self._buckets = self._build()
+            self._rebuilt = True
             self._next_launch = 0
         return self._buckets
 
@@ -212,7 +219,7 @@ class GradientBuckets:
         if groups and (groups[-1][4] or groups[-1][3] not in _FLAG_DTYPES):
             groups.append(([], [], groups[-1][2], torch.float32, False))  # the flags alone
         flags = 2 * sum(len(group[0]) for group in groups)
-        tail = 0 if self._announce is None else 1
+        tail = self._tail
         last = len(groups) - 1
         buckets = [
             Bucket(members, slots, dtype, device, solo, flags if b == last else 0, tail if b == last else 0)
@@ -275,6 +282,9 @@ class GradientBuckets:
         with self._lock:
             buckets = self._ensure_built()
             self._flush_running()
+            if self._rebuilt and self._announce is not None:
+                self._announce([])  # at the same point on every worker: a pass's first hook
+            self._rebuilt = False
             for bucket in buckets:
                 bucket.ready = [False] * len(bucket.params)
                 bucket.tensor = bucket.buffer  # a solo bucket lets go of the last round's gradient

@@ -38,7 +38,7 @@ from phalanx.communication.call_sites import call_site
 from phalanx.communication.signatures import Signature, WorkerState, shapes_of
 from phalanx.communication.stall_inspector import CollectiveMismatchError
 
-__all__ = ["CHECK_ENV", "CollectiveCheck", "Signed", "check_enabled"]
+__all__ = ["CHECK_ENV", "CollectiveCheck", "Signed", "check_enabled", "codes_after"]
 
 CHECK_ENV = "PHALANX_COLLECTIVE_CHECK"
 REPORT_SECONDS = 3.0  # how long a worker that saw a mismatch waits for the others' signatures
@@ -73,6 +73,12 @@ def code_of(seq: int, kind: str, tensor: torch.Tensor) -> int:
 def _code(seq: int, kind: str, dtype: torch.dtype, numel: int) -> int:
     text = f"{seq}|{kind}|{str(dtype).removeprefix('torch.')}|{numel}"
     return (zlib.crc32(text.encode()) & 0x7FFFFFFF) or 1
+
+
+def codes_after(seq: int, kind: str, specs: list[tuple[int, torch.dtype]]) -> list[int]:
+    """The codes of collectives ``seq + 1, seq + 2, ...`` if they are ``kind`` of these element
+    counts and dtypes."""
+    return [_code(seq + 1 + i, kind, dtype, numel) for i, (numel, dtype) in enumerate(specs)]
 
 
 @dataclass(frozen=True)
@@ -147,7 +153,7 @@ class CollectiveCheck:
         element counts and dtypes (after one more collective: the announcement itself)."""
         if not self.enabled:
             return [0] * len(specs)
-        return [_code(self._seq + 2 + i, kind, dtype, numel) for i, (numel, dtype) in enumerate(specs)]
+        return codes_after(self._seq + 1, kind, specs)
 
     def peer_report(self) -> CollectiveMismatchError | None:
         """The report of a mismatch a peer saw (it published it in the store), joined by this

@@ -26,12 +26,28 @@ and raises before any result is used, and the breaking worker sees whether every
 broke at the same point (then it goes on, and every worker stops announcing: a model that
 makes collectives inside backward would otherwise pay the zeros every pass) or not (a
 mismatch).
+
+**The next pass announced by this one** (session 9). The last announced all-reduce of a pass
+reserves `announced_tail` elements: each worker's code for the *next* pass's all-reduces (the
+same sizes, numbered on from this pass's last), the input's end-of-data flag for the next step
+(`DataFlag`, put there by the distributed iterator: whether this worker has data, and that it
+carried one) and the break mark. When, after the sum, every worker offered the same code (and
+the carried flags do not say the input ended), every worker holds the next pass as announced
+and verified: its all-reduces go as one gloo call each with no first message at all, and a
+loop over a distributed dataset makes no end-of-data all-reduce either. Anything else issued
+first breaks it as above, on every worker alike or as a mismatch; a worker whose last pass is
+still in flight waits for it first (so it knows whether the next pass was announced). After a
+break at the start of a pass (a collective between passes: a barrier at an epoch's end, a log
+line every step) a worker offers nothing for the next pass, or, while such breaks keep coming
+within 8 passes of each other, for 2, 4, ... 1024 passes. A worker that offers nothing (code 0)
+makes every worker go on as before: each decides from the same sums.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,22 +55,51 @@ import torch
 import torch.distributed as dist
 
 from phalanx.communication._gloo_works import Call, Header, SignedWork
-from phalanx.communication.collective_check import Signed
-from phalanx.communication.signed_gloo import PIECES, Mismatch, first_bytes, first_message
+from phalanx.communication.collective_check import Signed, codes_after
+from phalanx.communication.signed_gloo import PIECES, Mismatch, codes_in, first_bytes, first_message, put_code
 
-__all__ = ["GlooTransport", "SignedWork"]  # SignedWork: what its collectives return
+__all__ = [
+    "DataFlag",
+    "GlooTransport",
+    "SignedWork",
+    "announced_tail",
+]  # SignedWork: what its collectives return
 
 Spec = tuple[int, torch.dtype, int]  # an announced all-reduce: element count, dtype, code
+_KIND = "all_reduce(SUM)"  # what the announced all-reduces are signed as (`GroupCollectives`)
+_MAX_SKIP, _NEAR = 1024, 8  # passes without an offer after a break between passes (at most); see `_break`
+
+
+def announced_tail(world: int) -> int:
+    """Elements the last announced all-reduce of a pass reserves at its end: each worker's
+    code for the next pass (`PIECES` each), the end-of-data flag and that it was carried,
+    and the break mark (see the module doc)."""
+    return PIECES * world + 3
+
+
+class DataFlag:
+    """One worker's end-of-data flag for the next step, carried by the last gradient
+    all-reduce (`GlooTransport.carry`). ``agreed``: whether any worker has data, once every
+    worker's flag was carried in the same all-reduce; None until then (or if not)."""
+
+    def __init__(self, has_data: bool) -> None:
+        self.has_data = has_data
+        self.agreed: bool | None = None
 
 
 class _Announced:
-    """The all-reduces announced for one backward pass (`GlooTransport.announce`)."""
+    """The all-reduces announced for one backward pass (`GlooTransport.announce`), or by the
+    pass before it (``pre``)."""
 
-    def __init__(self, header: Header, specs: Sequence[Spec]) -> None:
+    def __init__(self, header: Header, specs: Sequence[Spec], tail: int = 1, pre: bool = False) -> None:
         self.header = header
+        self.specs = list(specs)
         self.left = list(specs)  # not launched yet, in order
         self.total = len(specs)
         self.launched: list[Signed] = []
+        self.tail, self.pre = tail, pre
+        self.flag: DataFlag | None = None  # carried by the last
+        self.offered = 0  # this worker's code for the next pass (0: none)
 
 
 class GlooTransport:
@@ -90,6 +135,10 @@ class GlooTransport:
         self._gate: Header | None = None  # the first message the queued calls wait for
         self._queued: list[Call] = []
         self._announced: _Announced | None = None
+        self.pre_announces = checked  # whether the last all-reduce of a pass offers the next
+        self._skip, self._backoff, self._passes = 0, 1, _MAX_SKIP  # passes: since the last break
+        self._flag: DataFlag | None = None  # for the next pass's last all-reduce
+        self._offered: Any = None  # the last all-reduce of a pass that offered the next (in flight)
 
     # ---------------------------------------------------------------- ordering
     def _issue(self, start: Callable[[], Any], then: Callable[[Any], None] | None = None) -> Any:
@@ -147,6 +196,7 @@ class GlooTransport:
         op = getattr(op, "op", op)
         if not (self.checked and signed.code):
             return self._keep(self._all_reduce_call(tensor, op)())
+        self._settle()
         with self._lock:
             announced = self._announced
             if announced is not None and announced.left and announced.left[0][2] == signed.code:
@@ -200,6 +250,7 @@ class GlooTransport:
         start = lambda: self.group.broadcast([tensor], options)  # noqa: E731
         if not (self.checked and signed.code):
             return self._keep(start())
+        self._settle()
         self._break(signed)
         return self._header_first(signed, Call(start))
 
@@ -209,6 +260,7 @@ class GlooTransport:
         start = lambda: self.group.allgather([out], [tensor])  # noqa: E731
         if not (self.checked and signed.code):
             return self._keep(start()), out
+        self._settle()
         self._break(signed)
         return self._header_first(signed, Call(start)), out
 
@@ -221,17 +273,19 @@ class GlooTransport:
         first, header = first_bytes(self._world), PIECES * self._world
         return any(n > first // d.itemsize - header for n, d in specs)
 
-    def announce(self, signed: Signed, specs: Sequence[Spec]) -> None:
+    def announce(self, signed: Signed, specs: Sequence[Spec], tail: int = 1) -> None:
         """Announces the next ``len(specs)`` collectives of this worker: SUM all-reduces of
-        these sizes and dtypes, signed with these codes, the last one's final element
-        reserved for the break mark (see the module doc). ``signed``: the announcement's own
+        these sizes and dtypes, signed with these codes, the last one's final ``tail``
+        elements reserved (1: the break mark; `announced_tail`: the next pass's announcement
+        and the end-of-data flag too; see the module doc). ``signed``: the announcement's own
         code, which covers them (all workers, same order)."""
         if not (self.announces and signed.code) or not specs:
             return
+        self._settle()
         self._break(signed)
         message = first_message(self._rank, self._world, signed, torch.float32, dist.ReduceOp.SUM)
         header = Header(message, signed, self._world, self._mismatch)
-        announced = _Announced(header, specs)
+        announced = _Announced(header, specs, tail)
 
         def then(work: Any) -> None:
             header.work = work
@@ -253,10 +307,11 @@ class GlooTransport:
         announced.launched.append(signed)
         flat = tensor.view(-1)
         finish = None
-        if not announced.left:  # the last: its final element carries the break mark
+        if not announced.left:  # the last: its final elements carry the break mark and the next pass
             self._announced = None
-            flat[-1] = 1.0
-            finish = lambda: self._check_mark(announced, float(flat[-1]))  # noqa: E731
+            tail = flat[flat.numel() - announced.tail :]
+            self._write_tail(announced, tail, signed)
+            finish = lambda: self._read_tail(announced, tail, signed)  # noqa: E731
         call = Call(self._all_reduce_call(flat, dist.ReduceOp.SUM))
         header = announced.header
         if self._gate is header and not header.verified and header.completed():
@@ -265,7 +320,95 @@ class GlooTransport:
             self._queued.append(call)
         else:
             call.work = self._issue(call.start)
-        return SignedWork(self.release, header, call, finish)
+        work = SignedWork(self.release, header, call, finish)
+        if announced.offered:
+            self._offered = work
+        return work
+
+    # ---------------------------------------------------------------- the next pass, announced by this one
+    def _write_tail(self, announced: _Announced, tail: torch.Tensor, signed: Signed) -> None:
+        """This worker's part of the last all-reduce's tail (see `announced_tail`)."""
+        tail.zero_()
+        tail[-1] = 1.0  # the break mark
+        if tail.numel() < announced_tail(self._world):
+            return
+        flag, self._flag = self._flag, None
+        announced.flag = flag
+        if flag is not None:
+            tail[-3], tail[-2] = float(flag.has_data), 1.0
+        offer = self.pre_announces and self._skip == 0 and (flag is None or flag.has_data)
+        self._skip, self._passes = max(self._skip - 1, 0), self._passes + 1
+        if offer:
+            announced.offered = _pass_code(signed.seq, announced)
+            put_code(tail[: PIECES * self._world], self._rank, announced.offered)
+
+    def _read_tail(self, announced: _Announced, tail: torch.Tensor, signed: Signed) -> None:
+        """After the last all-reduce's sum: the break mark, the end-of-data flags, and the
+        next pass announced when every worker offered the same (all workers decide alike)."""
+        self._check_mark(announced, float(tail[-1]))
+        if tail.numel() < announced_tail(self._world):
+            return
+        has_data, carried = tail[-3:-1].tolist()
+        ended = carried == self._world and has_data == 0
+        if announced.flag is not None and carried == self._world:
+            announced.flag.agreed = has_data > 0
+        if not announced.offered or ended:
+            return
+        if any(code != announced.offered for code in codes_in(tail[: PIECES * self._world], self._world)):
+            return
+        specs = [(n, d) for n, d, _ in announced.specs]
+        header = Header(torch.empty(0), signed, self._world, self._mismatch)
+        header.verified = True  # by this all-reduce's sum
+        codes = codes_after(signed.seq, _KIND, specs)
+        with self._lock:
+            if self._announced is None:
+                self._announced = _Announced(
+                    header,
+                    [(n, d, c) for (n, d), c in zip(specs, codes, strict=True)],
+                    announced.tail,
+                    pre=True,
+                )
+
+    def _settle(self) -> None:
+        """Before issuing anything: waits for the pass that offered the next one, if still
+        running, so this worker knows (as every worker will) whether it was announced."""
+        offered, self._offered = self._offered, None
+        if offered is not None:
+            self._wait(offered, "the gradient all-reduces")
+
+    def pre_announced(self, specs: Sequence[tuple[int, torch.dtype]]) -> bool:
+        """Whether the last pass announced these all-reduces as the next (then the pass needs
+        no announcement of its own)."""
+        self._settle()
+        with self._lock:
+            announced = self._announced
+            return (
+                announced is not None
+                and announced.pre
+                and len(announced.left) == announced.total
+                and [(n, d) for n, d, _ in announced.left] == list(specs)
+            )
+
+    def forget_pre_announced(self) -> None:
+        """Drops the next pass announced by the last one: its all-reduces changed (the
+        buckets were rebuilt on what every worker's flags said: all workers alike)."""
+        self._settle()
+        with self._lock:
+            announced = self._announced
+            if announced is not None and announced.pre and len(announced.left) == announced.total:
+                self._announced = None
+
+    def carry(self, flag: DataFlag) -> None:
+        """Puts this worker's end-of-data flag for the next step in the next last all-reduce
+        of a pass (replacing one not carried yet)."""
+        self._flag = flag
+
+    def set_checked(self, on: bool) -> None:
+        """Turns the codes on or off (measurement: every worker alike, between passes)."""
+        self._settle()
+        with self._lock:
+            self.checked = self.announces = self.pre_announces = on
+            self._announced, self._skip = None, 0
 
     def _check_mark(self, announced: _Announced, mark: float) -> None:
         """After the last announced all-reduce: 1 from every worker unless one broke."""
@@ -289,6 +432,12 @@ class GlooTransport:
         self._wait(works[-1], "the announced all-reduces")
         if float(zeros[-1][-1]) != self._world * (2 + at):
             raise self._mismatch(signed, None)
+        if announced.pre and at == 0:  # a collective between passes: offer none for a while,
+            # longer each time if they come soon after (a log line every step: rarely worth it)
+            near = self._passes <= self._backoff + _NEAR
+            self._backoff = min(2 * self._backoff, _MAX_SKIP) if near else 1
+            self._skip, self._passes = self._backoff, 0
+            return
         # every worker broke here: a collective inside backward, most likely in every pass, so
         # every worker stops announcing (each gradient all-reduce has its own first message)
         self.announces = False
@@ -298,3 +447,11 @@ class GlooTransport:
         with self._lock:
             self._queued.clear()
             self._gate, self._announced = None, None
+            self._offered, self._flag = None, None
+
+
+def _pass_code(seq: int, announced: _Announced) -> int:
+    """The code a worker offers for the next pass: its all-reduces' codes, numbered on from
+    collective ``seq`` (this pass's last)."""
+    codes = codes_after(seq, _KIND, [(n, d) for n, d, _ in announced.specs])
+    return (zlib.crc32(",".join(map(str, codes)).encode()) & 0x7FFFFFFF) or 1

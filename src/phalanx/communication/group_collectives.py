@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from phalanx.communication.collective_check import CollectiveCheck, Signed
 from phalanx.communication.collective_watch import CollectiveWatch
-from phalanx.communication.gloo_transport import GlooTransport
+from phalanx.communication.gloo_transport import DataFlag, GlooTransport, announced_tail
 from phalanx.communication.shared_memory import SharedMemoryAllReduce
 from phalanx.communication.tls_ring import TlsRing
 
@@ -120,15 +120,32 @@ class GroupCollectives(abc.ABC):
         work, _ = self._shm.all_gather_async(tensor.contiguous().view(-1), signed, out=rows)
         return self._watch.attach(work, signature)
 
+    @property
+    def announced_tail(self) -> int:
+        """How many final elements of the last announced all-reduce `announce_all_reduces`
+        may use (give it as ``tail``): the break mark, the next pass's announcement and the
+        end-of-data flag (`phalanx.communication.gloo_transport.announced_tail`) over gloo;
+        elsewhere, where nothing is announced, the one element it has always left."""
+        if self._shm is not None or self._ring is not None:
+            return 1
+        return announced_tail(self.world_size)
+
     def announce_all_reduces(
-        self, specs: Sequence[tuple[int, torch.dtype]], what: str = "the gradient all-reduces"
+        self, specs: Sequence[tuple[int, torch.dtype]], what: str = "the gradient all-reduces", tail: int = 1
     ) -> None:
         """Announces this worker's next ``len(specs)`` collectives: SUM all-reduces of these
-        element counts and dtypes, the last of which leaves its final element to the check
-        (all workers, at the same point). Over gloo with the collective check on, when some
-        do not fit in a first message, they then go as one gloo call each
-        (`phalanx.communication.gloo_transport`); elsewhere a no-op."""
-        if self._shm is not None or self._ring is not None or not self._gloo.worth_announcing(specs):
+        element counts and dtypes, the last of which leaves its final ``tail`` elements to
+        the check (all workers, at the same point). Over gloo with the collective check on,
+        when some do not fit in a first message, they then go as one gloo call each
+        (`phalanx.communication.gloo_transport`); with ``tail`` of `announced_tail`, the last
+        one announces the next pass too, which then needs no announcement. Elsewhere a no-op.
+        Empty ``specs``: the next pass's all-reduces differ from this one's (all workers)."""
+        if self._shm is not None or self._ring is not None:
+            return
+        if not specs:
+            self._gloo.forget_pre_announced()
+            return
+        if not self._gloo.worth_announcing(specs) or self._gloo.pre_announced(specs):
             return
         self._check_usable(what)
         codes = self._check.upcoming_codes("all_reduce(SUM)", list(specs))
@@ -137,7 +154,18 @@ class GroupCollectives(abc.ABC):
         # the code covers every announced size (the report shows them as shapes)
         sizes = ", ".join(f"{str(d).removeprefix('torch.')}[{n}]" for n, d in specs)
         signed = self._check.sign(f"announce(all_reduce(SUM) of {sizes})", shapes[0], what, signature)
-        self._gloo.announce(signed, [(n, d, c) for (n, d), c in zip(specs, codes, strict=True)])
+        self._gloo.announce(signed, [(n, d, c) for (n, d), c in zip(specs, codes, strict=True)], tail)
+
+    def carry_data_flag(self, has_data: bool) -> DataFlag | None:
+        """Sends whether this worker has input for the next step with the next pass's last
+        gradient all-reduce, where that can carry it (gloo, announced passes): the flag's
+        ``agreed`` says, after that pass, whether any worker has (None: ask with an
+        all-reduce). None where nothing carries it. All workers, at the same point."""
+        if self._shm is not None or self._ring is not None or not self._gloo.announces:
+            return None
+        flag = DataFlag(has_data)
+        self._gloo.carry(flag)
+        return flag
 
     def broadcast_async(self, tensor: torch.Tensor, src: int) -> Any:
         """Starts an in-place broadcast of a contiguous tensor from worker ``src`` and returns its

@@ -39,8 +39,10 @@ from phalanx.communication.collective_check import Signed
 
 __all__ = [
     "PIECES",
+    "codes_in",
     "first_bytes",
     "first_message",
+    "put_code",
     "signed_all_gather",
     "signed_all_reduce",
     "signed_broadcast",
@@ -82,6 +84,17 @@ def _codes(header: torch.Tensor, world: int) -> list[int | None]:
     return codes
 
 
+def put_code(header: torch.Tensor, rank: int, code: int) -> None:
+    """Writes ``code`` into worker ``rank``'s slots of a SUM-reduced header (``PIECES`` per
+    worker; the others' slots must hold 0)."""
+    header.view(-1, PIECES)[rank] = torch.tensor(_pieces(code), dtype=header.dtype)
+
+
+def codes_in(header: torch.Tensor, world: int) -> list[int | None]:
+    """Every worker's code from a reduced header (`put_code`; None: garbled)."""
+    return _codes(header, world)
+
+
 def _reduce_op(op: Any) -> Any:
     return getattr(op, "op", op)
 
@@ -93,7 +106,7 @@ def first_message(rank: int, world: int, signed: Signed, dtype: torch.dtype, op:
     message = torch.zeros(total, dtype=dtype)
     header = message[total - PIECES * world :].view(world, PIECES)
     header.fill_(_NEUTRAL[op])
-    header[rank] = torch.tensor(_pieces(signed.code), dtype=dtype)
+    put_code(header, rank, signed.code)
     return message
 
 

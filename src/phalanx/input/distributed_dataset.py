@@ -69,6 +69,11 @@ class DistributedIterator(DistributedIteratorMembers):
     """Yields one value per step: the batch for one local replica, or a `PerReplica` of them.
 
     Built by iterating a distributed dataset; every worker's iterator stops on the same step.
+    Where the strategy can carry it (MultiWorkerMirrored over gloo), the iterator takes the
+    next step's input one step early and sends whether it has any with this step's gradients
+    (`_carry_data_flag`), so the next step needs no end-of-data all-reduce of its own; DATA
+    sharding (every worker has every batch: no agreement) reads the next global batch early
+    and sends the same flag, so the transport does not announce a pass after the last step.
     """
 
     def __init__(
@@ -82,6 +87,12 @@ class DistributedIterator(DistributedIteratorMembers):
         self._next_pieces = next_pieces
         self._options = options
         self._agree = agree
+        # DATA sharding (no agreement): the flag only tells the transport whether a step follows
+        self._peek: Callable[[], bool] | None = None if agree else getattr(next_pieces, "has_next", None)
+        carries = agree or self._peek is not None
+        self._carry = getattr(strategy, "_carry_data_flag", None) if carries else None
+        self._ahead: list[Any] = []  # the next step's pieces, taken early to carry its flag
+        self._flag: Any = None  # that flag (`DataFlag`): ``agreed`` once the step's gradients ran
         self._template: list[Any] | None = None
         self._steps = 0
         self._devices = strategy._fetch_devices() if options.experimental_fetch_to_device else None
@@ -93,9 +104,17 @@ class DistributedIterator(DistributedIteratorMembers):
         return self
 
     def __next__(self) -> Any:
-        step = self._next_pieces()
-        if self._agree and not self._strategy._any_worker_has_data(step is not None):
+        step = self._ahead.pop() if self._ahead else self._next_pieces()
+        if self._agree and not self._any_worker_has_data(step is not None):
             raise StopIteration
+        if self._carry is not None and (step is not None or self._agree):  # not at a DATA iterator's end
+            if self._peek is not None:
+                flag = self._carry(self._peek())
+            else:
+                self._ahead.append(self._next_pieces())
+                flag = self._flag = self._carry(self._ahead[0] is not None)
+            if flag is None:  # nothing carries it (shared memory, the TLS ring): ask each step
+                self._carry = None
         if step is None:
             if not self._agree or self._template is None:
                 raise StopIteration
@@ -109,6 +128,12 @@ class DistributedIterator(DistributedIteratorMembers):
         if self._remember:
             self._strategy.remember_batch(batch, global_count, offsets)
         return batch
+
+    def _any_worker_has_data(self, has_data: bool) -> bool:
+        """What the last step's gradients carried, else an all-reduce (all workers)."""
+        flag, self._flag = self._flag, None
+        agreed = None if flag is None else flag.agreed
+        return self._strategy._any_worker_has_data(has_data) if agreed is None else agreed
 
     def state_dict(self) -> dict[str, int]:
         """The position (steps taken), so a `Checkpoint` can save where the input was."""
@@ -156,10 +181,20 @@ class _Splitter:
     def __init__(self, strategy: DistributionStrategy, batches: Iterator[Any]) -> None:
         self._batches = batches
         self._strategy = strategy  # read at each batch: an elastic job re-splits after a membership change
+        self._peeked: list[Any] = []  # the next global batch, read by `has_next` (not split yet)
+
+    def has_next(self) -> bool:
+        """Whether another global batch follows (reads it; it is split when its step comes)."""
+        if not self._peeked:
+            try:
+                self._peeked.append(next(self._batches))
+            except StopIteration:
+                return False
+        return True
 
     def __call__(self) -> tuple[list[Any], int | None, list[int] | None] | None:
         try:
-            batch = as_tensors(next(self._batches))
+            batch = as_tensors(self._peeked.pop() if self._peeked else next(self._batches))
         except StopIteration:
             return None
         size = batch_size_of(batch)

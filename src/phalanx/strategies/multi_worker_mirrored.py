@@ -12,6 +12,7 @@ from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.cluster.validation import validate_for_strategy
 from phalanx.communication.bucketing import GradientBuckets
 from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
+from phalanx.communication.gloo_transport import DataFlag
 from phalanx.communication.group_sockets import GroupSockets
 from phalanx.communication.membership import ElasticSettings, Membership
 from phalanx.communication.stall_inspector import StallSettings
@@ -241,7 +242,8 @@ class MultiWorkerMirroredStrategy(Strategy):
             bucket_bytes=self._options.bytes_per_pack,
             sum_sparse=self._cross_worker_sparse_sum,
             workers=self._num_workers,
-            announce=group.announce_all_reduces,
+            announce=lambda specs: group.announce_all_reduces(specs, tail=group.announced_tail),
+            announce_tail=group.announced_tail,
         )
 
     def _pick_backend(self) -> str:
@@ -472,9 +474,13 @@ class MultiWorkerMirroredStrategy(Strategy):
         """Whether any worker still has input this step: an all-reduce MAX (all workers, every step)."""
         if self._group is None:
             return has_data
-        flag = torch.tensor([int(has_data)], dtype=torch.int64, device=self._comm_device)
+        flag = torch.tensor([int(has_data)], dtype=torch.int64, device=self._comm_device)  # (1,)
         self._group.all_reduce(flag, torch.distributed.ReduceOp.MAX, what="the end-of-data agreement")
         return bool(flag.item())
+
+    def _carry_data_flag(self, has_data: bool) -> DataFlag | None:
+        """`GroupCollectives.carry_data_flag`: the next step's input flag rides with this step's gradients."""
+        return None if self._group is None or self._buckets is None else self._group.carry_data_flag(has_data)
 
     def close(self) -> None:
         """Leaves the cluster: waits for running gradient all-reduces, stops the health check

@@ -15,6 +15,8 @@ usage: desync.py MODE [STEPS]
                   between two gradient buckets (one bucket per tensor)
   in_backward_all every worker does so at every step: no mismatch (``plain``: nobody does;
                   both with the same buckets, so their weights must agree)
+  between_passes  no log line; worker:1 calls strategy.reduce before step DIVERGE, where gloo
+                  has the step's gradient all-reduces announced by the step before's
 """
 
 import sys
@@ -30,13 +32,14 @@ MODE = sys.argv[1]
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 DIVERGE = 5
 IN_BACKWARD = MODE in ("in_backward", "in_backward_all", "plain")
+BETWEEN = MODE == "between_passes"
 # a bucket per tensor: the last layer's weight is the first all-reduce of a backward pass; the
 # first layer's weight does not fit in gloo's first message, so gloo announces the pass's
 # all-reduces (phalanx.communication.gloo_transport) and the collective inside breaks that
-options = phalanx.CommunicationOptions(bytes_per_pack=64) if IN_BACKWARD else None
+options = phalanx.CommunicationOptions(bytes_per_pack=64) if IN_BACKWARD or BETWEEN else None
 strategy = phalanx.MultiWorkerMirroredStrategy(communication_options=options)
 rank = strategy.cluster_resolver.worker_index
-hidden = 256 if IN_BACKWARD else 17 if MODE == "shapes" and rank == 1 else 16
+hidden = 256 if IN_BACKWARD or BETWEEN else 17 if MODE == "shapes" and rank == 1 else 16
 torch.manual_seed(0)
 with strategy.scope():
     model = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 2))
@@ -51,7 +54,7 @@ def stray(step):
     """The collective only worker:1 makes."""
     if rank != 1 or step != DIVERGE:
         return
-    if MODE == "reduce":
+    if MODE in ("reduce", "between_passes"):
         strategy.reduce("SUM", strategy.run(lambda: torch.ones(())), axis=None)
     elif MODE == "gather":
         strategy.gather(strategy.run(lambda: torch.ones(3)), axis=0)
@@ -94,7 +97,8 @@ try:
         extra = MODE == "extra_backward" and rank == 1 and step == DIVERGE
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
         loss = strategy.run(train_step, args=(x, extra))
-        strategy.reduce("SUM", loss, axis=None)  # logging: every worker, every step
+        if not BETWEEN:
+            strategy.reduce("SUM", loss, axis=None)  # logging: every worker, every step
         done = step + 1
         if step < 20 or step % 1000 == 0:
             print(f"STEP {step} {checksum():.10g}", flush=True)

@@ -2,9 +2,12 @@
 
 Three inputs: distribute_datasets_from_function (worker 0 has 2 batches, worker 1 has 4),
 FILE auto-sharding of 3 files of different lengths, and OFF sharding of per-worker datasets of
-different lengths. Writes ``steps-<rank>.json`` to OUT_DIR.
+different lengths. Writes ``steps-<rank>.json`` to OUT_DIR, with how many end-of-data
+all-reduces the worker made (``agreements``).
 
-usage: uneven_epoch.py OUT_DIR
+usage: uneven_epoch.py OUT_DIR [wide]
+  wide: a model whose gradients gloo announces, so the next step's end-of-data flag rides with
+        each step's gradients (phalanx.communication.gloo_transport)
 """
 
 import json
@@ -19,11 +22,23 @@ import phalanx
 from phalanx.data import Dataset, Options
 
 out_dir = sys.argv[1]
+wide = sys.argv[2:] == ["wide"]
 strategy = phalanx.MultiWorkerMirroredStrategy()
 rank = strategy.cluster_resolver.worker_index
 with strategy.scope():
-    model = nn.Linear(3, 1)
+    model = nn.Sequential(nn.Linear(3, 512), nn.Linear(512, 1)) if wide else nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+agreements = 0
+agree = strategy._any_worker_has_data
+
+
+def counted(has_data):
+    global agreements
+    agreements += 1
+    return agree(has_data)
+
+
+strategy._any_worker_has_data = counted
 
 
 def step(x):
@@ -78,7 +93,8 @@ with open(os.path.join(out_dir, f"steps-{rank}.json"), "w") as f:
             "sizes": from_function,
             "file": file_sharded,
             "off": not_sharded,
-            "weight": model.weight.detach().tolist(),
+            "weight": [p.detach().tolist() for p in model.parameters()],
+            "agreements": agreements,
         },
         f,
     )

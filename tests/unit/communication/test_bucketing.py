@@ -327,9 +327,26 @@ def test_each_pass_announces_its_all_reduces_once_before_the_first_and_the_last_
         (big * 2).sum().add(small.sum()).backward()
     # the big one alone, then the small one with 2 x 2 flags and the transport's element
     specs = [(64, torch.float32), (4 + 4 + 1, torch.float32)]
-    assert announced == [(specs, 0), (specs, 2)]  # before each pass's first launch
+    # before each pass's first launch; the first pass's layout is new: "not the last pass's"
+    assert announced == [([], 0), (specs, 0), (specs, 2)]
     assert recorder.launched == [64, 9, 64, 9]
     torch.testing.assert_close(small.grad, torch.full((4,), 2.0 * WORKERS))  # two passes' sums
+
+
+def test_a_pass_after_the_buckets_were_rebuilt_says_its_all_reduces_are_not_the_last_ones():
+    first, second = nn.Parameter(torch.ones(4)), nn.Parameter(torch.ones(8))
+    recorder, announced = Recorder(), []
+    wait = lambda work, what: work.wait()  # noqa: E731
+    buckets = GradientBuckets(recorder.launch, wait, announce=announced.append, announce_tail=3)
+    buckets.add(first)
+    first.sum().backward()
+    assert announced == [[], [(4 + 2 + 3, torch.float32)]]  # 2 flags, the transport's 3
+    buckets.add(second)  # a new layout: told at the next pass's first hook, not before
+    assert len(announced) == 2
+    assert [[p.numel() for p in b] for b in buckets.buckets] == [[8, 4]]
+    assert len(announced) == 2
+    (first.sum() + second.sum()).backward()
+    assert announced[2:] == [[], [(12 + 4 + 3, torch.float32)]]
 
 
 def test_released_buckets_launch_nothing_and_leave_plain_gradients():

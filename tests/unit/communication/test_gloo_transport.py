@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from phalanx.communication.collective_check import Signed
-from phalanx.communication.gloo_transport import GlooTransport
+from phalanx.communication.collective_check import Signed, codes_after
+from phalanx.communication.gloo_transport import DataFlag, GlooTransport, announced_tail
 from phalanx.communication.signed_gloo import first_bytes
 
 
@@ -155,3 +155,72 @@ def test_all_reduces_that_each_fit_in_a_first_message_are_not_worth_announcing()
     assert transport.worth_announcing([(FIRST - 4, torch.float32), (9, torch.float32)])
     assert not transport.worth_announcing([(2 * FIRST - 5, torch.float16)])  # 2 bytes each
     assert transport.worth_announcing([(2 * FIRST - 4, torch.float16)])
+
+
+TAIL = announced_tail(1)
+
+
+def _pass(transport, seq, specs, first_code=None, tail=TAIL):
+    """One backward pass's all-reduces (codes as the group signs them); their works."""
+    codes = codes_after(seq - 1, "all_reduce(SUM)", [(n, d) for n, d in specs])
+    if first_code is not None:
+        transport.announce(
+            Signed(seq - 1, first_code), [(n, d, c) for (n, d), c in zip(specs, codes, strict=False)], tail
+        )
+    tensors = [torch.ones(n) for n, _ in specs]
+    works = [
+        transport.all_reduce_async(t, dist.ReduceOp.SUM, Signed(seq + i, c))
+        for i, (t, c) in enumerate(zip(tensors, codes, strict=False))
+    ]
+    for work in works:
+        work.wait()
+    return tensors
+
+
+def test_the_last_all_reduce_of_a_pass_announces_the_next_which_then_needs_no_first_message():
+    group = FakeGroup()
+    transport = _transport(group)
+    specs = [(5000, torch.float32), (9 + TAIL, torch.float32)]
+    _pass(transport, 2, specs, first_code=21)  # announced by a first message: 3 calls
+    assert transport.pre_announced(specs)
+    assert not transport.pre_announced(specs[:1])
+    assert len(group.calls) == 3
+    _pass(transport, 4, specs)  # announced by the pass before: its two all-reduces only
+    assert group.calls[3:] == [("all_reduce", 5000), ("all_reduce", 9 + TAIL)]
+    transport.forget_pre_announced()  # the buckets were rebuilt (every worker alike)
+    assert not transport.pre_announced(specs)
+
+
+def test_a_collective_between_passes_breaks_the_next_pass_announced_and_skips_an_offer():
+    group = FakeGroup()
+    transport = _transport(group)
+    specs = [(5000, torch.float32), (9 + TAIL, torch.float32)]
+    _pass(transport, 2, specs, first_code=21)
+    transport.all_reduce_async(torch.ones(3), dist.ReduceOp.SUM, Signed(4, 99)).wait()  # a log line
+    # zeros of the announced sizes (its mark says where it broke), then the collective's message
+    assert group.calls[3:] == [("all_reduce", 5000), ("all_reduce", 9 + TAIL), ("all_reduce", FIRST)]
+    assert transport.announces  # still announcing each pass
+    _pass(transport, 6, specs, first_code=22)
+    assert not transport.pre_announced(specs)  # this pass offered none
+    _pass(transport, 9, specs, first_code=23)
+    assert transport.pre_announced(specs)
+
+
+def test_the_end_of_data_flag_rides_in_the_last_all_reduce_and_an_ended_input_announces_nothing():
+    group = FakeGroup()
+    transport = _transport(group)
+    specs = [(5000, torch.float32), (9 + TAIL, torch.float32)]
+    more, ended = DataFlag(True), DataFlag(False)
+    transport.carry(more)
+    assert more.agreed is None
+    _pass(transport, 2, specs, first_code=21)
+    assert more.agreed is True
+    transport.carry(ended)
+    _pass(transport, 4, specs)
+    assert ended.agreed is False
+    assert not transport.pre_announced(specs)  # the loop is over: whatever comes next needs no zeros
+    short = [(5000, torch.float32), (10, torch.float32)]  # a tail of the break mark alone
+    transport.carry(more := DataFlag(True))
+    _pass(transport, 6, short, first_code=24, tail=1)
+    assert more.agreed is None
+    assert not transport.pre_announced(short)

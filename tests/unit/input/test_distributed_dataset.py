@@ -95,3 +95,20 @@ def test_interleaved_iterators_each_give_run_their_own_global_batch_size(any_str
     for batch in (a, b):
         out = any_strategy.run(mean_of_ones, args=(batch,))
         assert any_strategy.reduce("sum", out, axis=None).item() == pytest.approx(1.0)
+
+
+def test_a_data_sharded_iterator_tells_the_transport_whether_a_step_follows(mirrored_2cpu, monkeypatch):
+    # MultiWorkerMirrored over gloo: the flag rides with the step's gradients, so no pass is
+    # announced ahead after the last step (what follows the loop needs no zeros)
+    told: list[bool] = []
+    monkeypatch.setattr(
+        mirrored_2cpu, "_carry_data_flag", lambda has: told.append(has) or object(), raising=False
+    )
+    batches = [torch.full((2, 1), float(i)) for i in range(3)]
+    seen = [b.values[0] for b in mirrored_2cpu.experimental_distribute_dataset(batches)]
+    assert [float(x[0, 0]) for x in seen] == [0.0, 1.0, 2.0]  # each batch once, in order
+    assert told == [True, True, False]
+    told.clear()
+    monkeypatch.setattr(mirrored_2cpu, "_carry_data_flag", lambda has: told.append(has), raising=False)
+    assert len(list(mirrored_2cpu.experimental_distribute_dataset(batches))) == 3
+    assert told == [True]  # nothing carries it: not asked again
