@@ -68,12 +68,23 @@ def fit_reference(tmp_path_factory):
     return _alone(FIT, tmp_path_factory.mktemp("fit") / "alone", 3, -1, -1)
 
 
-@pytest.mark.parametrize("transport", ["shared_memory", "gloo"])
+TRANSPORTS = {
+    "shared_memory": {"PHALANX_SHARED_MEMORY": "1"},
+    "gloo": {"PHALANX_SHARED_MEMORY": "0"},
+    # the mutual-TLS ring, forced on one machine (shared memory off): the ring is re-formed
+    "tls": {
+        "PHALANX_SHARED_MEMORY": "0",
+        "PHALANX_COLLECTIVES": "tls",
+        "PHALANX_CLUSTER_TOKEN": "elastic-test-token",
+    },
+}
+
+
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
 def test_fit_survives_a_sigkilled_worker(tmp_path, fit_reference, transport):
-    """On shared memory (the default on one machine) and on gloo: every re-formed group agrees
-    on segments of its own."""
-    shm = "1" if transport == "shared_memory" else "0"
-    run = _launch("--workers", 3, "--min-workers", 2, FIT, tmp_path, 3, 2, 20, PHALANX_SHARED_MEMORY=shm)
+    """On shared memory (the default on one machine), on gloo and on the TLS ring: every
+    re-formed group agrees on segments (or ring connections) of its own."""
+    run = _launch("--workers", 3, "--min-workers", 2, FIT, tmp_path, 3, 2, 20, **TRANSPORTS[transport])
     assert run.returncode == 0, run.stdout + run.stderr
     results = _results(tmp_path)
     assert sorted(results) == ["weights-0-0", "weights-1-0"]
@@ -81,6 +92,7 @@ def test_fit_survives_a_sigkilled_worker(tmp_path, fit_reference, transport):
     for result in results.values():
         assert result["workers"] == 2
         assert result["shared_memory"] == (transport == "shared_memory")  # the re-formed group's
+        assert result["tls"] == (transport == "tls")
         assert result["run_count"] == 150  # every step once: 3 epochs of 50 batches
     _assert_recovered(tmp_path, results["weights-0-0"], "lost worker 2")
     assert "worker-2 left at" in run.stderr  # the launcher logs the loss, with the time

@@ -118,6 +118,7 @@ torch.save(
         "workers": strategy.num_workers_in_sync,
         "val_loss": history.history.get("val_loss", []),
         "shared_memory": strategy._group is not None and strategy._group.uses_shared_memory,  # the last group
+        "tls": strategy._group is not None and strategy._group.uses_tls,
     },
     os.path.join(out_dir, f"weights-{rank}-{incarnation}.pt"),
 )
