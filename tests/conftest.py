@@ -13,7 +13,8 @@ import pytest
 
 from phalanx import context
 
-pytest_plugins = ["support.strategies", "pytester"]  # pytester: tests of the hygiene itself
+# support.membership: the membership unit tests' store; pytester: tests of the hygiene itself
+pytest_plugins = ["support.strategies", "support.membership", "pytester"]
 
 
 def _replica_threads() -> list[threading.Thread]:

@@ -8,9 +8,7 @@ import threading
 import time
 
 import pytest
-import torch.distributed as dist
 
-from phalanx.cluster._ports import free_ports
 from phalanx.communication.health import PeerUnavailableError
 from phalanx.communication.membership import (
     BelowMinimumWorkersError,
@@ -18,40 +16,7 @@ from phalanx.communication.membership import (
     Member,
     Membership,
 )
-
-TOKEN = "m" * 32
-
-
-@pytest.fixture
-def server(monkeypatch):
-    monkeypatch.setenv("PHALANX_CLUSTER_TOKEN", TOKEN)
-    (port,) = free_ports(1, "127.0.0.1")
-    store = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False)
-    yield port
-    del store
-
-
-def _membership(port: int, task: int, tasks: int = 3, minimum: int = 2, incarnation: int = 0) -> Membership:
-    settings = ElasticSettings(("127.0.0.1", port), minimum, incarnation, dead_after=1.0)
-    return Membership(settings, task, tasks, lambda t: f"worker:{t}", timeout=20.0)
-
-
-def _all(*calls):
-    """Runs the calls on threads (every member at once); their results or errors, in order."""
-    results: list[object] = [None] * len(calls)
-
-    def run(i, call):
-        try:
-            results[i] = call()
-        except Exception as exc:  # noqa: BLE001 - handed back to the test
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
+from support.membership import membership, run_together
 
 
 def _mark_dead(membership: Membership, task: int) -> None:
@@ -89,16 +54,16 @@ def test_torchruns_agent_store_serves_when_no_store_is_named(monkeypatch):
     assert settings.store == ("10.0.0.1", 29500)
 
 
-def test_survivors_re_form_without_the_lost_member_and_the_lowest_task_is_rank_0(server):
-    port = server
-    members = [_membership(port, t) for t in range(3)]
-    _all(*(m.start for m in members))
+def test_survivors_re_form_without_the_lost_member_and_the_lowest_task_is_rank_0(membership_store):
+    port = membership_store
+    members = [membership(port, t) for t in range(3)]
+    run_together(*(m.start for m in members))
     assert [m.epoch for m in members] == [0, 0, 0]
     assert members[2].members == [Member(0, 0), Member(1, 0), Member(2, 0)]
     assert members[2].rank == 2
     _mark_dead(members[0], 0)  # the chief is lost
     members[0].stop()
-    _all(members[1].reform, members[2].reform)
+    run_together(members[1].reform, members[2].reform)
     assert members[1].epoch == members[2].epoch == 1
     assert members[1].members == [Member(1, 0), Member(2, 0)]
     assert (members[1].rank, members[2].rank, members[1].task_name(0)) == (0, 1, "worker:1")
@@ -106,10 +71,10 @@ def test_survivors_re_form_without_the_lost_member_and_the_lowest_task_is_rank_0
         m.stop()
 
 
-def test_a_member_whose_beacon_stops_is_a_failure_of_the_group(server):
-    port = server
-    members = [_membership(port, t, tasks=2, minimum=1) for t in range(2)]
-    _all(*(m.start for m in members))
+def test_a_member_whose_beacon_stops_is_a_failure_of_the_group(membership_store):
+    port = membership_store
+    members = [membership(port, t, tasks=2, minimum=1) for t in range(2)]
+    run_together(*(m.start for m in members))
     assert members[0].failure() is None
     members[1].stop()  # silent from now on: no beacon, no exit mark
     deadline = time.monotonic() + 30
@@ -119,10 +84,10 @@ def test_a_member_whose_beacon_stops_is_a_failure_of_the_group(server):
     members[0].stop()
 
 
-def test_below_the_minimum_every_survivor_raises_by_name(server):
-    port = server
-    members = [_membership(port, t, tasks=2, minimum=2) for t in range(2)]
-    _all(*(m.start for m in members))
+def test_below_the_minimum_every_survivor_raises_by_name(membership_store):
+    port = membership_store
+    members = [membership(port, t, tasks=2, minimum=2) for t in range(2)]
+    run_together(*(m.start for m in members))
     _mark_dead(members[0], 1)
     members[1].stop()
     with pytest.raises(
@@ -132,14 +97,14 @@ def test_below_the_minimum_every_survivor_raises_by_name(server):
     members[0].stop()
 
 
-def test_a_restarted_task_asks_to_join_and_is_admitted_at_the_next_re_form(server):
-    port = server
-    members = [_membership(port, t) for t in range(3)]
-    _all(*(m.start for m in members))
+def test_a_restarted_task_asks_to_join_and_is_admitted_at_the_next_re_form(membership_store):
+    port = membership_store
+    members = [membership(port, t) for t in range(3)]
+    run_together(*(m.start for m in members))
     _mark_dead(members[0], 2)
     members[2].stop()
-    _all(members[0].reform, members[1].reform)
-    joiner = _membership(port, 2, incarnation=1)
+    run_together(members[0].reform, members[1].reform)
+    joiner = membership(port, 2, incarnation=1)
     joining = threading.Thread(target=joiner.start)
     joining.start()
     deadline = time.monotonic() + 30
@@ -147,7 +112,7 @@ def test_a_restarted_task_asks_to_join_and_is_admitted_at_the_next_re_form(serve
         time.sleep(0.05)
     assert members[0].join_pending
     assert members[1].join_pending
-    _all(members[0].reform, members[1].reform)
+    run_together(members[0].reform, members[1].reform)
     joining.join(timeout=30)
     assert joiner.epoch == members[0].epoch == 2
     assert joiner.members == [Member(0, 0), Member(1, 0), Member(2, 1)]
@@ -156,21 +121,21 @@ def test_a_restarted_task_asks_to_join_and_is_admitted_at_the_next_re_form(serve
         m.stop()
 
 
-def test_a_restarted_chief_joins_after_the_members_that_stayed(server):
+def test_a_restarted_chief_joins_after_the_members_that_stayed(membership_store):
     """Rank 0 hands every member its state: a restarted task 0 must not be rank 0."""
-    port = server
-    members = [_membership(port, t) for t in range(3)]
-    _all(*(m.start for m in members))
+    port = membership_store
+    members = [membership(port, t) for t in range(3)]
+    run_together(*(m.start for m in members))
     _mark_dead(members[0], 0)
     members[0].stop()
-    _all(members[1].reform, members[2].reform)
-    joiner = _membership(port, 0, incarnation=1)
+    run_together(members[1].reform, members[2].reform)
+    joiner = membership(port, 0, incarnation=1)
     joining = threading.Thread(target=joiner.start)
     joining.start()
     deadline = time.monotonic() + 30
     while not (members[1].join_pending and members[2].join_pending) and time.monotonic() < deadline:
         time.sleep(0.05)
-    _all(members[1].reform, members[2].reform)
+    run_together(members[1].reform, members[2].reform)
     joining.join(timeout=30)
     assert joiner.members == members[1].members == [Member(1, 0), Member(2, 0), Member(0, 1)]
     assert (members[1].rank, members[2].rank, joiner.rank) == (0, 1, 2)
@@ -178,9 +143,9 @@ def test_a_restarted_chief_joins_after_the_members_that_stayed(server):
         m.stop()
 
 
-def test_a_task_left_out_of_an_epoch_is_told_so(server):
-    port = server
-    member = _membership(port, 1, tasks=2, minimum=1)
+def test_a_task_left_out_of_an_epoch_is_told_so(membership_store):
+    port = membership_store
+    member = membership(port, 1, tasks=2, minimum=1)
     member.members, member.epoch = [Member(0, 0), Member(1, 0)], 0
     keys = member.connect()
     keys.set("e/1/members", "0:0")  # the others decided without it
@@ -189,8 +154,8 @@ def test_a_task_left_out_of_an_epoch_is_told_so(server):
         member.reform()
 
 
-def test_a_joiner_that_is_never_admitted_gives_up_by_name(server):
-    settings = ElasticSettings(("127.0.0.1", server), 1, incarnation=1, dead_after=1.0)
+def test_a_joiner_that_is_never_admitted_gives_up_by_name(membership_store):
+    settings = ElasticSettings(("127.0.0.1", membership_store), 1, incarnation=1, dead_after=1.0)
     joiner = Membership(settings, 1, 2, lambda t: f"worker:{t}", timeout=0.5)
     with pytest.raises(
         PeerUnavailableError, match="worker:1 was not admitted to the running job within 0.5s"
@@ -199,8 +164,9 @@ def test_a_joiner_that_is_never_admitted_gives_up_by_name(server):
     assert not _watchers()
 
 
-def test_a_decision_that_never_comes_is_named(server):
-    member = Membership(ElasticSettings(("127.0.0.1", server), 1), 0, 2, lambda t: f"worker:{t}", timeout=0.3)
+def test_a_decision_that_never_comes_is_named(membership_store):
+    settings = ElasticSettings(("127.0.0.1", membership_store), 1)
+    member = Membership(settings, 0, 2, lambda t: f"worker:{t}", timeout=0.3)
     member.members, member.epoch = [Member(0, 0), Member(1, 0)], 0
     member.connect().add("e/1/decider/0", 1)  # another member took the decision (and never says who)
     with pytest.raises(
@@ -209,25 +175,25 @@ def test_a_decision_that_never_comes_is_named(server):
         member.reform()
 
 
-def test_a_decider_lost_before_it_decides_is_replaced(server):
-    members = [_membership(server, t) for t in range(3)]
-    _all(*(m.start for m in members))
+def test_a_decider_lost_before_it_decides_is_replaced(membership_store):
+    members = [membership(membership_store, t) for t in range(3)]
+    run_together(*(m.start for m in members))
     keys = members[2].connect()
     keys.add("e/1/decider/0", 1)  # worker:2 takes the decision of epoch 1 ...
     keys.set("e/1/decider/0/task", "2:0")
     _mark_dead(members[2], 2)  # ... and is killed before it writes the members
     members[2].stop()
-    _all(members[0].reform, members[1].reform)
+    run_together(members[0].reform, members[1].reform)
     assert members[0].epoch == members[1].epoch == 1
     assert members[0].members == [Member(0, 0), Member(1, 0)]
     for m in members[:2]:
         m.stop()
 
 
-def test_a_joiner_is_told_when_the_job_finished_first(server):
-    member = _membership(server, 0, tasks=2, minimum=1)
+def test_a_joiner_is_told_when_the_job_finished_first(membership_store):
+    member = membership(membership_store, 0, tasks=2, minimum=1)
     member.connect().set("finished", "1")  # what a member's close() writes
-    joiner = _membership(server, 1, tasks=2, minimum=1, incarnation=1)
+    joiner = membership(membership_store, 1, tasks=2, minimum=1, incarnation=1)
     with pytest.raises(
         PeerUnavailableError, match="worker:1 was restarted to join the job, but the job finished"
     ):
@@ -241,11 +207,11 @@ def _watchers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "phalanx-membership"]
 
 
-def test_the_watcher_is_stopped_at_exit_however_the_program_ends(server, monkeypatch):
+def test_the_watcher_is_stopped_at_exit_however_the_program_ends(membership_store, monkeypatch):
     registered = []
     monkeypatch.setattr("atexit.register", registered.append)
     monkeypatch.setattr("atexit.unregister", lambda f: None)
-    member = _membership(server, 0, tasks=1, minimum=1)
+    member = membership(membership_store, 0, tasks=1, minimum=1)
     member.start()
     assert registered == [member.stop]
     assert _watchers()

@@ -12,44 +12,10 @@ import time
 import pytest
 import torch.distributed as dist
 
-from phalanx.cluster._ports import free_ports
 from phalanx.communication.health import HealthCheck, PeerUnavailableError
-from phalanx.communication.membership import BelowMinimumWorkersError, ElasticSettings, Member, Membership
+from phalanx.communication.membership import BelowMinimumWorkersError, Member, Membership
 from phalanx.communication.rendezvous import Rendezvous
-
-TOKEN = "f" * 32
-
-
-@pytest.fixture
-def server(monkeypatch):
-    monkeypatch.setenv("PHALANX_CLUSTER_TOKEN", TOKEN)
-    (port,) = free_ports(1, "127.0.0.1")
-    store = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False)
-    yield port
-    del store
-
-
-def _membership(port: int, task: int, tasks: int = 3, minimum: int = 2, incarnation: int = 0, timeout=20.0):
-    settings = ElasticSettings(("127.0.0.1", port), minimum, incarnation, dead_after=1.0)
-    return Membership(settings, task, tasks, lambda t: f"worker:{t}", timeout=timeout)
-
-
-def _all(*calls):
-    """Runs the calls on threads (every member at once); their results or errors, in order."""
-    results: list[object] = [None] * len(calls)
-
-    def run(i, call):
-        try:
-            results[i] = call()
-        except Exception as exc:  # noqa: BLE001 - handed back to the test
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
+from support.membership import membership, run_together
 
 
 def _stop(*members: Membership) -> None:
@@ -57,11 +23,11 @@ def _stop(*members: Membership) -> None:
         m.stop()
 
 
-def test_a_task_that_exited_before_joining_is_left_out_of_the_first_group(server, caplog):
-    members = [_membership(server, t) for t in range(2)]
+def test_a_task_that_exited_before_joining_is_left_out_of_the_first_group(membership_store, caplog):
+    members = [membership(membership_store, t) for t in range(2)]
     members[0].connect().set("alive/2", "dead")  # what the launcher writes when task 2 exits
     with caplog.at_level(logging.WARNING, logger="phalanx"):
-        assert _all(*(m.start for m in members)) == [None, None]
+        assert run_together(*(m.start for m in members)) == [None, None]
     assert [m.epoch for m in members] == [0, 0]
     assert members[0].members == members[1].members == [Member(0, 0), Member(1, 0)]
     assert not members[0].joined
@@ -70,75 +36,75 @@ def test_a_task_that_exited_before_joining_is_left_out_of_the_first_group(server
     _stop(*members)
 
 
-def test_a_task_that_never_checks_in_is_left_out_after_the_timeout(server):
-    members = [_membership(server, t, timeout=1.0) for t in range(2)]  # task 2 never starts
-    assert _all(*(m.start for m in members)) == [None, None]
+def test_a_task_that_never_checks_in_is_left_out_after_the_timeout(membership_store):
+    members = [membership(membership_store, t, timeout=1.0) for t in range(2)]  # task 2 never starts
+    assert run_together(*(m.start for m in members)) == [None, None]
     assert members[1].members == [Member(0, 0), Member(1, 0)]
     _stop(*members)
 
 
-def test_a_restarted_task_is_not_in_the_first_group_and_joins_at_the_next_re_form(server):
+def test_a_restarted_task_is_not_in_the_first_group_and_joins_at_the_next_re_form(membership_store):
     """The launcher restarted task 2 before the first group formed: its first incarnation counts
     as lost, and the new one is not admitted into the first group (the members do not hand out
     their state there) but waits, and is admitted at the next re-form (the first step boundary)."""
-    members = [_membership(server, t) for t in range(2)]
-    joiner = _membership(server, 2, incarnation=1)
+    members = [membership(membership_store, t) for t in range(2)]
+    joiner = membership(membership_store, 2, incarnation=1)
     joining = threading.Thread(target=joiner.start)
     joining.start()
     deadline = time.monotonic() + 30
     while not members[0].connect().check(["join/2"]) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _all(*(m.start for m in members)) == [None, None]
+    assert run_together(*(m.start for m in members)) == [None, None]
     assert members[0].members == [Member(0, 0), Member(1, 0)]
     while not all(m.join_pending for m in members) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(m.join_pending for m in members)
-    _all(*(m.reform for m in members))
+    run_together(*(m.reform for m in members))
     joining.join(timeout=30)
     assert joiner.joined
     assert joiner.members == members[0].members == [Member(0, 0), Member(1, 0), Member(2, 1)]
     _stop(*members, joiner)
 
 
-def test_a_first_task_that_comes_after_the_first_group_formed_joins(server):
-    members = [_membership(server, t, timeout=1.0) for t in range(2)]
-    _all(*(m.start for m in members))
-    late = _membership(server, 2)  # incarnation 0, but the first group formed without it
+def test_a_first_task_that_comes_after_the_first_group_formed_joins(membership_store):
+    members = [membership(membership_store, t, timeout=1.0) for t in range(2)]
+    run_together(*(m.start for m in members))
+    late = membership(membership_store, 2)  # incarnation 0, but the first group formed without it
     joining = threading.Thread(target=late.start)
     joining.start()
     deadline = time.monotonic() + 30
     while not all(m.join_pending for m in members) and time.monotonic() < deadline:
         time.sleep(0.05)
-    _all(*(m.reform for m in members))
+    run_together(*(m.reform for m in members))
     joining.join(timeout=30)
     assert late.joined  # it takes the chief's state at its first boundary
     assert late.members == [Member(0, 0), Member(1, 0), Member(2, 0)]
     _stop(*members, late)
 
 
-def test_a_re_form_that_does_not_admit_leaves_the_joiner_waiting(server):
+def test_a_re_form_that_does_not_admit_leaves_the_joiner_waiting(membership_store):
     """``reform(admit=False)``: what the members do when the first group fails while it forms."""
-    members = [_membership(server, t) for t in range(3)]
-    _all(*(m.start for m in members))
+    members = [membership(membership_store, t) for t in range(3)]
+    run_together(*(m.start for m in members))
     members[0].connect().set("alive/2", "dead")
     members[2].stop()
-    joiner = _membership(server, 2, incarnation=1)
+    joiner = membership(membership_store, 2, incarnation=1)
     joining = threading.Thread(target=joiner.start)
     joining.start()
     deadline = time.monotonic() + 30
     while not members[0].connect().check(["join/2"]) and time.monotonic() < deadline:
         time.sleep(0.02)
-    _all(*(lambda m=m: m.reform(admit=False) for m in members[:2]))
+    run_together(*(lambda m=m: m.reform(admit=False) for m in members[:2]))
     assert members[0].members == members[1].members == [Member(0, 0), Member(1, 0)]
     assert joining.is_alive()  # still waiting, and still asking
-    _all(*(m.reform for m in members[:2]))
+    run_together(*(m.reform for m in members[:2]))
     joining.join(timeout=30)
     assert joiner.members == [Member(0, 0), Member(1, 0), Member(2, 1)]
     _stop(*members[:2], joiner)
 
 
-def test_below_the_minimum_at_the_first_formation_names_who_is_missing(server):
-    member = _membership(server, 0, tasks=2, minimum=2)
+def test_below_the_minimum_at_the_first_formation_names_who_is_missing(membership_store):
+    member = membership(membership_store, 0, tasks=2, minimum=2)
     member.connect().set("alive/1", "dead")
     with pytest.raises(
         BelowMinimumWorkersError, match=r"Only 1 workers are left \(\['worker:0'\]\).*missing: \['worker:1'\]"
@@ -146,9 +112,10 @@ def test_below_the_minimum_at_the_first_formation_names_who_is_missing(server):
         member.start()
 
 
-def test_the_check_in_stops_at_the_membership_verdict_and_names_who_is_missing(server):
-    store = dist.TCPStore("127.0.0.1", server, None, is_master=False)
-    rendezvous = Rendezvous("127.0.0.1", server, 0, 2, lambda r: f"worker:{r}", "g0/", agent_store=True)
+def test_the_check_in_stops_at_the_membership_verdict_and_names_who_is_missing(membership_store):
+    store = dist.TCPStore("127.0.0.1", membership_store, None, is_master=False)
+    name = lambda r: f"worker:{r}"  # noqa: E731
+    rendezvous = Rendezvous("127.0.0.1", membership_store, 0, 2, name, "g0/", agent_store=True)
     keys = dist.PrefixStore("g0/", store)
     verdict: list[str] = []
     checking = threading.Thread(target=lambda: verdict.append(str(_check_in(rendezvous, keys, verdict))))
