@@ -16,32 +16,51 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["KEEP_WORKS_SECONDS", "RecentWorks"]
+__all__ = ["KEEP_WORKS_COUNT", "KEEP_WORKS_SECONDS", "RecentWorks"]
 
 KEEP_WORKS_SECONDS = 2.0
+# A completed work is let go sooner once this many newer works were started: a gloo thread
+# holds at most the work it runs, and lets it go microseconds after it completes. Holding every
+# work for the full `KEEP_WORKS_SECONDS` kept ~2 s of a training loop's gradients alive (about
+# 0.5 GB for a 7.4 MB model over gloo) and made malloc return and fault in their pages again
+# every step (docs/performance.md, "Session 10").
+KEEP_WORKS_COUNT = 16
 
 
 class RecentWorks:
-    """Keeps every torch.distributed work alive for ``keep_seconds`` after it was started
-    (see the module docstring). Thread-safe.
+    """Keeps every torch.distributed work alive until it completed and either ``keep_seconds``
+    passed since it was started or ``keep_count`` newer works were started (see the module
+    docstring). Thread-safe.
 
     Args:
-        keep_seconds: How long a work is held at least (longer while it has not completed).
+        keep_seconds: How long a completed work is held at most, unless `keep_count` newer
+            works let it go first.
+        keep_count: How many of the newest works are held whether they completed or not.
         clock: Monotonic clock (a fake one in tests).
     """
 
-    def __init__(self, keep_seconds: float = KEEP_WORKS_SECONDS, clock: Callable[[], float] = time.monotonic):
-        self._keep, self._clock = keep_seconds, clock
+    def __init__(
+        self,
+        keep_seconds: float = KEEP_WORKS_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        keep_count: int = KEEP_WORKS_COUNT,
+    ) -> None:
+        self._keep, self._clock, self._count = keep_seconds, clock, keep_count
         self._works: deque[tuple[float, Any]] = deque()
         self._lock = threading.Lock()
 
     def add(self, work: Any) -> Any:
-        """Holds ``work`` (and lets go of the works older than ``keep_seconds`` that completed);
-        returns ``work``."""
+        """Holds ``work`` (and lets go of the oldest works that completed and are older than
+        ``keep_seconds`` or than the ``keep_count`` newest); returns ``work``."""
         now = self._clock()
         with self._lock:
-            while self._works and now - self._works[0][0] > self._keep and self._works[0][1].is_completed():
-                self._works.popleft()
+            works = self._works
+            while (
+                works
+                and (now - works[0][0] > self._keep or len(works) >= self._count)
+                and works[0][1].is_completed()
+            ):
+                works.popleft()
             self._works.append((now, work))
         return work
 

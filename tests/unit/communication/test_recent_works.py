@@ -1,4 +1,5 @@
-"""RecentWorks: a work is held from Python until it completed and `keep_seconds` passed."""
+"""RecentWorks: a work is held from Python until it completed and either `keep_seconds` passed
+or `keep_count` newer works were started."""
 
 from __future__ import annotations
 
@@ -41,6 +42,24 @@ def test_a_completed_work_is_let_go_only_after_keep_seconds():
     clock.now += 1.5
     works.add(Work())
     assert len(works) == 2  # the first is 2.5 s old and done: gone; the second is 1.5 s old
+
+
+def test_a_completed_work_is_let_go_sooner_once_keep_count_newer_works_started():
+    """A training loop starts a few works a step: holding each for seconds kept every
+    gradient of those seconds alive (and made malloc fault their pages in again each step)."""
+    clock = Clock()
+    works = RecentWorks(keep_seconds=2.0, clock=clock, keep_count=4)
+    held = [works.add(Work()) for _ in range(10)]
+    assert len(works) == 4  # no time passed: only the count let the older six go
+    assert works.pending() == []
+    running = works.add(Work(completed=False))
+    for _ in range(10):
+        works.add(Work())
+    assert running in works.pending()  # however many came after, a running work stays
+    running.completed = True
+    works.add(Work())
+    assert len(works) == 4
+    del held
 
 
 def test_a_work_still_running_is_held_however_old():
