@@ -51,6 +51,7 @@ from phalanx.communication._pg_work import (
     op_of,
     unflatten_into,
 )
+from phalanx.communication.gloo_groups import make_gloo_group
 
 __all__ = ["BACKEND", "PhalanxProcessGroup", "register_backend"]
 
@@ -352,7 +353,7 @@ class _TlsProcessGroup(PhalanxProcessGroup):
 
 def _gloo_under(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
     """The plain gloo group under a phalanx group (its own keys in the group's store)."""
-    return dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+    return make_gloo_group(dist.PrefixStore("gloo/", store), rank, size, timeout)
 
 
 def _default_group() -> Any:
