@@ -43,6 +43,7 @@ __all__ = [
     "first_bytes",
     "first_message",
     "put_code",
+    "sign_header",
     "signed_all_gather",
     "signed_all_reduce",
     "signed_broadcast",
@@ -74,9 +75,10 @@ def _pieces(code: int) -> list[int]:
 
 def _codes(header: torch.Tensor, world: int) -> list[int | None]:
     """Every worker's code from a reduced header (None: not a code, the header was garbled)."""
-    values = header.to(torch.float64).round().to(torch.int64).view(world, PIECES).tolist()
+    values = [round(v) for v in header.tolist()]  # a few elements: Python, not torch ops
     codes: list[int | None] = []
-    for pieces in values:
+    for r in range(world):
+        pieces = values[r * PIECES : (r + 1) * PIECES]
         if any(not 0 <= p <= 0x7F for p in pieces):
             codes.append(None)
         else:
@@ -104,10 +106,15 @@ def first_message(rank: int, world: int, signed: Signed, dtype: torch.dtype, op:
     ``op``: the reduction, whose neutral value fills the other workers' header slots)."""
     total = first_bytes(world) // torch.empty((), dtype=dtype).element_size()
     message = torch.zeros(total, dtype=dtype)
-    header = message[total - PIECES * world :].view(world, PIECES)
-    header.fill_(_NEUTRAL[op])
-    put_code(header, rank, signed.code)
+    sign_header(message[total - PIECES * world :], rank, signed.code, op)
     return message
+
+
+def sign_header(header: torch.Tensor, rank: int, code: int, op: Any) -> None:
+    """Fills a header (``PIECES`` elements per worker) to be reduced with ``op``: ``code`` in
+    worker ``rank``'s slots, the op's neutral value in the others'."""
+    header.fill_(_NEUTRAL[op])
+    put_code(header, rank, code)
 
 
 def verify_header(message: torch.Tensor, world: int, signed: Signed, mismatch: Mismatch) -> None:
