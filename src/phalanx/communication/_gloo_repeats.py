@@ -8,9 +8,9 @@ again and again (``strategy.reduce`` of a metric every step, a user's ``dist.all
 the benchmark's section 1) pays that every time.
 
 *Repeats.* Every worker makes the same prediction from the same history: once two signed
-collectives in a row on the transport were all-reduces of the same kind, dtype and element
-count needing two calls (#s-1 and #s), collective #s+1 is predicted to be that all-reduce
-again. The history is the same on every worker because every collective in it was verified
+collectives in a row on the transport (four from 1 MiB) were all-reduces of the same kind,
+dtype and element count needing two calls (#s-1 and #s), collective #s+1 is predicted to be
+that all-reduce again. The history is the same on every worker because every collective in it was verified
 (the codes carry the number, kind, dtype and size) before the next one was sent: the next
 collective waits for the last one's codes first.
 
@@ -22,9 +22,8 @@ prediction: it sends its own code in the code message and zeros of the predicted
 gloo meets equal sizes), then waits for the codes: the same on every worker (every worker
 broke: a loop ended) and it goes on as usual; otherwise `CollectiveMismatchError`, on the
 worker that kept to the prediction too (its code message shows the other code). After a
-break no prediction is made for the next repeat, or, while predictions keep breaking after
-coming true once at most, for the next 2, 4, ... 1024 repeats: a pattern that keeps breaking
-pays a wasted all-reduce rarely.
+break that came after one hit at most, no prediction is made for the next 2, then 4, ...
+1024 runs of repeats: a pattern that keeps breaking pays a wasted all-reduce rarely.
 """
 
 from __future__ import annotations
@@ -43,6 +42,9 @@ _MAX_SKIP = 1024
 # from this size a predicted all-reduce goes in place beside a code message: copying it into a
 # message with the codes would cost more than the second gloo call (measured at 256 KiB, 4 MiB)
 PIPELINE_BYTES = 1 << 20
+# a break costs a whole all-reduce of zeros and a hit saves one round trip of a small message:
+# large all-reduces are predicted only after a longer run of repeats
+_LARGE_STREAK = 4
 
 
 class Predicted(NamedTuple):
@@ -83,7 +85,7 @@ class Repeats:
     def __init__(self) -> None:
         self._last: tuple[int, tuple[Any, ...]] | None = None  # (#, key) of the last collective
         self.predicted: Predicted | None = None
-        self._skip, self._backoff, self._since = 0, 1, _MAX_SKIP
+        self._streak, self._skip, self._backoff, self._since = 0, 0, 1, 0
 
     def take(self) -> Predicted | None:
         """The prediction for the collective issued now (it is used up)."""
@@ -97,9 +99,10 @@ class Repeats:
             self._last = None
             return
         key = (signature.kind, flat.dtype, flat.numel(), op)
-        repeated = self._last == (signed.seq - 1, key)
+        self._streak = self._streak + 1 if self._last == (signed.seq - 1, key) else 1
         self._last = (signed.seq, key)
-        if not repeated:
+        large = flat.numel() * flat.element_size() >= PIPELINE_BYTES
+        if self._streak < (_LARGE_STREAK if large else 2):
             return
         if self._skip:
             self._skip -= 1
@@ -115,10 +118,12 @@ class Repeats:
     def broke(self) -> None:
         """Every worker broke the prediction: predict none for a while, longer each time
         breaks come soon after each other."""
-        near = self._since < 3  # it came true once at most since the last break: not worth it
-        self._backoff = min(2 * self._backoff, _MAX_SKIP) if near else 1
-        self._skip, self._since = self._backoff, 0
-        self._last = None
+        if self._since < 3:  # it came true once at most since the last break: not worth it
+            self._backoff = min(2 * self._backoff, _MAX_SKIP)
+            self._skip = self._backoff
+        else:
+            self._backoff, self._skip = 1, 0
+        self._since, self._last = 0, None
 
     def clear(self) -> None:
         """Forgets the history (the codes were switched, or the transport closed)."""

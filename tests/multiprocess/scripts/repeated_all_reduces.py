@@ -60,7 +60,7 @@ def repeat(numel: int, times: int, op=dist.ReduceOp.SUM, dtype=torch.float32) ->
 
 if mode == "alike":
     result["staged"] = repeat(1 << 16, 5)  # 256 KiB: one call once predicted
-    result["pipelined"] = repeat(1 << 18, 4)  # 1 MiB: the codes beside the tensor
+    result["pipelined"] = repeat(1 << 18, 5)  # 1 MiB: the codes beside the tensor, after 4
     result["max_int"] = repeat(1 << 16, 8, dist.ReduceOp.MAX, torch.int64)
     b = torch.tensor([float(rank)])
     dist.broadcast(b, src=1)  # breaks the prediction on every worker: it goes on
