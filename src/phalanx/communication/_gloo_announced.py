@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from phalanx.communication._gloo_works import Header
-from phalanx.communication.collective_check import Signed, codes_after
+from phalanx.communication.collective_check import Signed
 from phalanx.communication.signed_gloo import PIECES
 
 __all__ = ["KIND", "Announced", "DataFlag", "Spec", "announced_tail", "pass_code"]
@@ -49,10 +49,10 @@ class Announced:
         self.tail, self.pre = tail, pre
         self.flag: DataFlag | None = None  # carried by the last
         self.offered = 0  # this worker's code for the next pass (0: none)
+        self.next_codes: list[int] = []  # the next pass's all-reduces' codes, when offered
 
 
-def pass_code(seq: int, announced: Announced) -> int:
-    """The code a worker offers for the next pass: its all-reduces' codes, numbered on from
-    collective ``seq`` (this pass's last)."""
-    codes = codes_after(seq, KIND, [(n, d) for n, d, _ in announced.specs])
+def pass_code(codes: list[int]) -> int:
+    """The code a worker offers for the next pass: of its all-reduces' ``codes`` (numbered on
+    from this pass's last)."""
     return (zlib.crc32(",".join(map(str, codes)).encode()) & 0x7FFFFFFF) or 1

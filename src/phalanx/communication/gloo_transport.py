@@ -57,7 +57,14 @@ from phalanx.communication._gloo_announced import KIND, Announced, DataFlag, Spe
 from phalanx.communication._gloo_repeats import Predicted, Repeats, repeat_messages
 from phalanx.communication._gloo_works import Call, Header, SignedWork
 from phalanx.communication.collective_check import Signed, codes_after
-from phalanx.communication.signed_gloo import PIECES, Mismatch, codes_in, first_bytes, first_message, put_code
+from phalanx.communication.signed_gloo import (
+    PIECES,
+    Mismatch,
+    code_pieces,
+    codes_from,
+    first_bytes,
+    first_message,
+)
 
 __all__ = [
     "DataFlag",
@@ -66,6 +73,7 @@ __all__ = [
     "announced_tail",
 ]  # SignedWork: what its collectives return
 
+_NO_MESSAGE = torch.empty(0)  # of a header verified by a sum (the next pass announced)
 _MAX_SKIP, _NEAR = 1024, 8  # passes without an offer after a break between passes (at most); see `_break`
 
 
@@ -365,54 +373,57 @@ class GlooTransport:
 
     # ---------------------------------------------------------------- the next pass, announced by this one
     def _write_tail(self, announced: Announced, tail: torch.Tensor, signed: Signed) -> None:
-        """This worker's part of the last all-reduce's tail (see `announced_tail`)."""
-        tail.zero_()
-        tail[-1] = 1.0  # the break mark
-        if tail.numel() < announced_tail(self._world):
-            return
-        flag, self._flag = self._flag, None
-        announced.flag = flag
-        if flag is not None:
-            tail[-3], tail[-2] = float(flag.has_data), 1.0
-        offer = self.pre_announces and self._skip == 0 and (flag is None or flag.has_data)
-        self._skip, self._passes = max(self._skip - 1, 0), self._passes + 1
-        if offer:
-            announced.offered = pass_code(signed.seq, announced)
-            put_code(tail[: PIECES * self._world], self._rank, announced.offered)
+        """This worker's part of the last all-reduce's tail (see `announced_tail`): written in
+        one copy (a backward pass's end waits for it)."""
+        values = [0.0] * tail.numel()
+        values[-1] = 1.0  # the break mark
+        if len(values) >= announced_tail(self._world):
+            flag, self._flag = self._flag, None
+            announced.flag = flag
+            if flag is not None:
+                values[-3], values[-2] = float(flag.has_data), 1.0
+            offer = self.pre_announces and self._skip == 0 and (flag is None or flag.has_data)
+            self._skip, self._passes = max(self._skip - 1, 0), self._passes + 1
+            if offer:
+                announced.next_codes = codes_after(signed.seq, KIND, [(n, d) for n, d, _ in announced.specs])
+                announced.offered = pass_code(announced.next_codes)
+                at = self._rank * PIECES
+                values[at : at + PIECES] = code_pieces(announced.offered)
+        tail.copy_(torch.tensor(values, dtype=tail.dtype))
 
     def _read_tail(self, announced: Announced, tail: torch.Tensor, signed: Signed) -> None:
         """After the last all-reduce's sum: the break mark, the end-of-data flags, and the
         next pass announced when every worker offered the same (all workers decide alike)."""
-        self._check_mark(announced, float(tail[-1]))
-        if tail.numel() < announced_tail(self._world):
+        values = tail.tolist()  # a few elements: Python, not torch ops
+        self._check_mark(announced, values[-1])
+        if len(values) < announced_tail(self._world):
             return
-        has_data, carried = tail[-3:-1].tolist()
+        has_data, carried = values[-3], values[-2]
         ended = carried == self._world and has_data == 0
         if announced.flag is not None and carried == self._world:
             announced.flag.agreed = has_data > 0
         if not announced.offered or ended:
             return
-        if any(code != announced.offered for code in codes_in(tail[: PIECES * self._world], self._world)):
+        if any(code != announced.offered for code in codes_from(values[: PIECES * self._world], self._world)):
             return
-        specs = [(n, d) for n, d, _ in announced.specs]
-        header = Header(torch.empty(0), signed, self._world, self._mismatch)
+        header = Header(_NO_MESSAGE, signed, self._world, self._mismatch)
         header.verified = True  # by this all-reduce's sum
-        codes = codes_after(signed.seq, KIND, specs)
+        specs = [(n, d, c) for (n, d, _), c in zip(announced.specs, announced.next_codes, strict=True)]
         with self._lock:
             if self._announced is None:
-                self._announced = Announced(
-                    header,
-                    [(n, d, c) for (n, d), c in zip(specs, codes, strict=True)],
-                    announced.tail,
-                    pre=True,
-                )
+                self._announced = Announced(header, specs, announced.tail, pre=True)
 
     def _settle(self) -> None:
         """Before issuing anything: waits for the pass that offered the next one, if still
         running, so this worker knows (as every worker will) whether it was announced."""
         offered, self._offered = self._offered, None
-        if offered is not None:
-            self._wait(offered, "the gradient all-reduces")
+        if offered is None:
+            return
+        if offered.is_completed():  # the usual case (the pass's end waited for it): no watched wait
+            with contextlib.suppress(BaseException):  # it failed: the watched wait says why
+                offered.wait()
+                return
+        self._wait(offered, "the gradient all-reduces")
 
     def pre_announced(self, specs: Sequence[tuple[int, torch.dtype]]) -> bool:
         """Whether the last pass announced these all-reduces as the next (then the pass needs

@@ -39,6 +39,8 @@ from phalanx.communication.collective_check import Signed
 
 __all__ = [
     "PIECES",
+    "code_pieces",
+    "codes_from",
     "codes_in",
     "first_bytes",
     "first_message",
@@ -69,16 +71,17 @@ def first_bytes(world: int) -> int:
     return _BASE_BYTES + 16 * PIECES * world
 
 
-def _pieces(code: int) -> list[int]:
+def code_pieces(code: int) -> list[int]:
+    """``code`` as the ``PIECES`` 7-bit values a header carries for one worker."""
     return [(code >> (7 * i)) & 0x7F for i in range(PIECES)]
 
 
-def _codes(header: torch.Tensor, world: int) -> list[int | None]:
-    """Every worker's code from a reduced header (None: not a code, the header was garbled)."""
-    values = [round(v) for v in header.tolist()]  # a few elements: Python, not torch ops
+def codes_from(values: list[float], world: int) -> list[int | None]:
+    """Every worker's code from a reduced header's values (None: not a code, it was garbled)."""
+    rounded = [round(v) for v in values]
     codes: list[int | None] = []
     for r in range(world):
-        pieces = values[r * PIECES : (r + 1) * PIECES]
+        pieces = rounded[r * PIECES : (r + 1) * PIECES]
         if any(not 0 <= p <= 0x7F for p in pieces):
             codes.append(None)
         else:
@@ -86,10 +89,14 @@ def _codes(header: torch.Tensor, world: int) -> list[int | None]:
     return codes
 
 
+def _codes(header: torch.Tensor, world: int) -> list[int | None]:
+    return codes_from(header.tolist(), world)  # a few elements: Python, not torch ops
+
+
 def put_code(header: torch.Tensor, rank: int, code: int) -> None:
     """Writes ``code`` into worker ``rank``'s slots of a SUM-reduced header (``PIECES`` per
     worker; the others' slots must hold 0)."""
-    header.view(-1, PIECES)[rank] = torch.tensor(_pieces(code), dtype=header.dtype)
+    header.view(-1, PIECES)[rank] = torch.tensor(code_pieces(code), dtype=header.dtype)
 
 
 def codes_in(header: torch.Tensor, world: int) -> list[int | None]:
