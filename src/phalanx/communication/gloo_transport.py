@@ -41,6 +41,10 @@ break at the start of a pass (a collective between passes: a barrier at an epoch
 line every step) a worker offers nothing for the next pass, or, while such breaks keep coming
 within 8 passes of each other, for 2, 4, ... 1024 passes. A worker that offers nothing (code 0)
 makes every worker go on as before: each decides from the same sums.
+
+**Repeats.** An unannounced all-reduce every worker predicted (the last ones were the same) goes
+as one gloo call, the codes after the tensor, or from 1 MiB two back to back, the codes beside
+it: no round trip first (`phalanx.communication._gloo_repeats`).
 """
 
 from __future__ import annotations
@@ -66,14 +70,8 @@ from phalanx.communication.signed_gloo import (
     first_message,
 )
 
-__all__ = [
-    "DataFlag",
-    "GlooTransport",
-    "SignedWork",
-    "announced_tail",
-]  # SignedWork: what its collectives return
+__all__ = ["DataFlag", "GlooTransport", "SignedWork", "announced_tail"]  # SignedWork: what it returns
 
-_NO_MESSAGE = torch.empty(0)  # of a header verified by a sum (the next pass announced)
 _MAX_SKIP, _NEAR = 1024, 8  # passes without an offer after a break between passes (at most); see `_break`
 
 
@@ -406,7 +404,7 @@ class GlooTransport:
             return
         if any(code != announced.offered for code in codes_from(values[: PIECES * self._world], self._world)):
             return
-        header = Header(_NO_MESSAGE, signed, self._world, self._mismatch)
+        header = Header(torch.empty(0), signed, self._world, self._mismatch)
         header.verified = True  # by this all-reduce's sum
         specs = [(n, d, c) for (n, d, _), c in zip(announced.specs, announced.next_codes, strict=True)]
         with self._lock:

@@ -20,7 +20,9 @@ A first message between workers that called different collectives still has the 
 on both (no abort) and shows the difference in its header: `CollectiveCheck.mismatch` names
 both sides. The extra cost is one 4 KiB all-reduce for broadcasts, all-gathers and
 all-reduces over 4 KiB, except the gradient all-reduces, which one first message announces
-per backward pass (docs/multi_worker.md, "Mismatched collectives").
+per backward pass, and repeated all-reduces, whose codes travel with them once every worker
+predicted them (`phalanx.communication._gloo_repeats`; docs/multi_worker.md, "Mismatched
+collectives").
 
 This module holds the message format and blocking versions of the three collectives (the
 shared-memory transport's gloo fallbacks); `phalanx.communication.gloo_transport` issues the
