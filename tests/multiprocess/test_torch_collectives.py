@@ -50,3 +50,41 @@ def test_user_collectives_ddp_dcp_and_fsdp2_run_on_the_jobs_group(tmp_path, tran
     assert results[0]["ddp_grad"] == pytest.approx(results[1]["ddp_grad"])
     assert results[0]["fsdp2"] == pytest.approx(results[1]["fsdp2"])  # one model, sharded
     assert len(results[0]["fsdp2"]) == 4
+
+
+def _repeats(tmp_path, mode: str) -> list[dict]:
+    run_cluster(
+        SCRIPTS / "repeated_all_reduces.py", tmp_path, mode, workers=2, env=TRANSPORTS["gloo"], timeout=120
+    ).check()
+    return [json.loads((tmp_path / f"repeats-{r}.json").read_text()) for r in range(2)]
+
+
+def test_a_repeated_all_reduce_over_gloo_is_one_call_once_predicted_and_sums_right(tmp_path):
+    # `phalanx.communication._gloo_repeats`: W = 2, a first message is 1064 float32 (1054 payload)
+    for result in _repeats(tmp_path, "alike"):
+        sums, calls = result["staged"]
+        assert sums == [3.0, 5.0, 7.0, 9.0, 11.0]
+        assert calls == [[1064, 64482]] * 2 + [[65536 + 10]] * 3  # the codes after the tensor
+        sums, calls = result["pipelined"]
+        assert sums == [3.0, 5.0, 7.0, 9.0, 11.0]
+        assert calls[0] == [65546, 1064, 262144 - 1054]  # zeros of the predicted size: every worker broke
+        assert calls[-1] == [10, 262144]  # 1 MiB: the codes beside it, the tensor in place
+        sums, calls = result["max_int"]
+        assert sums == [2, 3, 4, 5, 6, 7, 8, 9]
+        assert calls[-1] == [65546]  # int64, MAX: the codes with the op's neutral value
+        assert result["broadcast"] == 1.0
+        sums, calls = result["after_break"]
+        assert sums == [3.0 + 2 * i for i in range(8)]
+        assert calls[-1] == [65546]
+        assert result["small"] == [3.0, 3.0, 3.0]
+
+
+def test_a_predicted_all_reduce_that_one_worker_does_not_make_fails_on_both_with_the_tensor_untouched(
+    tmp_path,
+):
+    results = _repeats(tmp_path, "stray")
+    for rank, result in enumerate(results):
+        assert "collective #5 differs between workers; no result of it was used" in result["error"]
+        assert "float32[5]" in result["error"]
+        assert "float32[65536]" in result["error"]
+        assert result["tensor"] == rank + 1.0  # worker 0's predicted all-reduce left it as it was

@@ -60,6 +60,7 @@ class Bucket:
         self.flags = None if self.buffer is None else self.buffer[numel : numel + flags]
         self.size = numel + flags + tail  # the elements each round all-reduces
         self.tensor: torch.Tensor | None = self.buffer  # what this round all-reduces
+        self._views: list[torch.Tensor] | None = None  # a packed bucket's, of its buffer
         self.dead_here = [float(p.device.type == "meta") for p in params]
         self.had = [0.0] * len(params)  # this worker's flags for the current round
         self.summed_had = [0.0] * len(params)  # after the sum: how many workers had a gradient
@@ -74,12 +75,15 @@ class Bucket:
         return tensor.untyped_storage().data_ptr() == self.buffer.untyped_storage().data_ptr()
 
     def view(self, i: int) -> torch.Tensor:
-        """Parameter ``i``'s gradient in what the bucket all-reduces (its sum after the wait)."""
-        p = self.params[i]
+        """Parameter ``i``'s gradient in what the bucket all-reduces (its sum after the wait):
+        for a packed bucket the same view of its buffer every round (made once)."""
         assert self.tensor is not None
         if self.solo:
-            return self.tensor.view(p.shape)
-        return self.tensor[self.offsets[i] : self.offsets[i] + p.numel()].view(p.shape)
+            return self.tensor.view(self.params[i].shape)
+        if self._views is None:
+            pairs = zip(self.offsets, self.params, strict=True)
+            self._views = [self.tensor[at : at + p.numel()].view(p.shape) for at, p in pairs]
+        return self._views[i]
 
     def put(self, i: int, grad: torch.Tensor | None) -> None:
         """Parameter ``i``'s delta this round (None: this worker has none; zeros go)."""

@@ -31,6 +31,9 @@ def wait_gloo(work: Any, timeout: float | None) -> None:
     """Waits for a gloo work: raises RuntimeError while still running after ``timeout``, or its
     error. Never waits inside the work's own completion callback: gloo completes a work's
     future (running its callbacks) before the work itself, so there the future is asked."""
+    if work.is_completed():  # not inside its callback (the work completes after its future)
+        work.wait()  # at once: raises gloo's error, if it failed
+        return
     future = work.get_future()
     if not future.done():
         if timeout is None or work.is_completed():

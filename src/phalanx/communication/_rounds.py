@@ -108,9 +108,10 @@ class Rounds:
         if slot not in state.bases:
             leaf = ref()
             if leaf is not None:
-                state.bases[slot] = leaf.grad
+                base = state.bases[slot] = leaf.grad
                 state.leaves[slot] = leaf
-                leaf.grad = None
+                if base is not None:  # (setting .grad costs more than reading it)
+                    leaf.grad = None
 
     def _after_accumulate(self, cell: list[Any], index: int, leaf: torch.Tensor) -> None:
         state = self._rounds[index]

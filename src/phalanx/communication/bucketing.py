@@ -95,6 +95,9 @@ class GradientBuckets:
             whose all-reduces differ from the last pass's (the buckets were rebuilt; all
             workers alike). None: no announcement, no extra element.
         announce_tail: How many elements the last bucket leaves to ``announce``'s transport.
+        wait_at_end: ``wait`` for the end of a backward pass, which waits inside the backward
+            call that issued the all-reduces (the group names the issuing site as where it
+            waits: no second walk of the stack). Default: ``wait``.
     """
 
     def __init__(
@@ -109,8 +112,10 @@ class GradientBuckets:
         solo_bytes: int = SOLO_BYTES,
         announce: Announce | None = None,
         announce_tail: int = 1,
+        wait_at_end: Wait | None = None,
     ) -> None:
         self._launch, self._wait, self._is_active = launch, wait, is_active
+        self._wait_at_end = wait_at_end or wait
         self._announce = announce
         self._tail = announce_tail if announce is not None else 0
         self._rebuilt = False  # since the last pass (tell `announce` at the next)
@@ -306,7 +311,7 @@ class GradientBuckets:
                     if not ready:
                         self._not_reached(bucket, i)
             self._launch_ready(buckets)
-            self._flush_running()
+            self._flush_running(self._wait_at_end)
             _read_flags(buckets)
             newly_sparse: set[int] = set()
             dead: set[int] = set()
@@ -343,6 +348,8 @@ class GradientBuckets:
                 sparse.add(id(p))
             elif had[i] > 0 and p.device.type != "meta":  # not the placeholder of a dead parameter
                 base = self._bases.get(id(p)) if bucket.had[i] else p.grad
+                if base is None and bucket.solo and p.grad is bucket.tensor:
+                    continue  # reduced where autograd put it: .grad holds the sum already
                 p.grad = bucket.view(i) if base is None else base.add_(bucket.view(i))
         return sparse
 
@@ -393,13 +400,14 @@ class GradientBuckets:
             bucket.work = self._launch(bucket.tensor)
             self._next_launch += 1
 
-    def _flush_running(self) -> None:
+    def _flush_running(self, wait: Wait | None = None) -> None:
         """Waits for the all-reduces still running (the round's sums at its end; otherwise
         superseded ones)."""
+        wait = wait or self._wait
         for bucket in self._buckets or []:
             if bucket.work is not None:
                 work, bucket.work = bucket.work, None
-                self._wait(work, "the gradient all-reduce")
+                wait(work, "the gradient all-reduce")
 
     def release(self) -> None:
         """Removes the hooks without waiting for anything (their group failed and is dropped:

@@ -70,8 +70,14 @@ def code_of(seq: int, kind: str, tensor: torch.Tensor) -> int:
     return _code(seq, kind, tensor.dtype, tensor.numel())
 
 
+_DTYPES: dict[torch.dtype, str] = {}  # "float32" for torch.float32 (str of a dtype is slow)
+
+
 def _code(seq: int, kind: str, dtype: torch.dtype, numel: int) -> int:
-    text = f"{seq}|{kind}|{str(dtype).removeprefix('torch.')}|{numel}"
+    name = _DTYPES.get(dtype)
+    if name is None:
+        name = _DTYPES[dtype] = str(dtype).removeprefix("torch.")
+    text = f"{seq}|{kind}|{name}|{numel}"
     return (zlib.crc32(text.encode()) & 0x7FFFFFFF) or 1
 
 

@@ -41,65 +41,38 @@ break at the start of a pass (a collective between passes: a barrier at an epoch
 line every step) a worker offers nothing for the next pass, or, while such breaks keep coming
 within 8 passes of each other, for 2, 4, ... 1024 passes. A worker that offers nothing (code 0)
 makes every worker go on as before: each decides from the same sums.
+
+**Repeats.** An unannounced all-reduce every worker predicted (the last ones were the same) goes
+as one gloo call, the codes after the tensor, or from 1 MiB two back to back, the codes beside
+it: no round trip first (`phalanx.communication._gloo_repeats`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from phalanx.communication._gloo_announced import KIND, Announced, DataFlag, Spec, announced_tail, pass_code
+from phalanx.communication._gloo_repeats import Predicted, Repeats, repeat_messages
 from phalanx.communication._gloo_works import Call, Header, SignedWork
 from phalanx.communication.collective_check import Signed, codes_after
-from phalanx.communication.signed_gloo import PIECES, Mismatch, codes_in, first_bytes, first_message, put_code
+from phalanx.communication.signed_gloo import (
+    PIECES,
+    Mismatch,
+    code_pieces,
+    codes_from,
+    first_bytes,
+    first_message,
+)
 
-__all__ = [
-    "DataFlag",
-    "GlooTransport",
-    "SignedWork",
-    "announced_tail",
-]  # SignedWork: what its collectives return
+__all__ = ["DataFlag", "GlooTransport", "SignedWork", "announced_tail"]  # SignedWork: what it returns
 
-Spec = tuple[int, torch.dtype, int]  # an announced all-reduce: element count, dtype, code
-_KIND = "all_reduce(SUM)"  # what the announced all-reduces are signed as (`GroupCollectives`)
 _MAX_SKIP, _NEAR = 1024, 8  # passes without an offer after a break between passes (at most); see `_break`
-
-
-def announced_tail(world: int) -> int:
-    """Elements the last announced all-reduce of a pass reserves at its end: each worker's
-    code for the next pass (`PIECES` each), the end-of-data flag and that it was carried,
-    and the break mark (see the module doc)."""
-    return PIECES * world + 3
-
-
-class DataFlag:
-    """One worker's end-of-data flag for the next step, carried by the last gradient
-    all-reduce (`GlooTransport.carry`). ``agreed``: whether any worker has data, once every
-    worker's flag was carried in the same all-reduce; None until then (or if not)."""
-
-    def __init__(self, has_data: bool) -> None:
-        self.has_data = has_data
-        self.agreed: bool | None = None
-
-
-class _Announced:
-    """The all-reduces announced for one backward pass (`GlooTransport.announce`), or by the
-    pass before it (``pre``)."""
-
-    def __init__(self, header: Header, specs: Sequence[Spec], tail: int = 1, pre: bool = False) -> None:
-        self.header = header
-        self.specs = list(specs)
-        self.left = list(specs)  # not launched yet, in order
-        self.total = len(specs)
-        self.launched: list[Signed] = []
-        self.tail, self.pre = tail, pre
-        self.flag: DataFlag | None = None  # carried by the last
-        self.offered = 0  # this worker's code for the next pass (0: none)
 
 
 class GlooTransport:
@@ -134,11 +107,13 @@ class GlooTransport:
         self._lock = threading.RLock()
         self._gate: Header | None = None  # the first message the queued calls wait for
         self._queued: list[Call] = []
-        self._announced: _Announced | None = None
+        self._announced: Announced | None = None
         self.pre_announces = checked  # whether the last all-reduce of a pass offers the next
         self._skip, self._backoff, self._passes = 0, 1, _MAX_SKIP  # passes: since the last break
         self._flag: DataFlag | None = None  # for the next pass's last all-reduce
         self._offered: Any = None  # the last all-reduce of a pass that offered the next (in flight)
+        self._repeats = Repeats()  # repeated all-reduces (`phalanx.communication._gloo_repeats`)
+        self._options: dict[Any, Any] = {}  # AllreduceOptions by op
 
     # ---------------------------------------------------------------- ordering
     def _issue(self, start: Callable[[], Any], then: Callable[[Any], None] | None = None) -> Any:
@@ -186,8 +161,10 @@ class GlooTransport:
         return then
 
     def _all_reduce_call(self, tensor: torch.Tensor, op: Any) -> Callable[[], Any]:
-        options = dist.AllreduceOptions()
-        options.reduceOp = op
+        options = self._options.get(op)
+        if options is None:  # made once per op: gloo copies what it needs of them
+            options = self._options[op] = dist.AllreduceOptions()
+            options.reduceOp = op
         return lambda: self.group.allreduce([tensor], options)
 
     # ---------------------------------------------------------------- collectives (all workers)
@@ -197,12 +174,14 @@ class GlooTransport:
         if not (self.checked and signed.code):
             return self._keep(self._all_reduce_call(tensor, op)())
         self._settle()
+        flat = tensor.view(-1)
+        if self._resolve(signed):
+            return self._repeat_all_reduce(flat, op, signed)
         with self._lock:
             announced = self._announced
             if announced is not None and announced.left and announced.left[0][2] == signed.code:
                 return self._launch_announced(announced, tensor, signed)
         self._break(signed)
-        flat = tensor.view(-1)
         if flat.dtype == torch.bool:  # gloo's bool reductions are logical: MAX is OR, MIN is AND
             staged = flat.to(torch.uint8)
             either = op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.BOR)
@@ -225,6 +204,11 @@ class GlooTransport:
         )
         capacity = header.message.numel() - PIECES * self._world
         head = min(flat.numel(), capacity)
+        with self._lock:
+            if flat.numel() > capacity and after is None:
+                self._repeats.all_reduce(signed, flat, op)
+            else:
+                self._repeats.other()
         header.message[:head].copy_(flat[:head])
         rest = Call(self._all_reduce_call(flat[capacity:], op)) if flat.numel() > capacity else None
 
@@ -235,6 +219,62 @@ class GlooTransport:
 
         self._issue(self._all_reduce_call(header.message, op), self._behind(header, rest))
         return SignedWork(self.release, header, rest, finish)
+
+    # ---------------------------------------------------------------- repeats (`_gloo_repeats`)
+    def _resolve(self, signed: Signed, all_reduce: bool = True) -> bool:
+        """Before a signed collective: True when it is the all-reduce predicted to repeat
+        (every worker predicted it; the last collective's codes verified). Otherwise breaks
+        a prediction (raises unless every worker broke it)."""
+        with self._lock:
+            predicted = self._repeats.take()
+            if not all_reduce:
+                self._repeats.other()
+            gate = self._gate
+        if predicted is None:
+            return False
+        if gate is not None and not gate.verified:  # the history it was predicted from
+            self._wait(gate.work, "the collective before this one")
+        self.release(gate)
+        if all_reduce and signed.code == predicted.code:
+            return True
+        self._break_repeat(predicted, signed)
+        return False
+
+    def _repeat_all_reduce(self, flat: torch.Tensor, op: Any, signed: Signed) -> SignedWork:
+        """The predicted all-reduce with every worker's code in the same gloo call, or beside
+        it; the next collective waits for the codes (the next prediction's history)."""
+        header, call = self._repeat_calls(flat, op, signed, gate=True)
+        if call is not None:
+            return SignedWork(self.release, header, call)
+        numel, staged = flat.numel(), header.message
+
+        def finish() -> None:
+            flat.copy_(staged[:numel])
+
+        return SignedWork(self.release, header, None, finish)
+
+    def _repeat_calls(self, flat: torch.Tensor, op: Any, signed: Signed, gate: bool) -> tuple[Header, Any]:
+        message, message_op, beside = repeat_messages(flat, op, self._rank, self._world, signed.code)
+        header = Header(message, signed, self._world, self._mismatch)
+        call = None if beside is None else Call(self._all_reduce_call(beside, op))
+        with self._lock:
+            header.work = self._issue(self._all_reduce_call(message, message_op))
+            if call is not None:
+                call.work = self._issue(call.start)
+            if gate:
+                self._repeats.all_reduce(signed, flat, op)
+                self._gate = header
+        return header, call
+
+    def _break_repeat(self, predicted: Predicted, signed: Signed) -> None:
+        """Another collective than the predicted one: zeros of the predicted size with this
+        worker's code; raises unless every worker's code is this one's."""
+        zeros = torch.zeros(predicted.numel, dtype=predicted.dtype)
+        header, _ = self._repeat_calls(zeros, predicted.op, signed, gate=False)
+        self._wait(header.work, "the collective before this one")
+        header.verify()
+        with self._lock:
+            self._repeats.broke()
 
     def _header_first(self, signed: Signed, body: Call) -> SignedWork:
         """A header-only first message, then ``body`` once it verified."""
@@ -251,6 +291,7 @@ class GlooTransport:
         if not (self.checked and signed.code):
             return self._keep(start())
         self._settle()
+        self._resolve(signed, all_reduce=False)
         self._break(signed)
         return self._header_first(signed, Call(start))
 
@@ -261,6 +302,7 @@ class GlooTransport:
         if not (self.checked and signed.code):
             return self._keep(start()), out
         self._settle()
+        self._resolve(signed, all_reduce=False)
         self._break(signed)
         return self._header_first(signed, Call(start)), out
 
@@ -282,10 +324,11 @@ class GlooTransport:
         if not (self.announces and signed.code) or not specs:
             return
         self._settle()
+        self._resolve(signed, all_reduce=False)
         self._break(signed)
         message = first_message(self._rank, self._world, signed, torch.float32, dist.ReduceOp.SUM)
         header = Header(message, signed, self._world, self._mismatch)
-        announced = _Announced(header, specs, tail)
+        announced = Announced(header, specs, tail)
 
         def then(work: Any) -> None:
             header.work = work
@@ -301,10 +344,11 @@ class GlooTransport:
         with contextlib.suppress(BaseException):  # its waiters raise it
             self.release(header)
 
-    def _launch_announced(self, announced: _Announced, tensor: torch.Tensor, signed: Signed) -> SignedWork:
+    def _launch_announced(self, announced: Announced, tensor: torch.Tensor, signed: Signed) -> SignedWork:
         """An announced all-reduce: one gloo call (queued while the announcement is unverified)."""
         announced.left.pop(0)
         announced.launched.append(signed)
+        self._repeats.other()
         flat = tensor.view(-1)
         finish = None
         if not announced.left:  # the last: its final elements carry the break mark and the next pass
@@ -326,55 +370,58 @@ class GlooTransport:
         return work
 
     # ---------------------------------------------------------------- the next pass, announced by this one
-    def _write_tail(self, announced: _Announced, tail: torch.Tensor, signed: Signed) -> None:
-        """This worker's part of the last all-reduce's tail (see `announced_tail`)."""
-        tail.zero_()
-        tail[-1] = 1.0  # the break mark
-        if tail.numel() < announced_tail(self._world):
-            return
-        flag, self._flag = self._flag, None
-        announced.flag = flag
-        if flag is not None:
-            tail[-3], tail[-2] = float(flag.has_data), 1.0
-        offer = self.pre_announces and self._skip == 0 and (flag is None or flag.has_data)
-        self._skip, self._passes = max(self._skip - 1, 0), self._passes + 1
-        if offer:
-            announced.offered = _pass_code(signed.seq, announced)
-            put_code(tail[: PIECES * self._world], self._rank, announced.offered)
+    def _write_tail(self, announced: Announced, tail: torch.Tensor, signed: Signed) -> None:
+        """This worker's part of the last all-reduce's tail (see `announced_tail`): written in
+        one copy (a backward pass's end waits for it)."""
+        values = [0.0] * tail.numel()
+        values[-1] = 1.0  # the break mark
+        if len(values) >= announced_tail(self._world):
+            flag, self._flag = self._flag, None
+            announced.flag = flag
+            if flag is not None:
+                values[-3], values[-2] = float(flag.has_data), 1.0
+            offer = self.pre_announces and self._skip == 0 and (flag is None or flag.has_data)
+            self._skip, self._passes = max(self._skip - 1, 0), self._passes + 1
+            if offer:
+                announced.next_codes = codes_after(signed.seq, KIND, [(n, d) for n, d, _ in announced.specs])
+                announced.offered = pass_code(announced.next_codes)
+                at = self._rank * PIECES
+                values[at : at + PIECES] = code_pieces(announced.offered)
+        tail.copy_(torch.tensor(values, dtype=tail.dtype))
 
-    def _read_tail(self, announced: _Announced, tail: torch.Tensor, signed: Signed) -> None:
+    def _read_tail(self, announced: Announced, tail: torch.Tensor, signed: Signed) -> None:
         """After the last all-reduce's sum: the break mark, the end-of-data flags, and the
         next pass announced when every worker offered the same (all workers decide alike)."""
-        self._check_mark(announced, float(tail[-1]))
-        if tail.numel() < announced_tail(self._world):
+        values = tail.tolist()  # a few elements: Python, not torch ops
+        self._check_mark(announced, values[-1])
+        if len(values) < announced_tail(self._world):
             return
-        has_data, carried = tail[-3:-1].tolist()
+        has_data, carried = values[-3], values[-2]
         ended = carried == self._world and has_data == 0
         if announced.flag is not None and carried == self._world:
             announced.flag.agreed = has_data > 0
         if not announced.offered or ended:
             return
-        if any(code != announced.offered for code in codes_in(tail[: PIECES * self._world], self._world)):
+        if any(code != announced.offered for code in codes_from(values[: PIECES * self._world], self._world)):
             return
-        specs = [(n, d) for n, d, _ in announced.specs]
         header = Header(torch.empty(0), signed, self._world, self._mismatch)
         header.verified = True  # by this all-reduce's sum
-        codes = codes_after(signed.seq, _KIND, specs)
+        specs = [(n, d, c) for (n, d, _), c in zip(announced.specs, announced.next_codes, strict=True)]
         with self._lock:
             if self._announced is None:
-                self._announced = _Announced(
-                    header,
-                    [(n, d, c) for (n, d), c in zip(specs, codes, strict=True)],
-                    announced.tail,
-                    pre=True,
-                )
+                self._announced = Announced(header, specs, announced.tail, pre=True)
 
     def _settle(self) -> None:
         """Before issuing anything: waits for the pass that offered the next one, if still
         running, so this worker knows (as every worker will) whether it was announced."""
         offered, self._offered = self._offered, None
-        if offered is not None:
-            self._wait(offered, "the gradient all-reduces")
+        if offered is None:
+            return
+        if offered.is_completed():  # the usual case (the pass's end waited for it): no watched wait
+            with contextlib.suppress(BaseException):  # it failed: the watched wait says why
+                offered.wait()
+                return
+        self._wait(offered, "the gradient all-reduces")
 
     def pre_announced(self, specs: Sequence[tuple[int, torch.dtype]]) -> bool:
         """Whether the last pass announced these all-reduces as the next (then the pass needs
@@ -409,8 +456,9 @@ class GlooTransport:
         with self._lock:
             self.checked = self.announces = self.pre_announces = on
             self._announced, self._skip = None, 0
+            self._repeats.clear()
 
-    def _check_mark(self, announced: _Announced, mark: float) -> None:
+    def _check_mark(self, announced: Announced, mark: float) -> None:
         """After the last announced all-reduce: 1 from every worker unless one broke."""
         if mark == self._world:
             return
@@ -448,10 +496,4 @@ class GlooTransport:
             self._queued.clear()
             self._gate, self._announced = None, None
             self._offered, self._flag = None, None
-
-
-def _pass_code(seq: int, announced: _Announced) -> int:
-    """The code a worker offers for the next pass: its all-reduces' codes, numbered on from
-    collective ``seq`` (this pass's last)."""
-    codes = codes_after(seq, _KIND, [(n, d) for n, d, _ in announced.specs])
-    return (zlib.crc32(",".join(map(str, codes)).encode()) & 0x7FFFFFFF) or 1
+            self._repeats.clear()

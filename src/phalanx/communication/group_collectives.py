@@ -25,9 +25,21 @@ from phalanx.communication.tls_ring import TlsRing
 __all__ = ["GroupCollectives"]
 
 
+_KINDS: dict[Any, str] = {}  # op -> "all_reduce(SUM)" (str of an op is slow)
+
+
 def _op_name(op: Any) -> str:
     """``"SUM"`` for ``ReduceOp.SUM`` (whose str is ``"RedOpType.SUM"``)."""
     return str(op).rpartition(".")[2]
+
+
+def _all_reduce_kind(op: Any) -> str:
+    if not isinstance(op, dist.ReduceOp.RedOpType):  # an op object: keyed by identity, not cached
+        return f"all_reduce({_op_name(op)})"
+    kind = _KINDS.get(op)
+    if kind is None:
+        kind = _KINDS[op] = f"all_reduce({_op_name(op)})"
+    return kind
 
 
 class GroupCollectives(abc.ABC):
@@ -62,7 +74,7 @@ class GroupCollectives(abc.ABC):
         Precondition: same shape and dtype on every worker, same call order.
         """
         self._check_usable("all_reduce")
-        signature, signed = self._sign(f"all_reduce({_op_name(op)})", tensor, "all_reduce")
+        signature, signed = self._sign(_all_reduce_kind(op), tensor, "all_reduce")
         transport = self._shm or self._ring or self._gloo
         return self._watch.attach(transport.all_reduce_async(tensor, op, signed), signature)
 

@@ -113,18 +113,21 @@ class GroupFailures(abc.ABC):
         self._raise(what, exc)
 
     # ---------------------------------------------------------------- waiting (all workers)
-    def wait(self, work: Any, what: str, timeout: float | None = None) -> None:
+    def wait(self, work: Any, what: str, timeout: float | None = None, where_issued: bool = False) -> None:
         """Waits for an async collective, watching the health check and the deadline.
 
         Args:
             work: What ``torch.distributed.<collective>(..., async_op=True)`` returned.
             what: The collective, for messages.
             timeout: Seconds (default: the group's collective timeout).
+            where_issued: The stall inspector names the site that issued it as where this
+                worker waits (the gradient buckets, which wait inside the same backward call),
+                instead of walking the stack again.
 
         Raises:
             PeerUnavailableError: A peer died or stopped answering, or the deadline passed.
         """
-        self._watched_wait(work, what, timeout, where_issued=False)
+        self._watched_wait(work, what, timeout, where_issued)
 
     def _watched_wait(self, work: Any, what: str, timeout: float | None, where_issued: bool) -> None:
         with timeline.span(what, "collective"):  # free unless PHALANX_TIMELINE is set

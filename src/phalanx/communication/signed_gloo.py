@@ -20,7 +20,9 @@ A first message between workers that called different collectives still has the 
 on both (no abort) and shows the difference in its header: `CollectiveCheck.mismatch` names
 both sides. The extra cost is one 4 KiB all-reduce for broadcasts, all-gathers and
 all-reduces over 4 KiB, except the gradient all-reduces, which one first message announces
-per backward pass (docs/multi_worker.md, "Mismatched collectives").
+per backward pass, and repeated all-reduces, whose codes travel with them once every worker
+predicted them (`phalanx.communication._gloo_repeats`; docs/multi_worker.md, "Mismatched
+collectives").
 
 This module holds the message format and blocking versions of the three collectives (the
 shared-memory transport's gloo fallbacks); `phalanx.communication.gloo_transport` issues the
@@ -39,10 +41,13 @@ from phalanx.communication.collective_check import Signed
 
 __all__ = [
     "PIECES",
+    "code_pieces",
+    "codes_from",
     "codes_in",
     "first_bytes",
     "first_message",
     "put_code",
+    "sign_header",
     "signed_all_gather",
     "signed_all_reduce",
     "signed_broadcast",
@@ -68,15 +73,17 @@ def first_bytes(world: int) -> int:
     return _BASE_BYTES + 16 * PIECES * world
 
 
-def _pieces(code: int) -> list[int]:
+def code_pieces(code: int) -> list[int]:
+    """``code`` as the ``PIECES`` 7-bit values a header carries for one worker."""
     return [(code >> (7 * i)) & 0x7F for i in range(PIECES)]
 
 
-def _codes(header: torch.Tensor, world: int) -> list[int | None]:
-    """Every worker's code from a reduced header (None: not a code, the header was garbled)."""
-    values = header.to(torch.float64).round().to(torch.int64).view(world, PIECES).tolist()
+def codes_from(values: list[float], world: int) -> list[int | None]:
+    """Every worker's code from a reduced header's values (None: not a code, it was garbled)."""
+    rounded = [round(v) for v in values]
     codes: list[int | None] = []
-    for pieces in values:
+    for r in range(world):
+        pieces = rounded[r * PIECES : (r + 1) * PIECES]
         if any(not 0 <= p <= 0x7F for p in pieces):
             codes.append(None)
         else:
@@ -84,10 +91,14 @@ def _codes(header: torch.Tensor, world: int) -> list[int | None]:
     return codes
 
 
+def _codes(header: torch.Tensor, world: int) -> list[int | None]:
+    return codes_from(header.tolist(), world)  # a few elements: Python, not torch ops
+
+
 def put_code(header: torch.Tensor, rank: int, code: int) -> None:
     """Writes ``code`` into worker ``rank``'s slots of a SUM-reduced header (``PIECES`` per
     worker; the others' slots must hold 0)."""
-    header.view(-1, PIECES)[rank] = torch.tensor(_pieces(code), dtype=header.dtype)
+    header.view(-1, PIECES)[rank] = torch.tensor(code_pieces(code), dtype=header.dtype)
 
 
 def codes_in(header: torch.Tensor, world: int) -> list[int | None]:
@@ -104,10 +115,15 @@ def first_message(rank: int, world: int, signed: Signed, dtype: torch.dtype, op:
     ``op``: the reduction, whose neutral value fills the other workers' header slots)."""
     total = first_bytes(world) // torch.empty((), dtype=dtype).element_size()
     message = torch.zeros(total, dtype=dtype)
-    header = message[total - PIECES * world :].view(world, PIECES)
-    header.fill_(_NEUTRAL[op])
-    put_code(header, rank, signed.code)
+    sign_header(message[total - PIECES * world :], rank, signed.code, op)
     return message
+
+
+def sign_header(header: torch.Tensor, rank: int, code: int, op: Any) -> None:
+    """Fills a header (``PIECES`` elements per worker) to be reduced with ``op``: ``code`` in
+    worker ``rank``'s slots, the op's neutral value in the others'."""
+    header.fill_(_NEUTRAL[op])
+    put_code(header, rank, code)
 
 
 def verify_header(message: torch.Tensor, world: int, signed: Signed, mismatch: Mismatch) -> None:

@@ -244,6 +244,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             workers=self._num_workers,
             announce=lambda specs: group.announce_all_reduces(specs, tail=group.announced_tail),
             announce_tail=group.announced_tail,
+            wait_at_end=lambda work, what: group.wait(work, what, where_issued=True),
         )
 
     def _pick_backend(self) -> str:

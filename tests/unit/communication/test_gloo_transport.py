@@ -8,8 +8,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from phalanx.communication.collective_check import Signed, codes_after
+from phalanx.communication._gloo_repeats import PIPELINE_BYTES, Repeats
+from phalanx.communication.collective_check import Signed, code_of, codes_after
 from phalanx.communication.gloo_transport import DataFlag, GlooTransport, announced_tail
+from phalanx.communication.signatures import Signature
 from phalanx.communication.signed_gloo import first_bytes
 
 
@@ -224,3 +226,64 @@ def test_the_end_of_data_flag_rides_in_the_last_all_reduce_and_an_ended_input_an
     _pass(transport, 6, short, first_code=24, tail=1)
     assert more.agreed is None
     assert not transport.pre_announced(short)
+
+
+def _signed(seq: int, tensor: torch.Tensor, kind: str = "all_reduce(SUM)") -> Signed:
+    """As `CollectiveCheck.sign` signs it (the prediction needs the kind)."""
+    return Signed(seq, code_of(seq, kind, tensor), Signature(seq, kind, "all_reduce", "test", ""))
+
+
+def _repeat(transport, first_seq: int, times: int, numel: int = 3000) -> list[torch.Tensor]:
+    tensors = [torch.full((numel,), float(i)) for i in range(times)]
+    for i, tensor in enumerate(tensors):
+        transport.all_reduce_async(tensor, dist.ReduceOp.SUM, _signed(first_seq + i, tensor)).wait()
+    return tensors
+
+
+def test_the_third_of_repeated_all_reduces_is_one_gloo_call_with_the_codes_after_the_tensor():
+    group = FakeGroup()
+    transport = _transport(group)
+    tensors = _repeat(transport, 1, 4)
+    rest = ("all_reduce", 3000 - (FIRST - 5))
+    assert group.calls == [("all_reduce", FIRST), rest] * 2 + [("all_reduce", 3000 + 5)] * 2
+    for i, tensor in enumerate(tensors):  # copied back out of the message: the one worker's own
+        torch.testing.assert_close(tensor, torch.full((3000,), float(i)))
+
+
+def test_a_large_repeated_all_reduce_goes_in_place_beside_a_message_of_the_codes():
+    group = FakeGroup()
+    transport = _transport(group)
+    numel = PIPELINE_BYTES // 4
+    _repeat(transport, 1, 4, numel)
+    assert group.calls[-2:] != [("all_reduce", 5), ("all_reduce", numel)]  # 4 in a row first
+    _repeat(transport, 5, 1, numel)
+    assert group.calls[-2:] == [("all_reduce", 5), ("all_reduce", numel)]
+
+
+def test_another_collective_after_repeats_breaks_the_prediction_with_zeros_and_goes_on():
+    group = FakeGroup()
+    transport = _transport(group)
+    _repeat(transport, 1, 3)  # the third predicted: the fourth would be too
+    transport.broadcast_async(torch.ones(2), 0, _signed(4, torch.ones(2), "broadcast(from 0)")).wait()
+    # zeros of the predicted size with this worker's code (every worker broke: no mismatch), then
+    # the broadcast's own first message
+    assert group.calls[5:] == [("all_reduce", 3005), ("all_reduce", FIRST), ("broadcast", 2)]
+    # it came true once: the next two runs of repeats predict nothing
+    _repeat(transport, 5, 5)
+    assert group.calls[8:] == [("all_reduce", FIRST), ("all_reduce", 3000 - (FIRST - 5))] * 4 + [
+        ("all_reduce", 3005)
+    ]
+
+
+def test_repeats_unsigned_or_switched_off_predict_nothing():
+    repeats = Repeats()
+    flat = torch.ones(3000)
+    for seq in (1, 2, 3):
+        repeats.all_reduce(Signed(seq, 7), flat, dist.ReduceOp.SUM)  # no signature: no kind
+    assert repeats.take() is None
+    for seq in (4, 5):
+        repeats.all_reduce(_signed(seq, flat), flat, dist.ReduceOp.SUM)
+    assert repeats.predicted is not None
+    assert repeats.predicted.code == code_of(6, "all_reduce(SUM)", flat)
+    repeats.clear()
+    assert repeats.take() is None

@@ -103,6 +103,7 @@ def test_a_worker_s_share_of_tensor_slices_reads_only_its_rows(monkeypatch):
     reads = []
     index = structure.index
     monkeypatch.setattr(structure, "index", lambda data, i: reads.append(i) or index(data, i))
+
     def made():  # a fresh pipeline: each is at its first epoch, as in a fresh DataLoader worker
         return Dataset.from_tensor_slices(torch.arange(23)).shuffle(23, seed=1).map(lambda v: v * 10)
 
