@@ -15,7 +15,10 @@ schedules a round of steps and joins, the best of ``--rounds`` rounds counts
 The TensorFlow side (`_ps_tf_reference.py`) runs in its own environment: ``--tf-python``,
 else ``$PHALANX_TF_PYTHON``, else ``/work/tfvenv/bin/python`` if it exists; without one the
 TF column says "skipped" and only phalanx's numbers are printed. ratio = phalanx steps/s
-divided by TF steps/s (> 1: phalanx is faster). Nothing is asserted.
+divided by TF steps/s (> 1: phalanx is faster). "join ms" is what phalanx's ``join()`` adds to
+every round once its steps finished: it reads every variable back into the chief's copies
+(`_join_refresh_ms`; TF's join reads nothing), so a round of few steps over a slow link shows
+it per step (the 12.8 MB table over 1 Gbit: ~105 ms a round). Nothing is asserted.
 
 The line under the header times each workload's model step trained alone, in one process on
 one thread without any distribution (torch: forward, backward, ``optimizer.step()``, the
@@ -148,11 +151,28 @@ def _phalanx_case(args: Any) -> dict[str, Any]:
         result = cluster.measure(
             run_steps, tasks.pids(), steps, warmup=cluster.warmup_steps(steps, args.workers), rounds=rounds
         )
+        result["join_ms"] = _join_refresh_ms(strategy)
     finally:
         if strategy is not None:
             strategy.close()
         tasks.stop()
     return result
+
+
+def _join_refresh_ms(strategy: Any) -> float:
+    """ms of what phalanx's ``join()`` adds once the steps finished: it reads every variable
+    back into the chief's copies (TF's join reads nothing), the model's bytes over the
+    chief's link; part of every round's time. The best of three."""
+    import time
+
+    copies = strategy._chief.copies
+    best = float("inf")
+    for _ in range(3):
+        copies.mark_stale()
+        start = time.perf_counter()
+        copies.refresh()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
 
 
 def _kernel_ms(workload: str) -> float:
@@ -268,7 +288,9 @@ def _row(case: tuple[str, int, int], ours: dict[str, Any] | str, ref: dict[str, 
     ratio = "-"
     if isinstance(ours, dict) and isinstance(ref, dict):
         ratio = f"{ours['steps_per_s'] / ref['steps_per_s']:.2f}"
-    return f"{name:<28} {mine}  {theirs}  {ratio:>6}  {_cpu(ours):>10}  {_cpu(ref) if ref else '-':>10}"
+    join = f"{ours['join_ms']:.1f}" if isinstance(ours, dict) and "join_ms" in ours else "-"
+    cpu = f"{_cpu(ours):>10}  {_cpu(ref) if ref else '-':>10}"
+    return f"{name:<28} {mine}  {theirs}  {ratio:>6}  {cpu}  {join:>9}"
 
 
 def _parse() -> Any:
@@ -302,7 +324,7 @@ def main() -> None:
     print(_kernels_line([w for w, _, _ in cases], tf_python), flush=True)
     print(
         f"{'case (steps/s)':<28} {'phalanx':>8}  {'TF':>8}  {'ratio':>6}  "
-        f"{'CPU ms ph':>10}  {'CPU ms TF':>10}"
+        f"{'CPU ms ph':>10}  {'CPU ms TF':>10}  {'join ms':>9}"
     )
     for case in cases:
         ours = _run_side(sys.executable, Path(__file__).resolve(), case, args)
