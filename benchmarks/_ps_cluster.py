@@ -161,6 +161,24 @@ def measure(
     return {"steps_per_s": steps / best[0], "cpu_ms_per_step": best[1]}
 
 
+def time_kernel(step: Callable[[], None], seconds: float = 0.6, chunks: int = 5) -> float:
+    """ms per call of ``step`` on this thread: the best of ``chunks`` timed chunks of about
+    ``seconds / chunks`` each, after three warm-up calls (the best chunk: the least disturbed
+    by other processes on a shared box)."""
+    for _ in range(3):
+        step()
+    start = time.perf_counter()
+    step()
+    calls = max(1, int(seconds / chunks / max(time.perf_counter() - start, 1e-6)))
+    best = float("inf")
+    for _ in range(chunks):
+        start = time.perf_counter()
+        for _ in range(calls):
+            step()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best * 1e3
+
+
 def parse_common(argv: list[str] | None = None):  # noqa: ANN201 - argparse.Namespace
     """The arguments both benchmark scripts take."""
     import argparse
@@ -177,6 +195,9 @@ def parse_common(argv: list[str] | None = None):  # noqa: ANN201 - argparse.Name
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument(
+        "--kernels", default="", help="(internal) time these workloads' model steps alone, one thread"
+    )
     return parser.parse_known_args(argv)[0]
 
 

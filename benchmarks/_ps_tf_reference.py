@@ -139,6 +139,24 @@ def _embedding(tf, strategy, coordinator):  # noqa: ANN001, ANN202
     return step, iterator
 
 
+class _Alone:
+    """What `_mlp` and `_embedding` take of a coordinator, for their model trained alone."""
+
+    @staticmethod
+    def create_per_worker_dataset(dataset_fn):  # noqa: ANN001, ANN205
+        return dataset_fn()
+
+
+def _kernel_ms(tf, workload: str) -> float:  # noqa: ANN001
+    """ms per step of ``workload``'s model trained alone here (one process, one thread, the
+    default strategy): the same ``tf.function`` step, its variables local."""
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    build = _mlp if workload == "mlp" else _embedding
+    step, iterator = build(tf, tf.distribute.get_strategy(), _Alone())
+    return cluster.time_kernel(lambda: step(iterator))
+
+
 def _chief(tf, args, spec: dict) -> dict:  # noqa: ANN001
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -167,6 +185,9 @@ def main() -> None:
 
     if args.serve:
         _serve(tf, json.loads(args.cluster), args.serve[0], int(args.serve[1]))
+        return
+    if args.kernels:
+        print("RESULT " + json.dumps({w: _kernel_ms(tf, w) for w in args.kernels.split(",")}), flush=True)
         return
     spec = cluster.cluster_spec(args.workers, args.ps)
     tasks = cluster.start_tasks(__file__, spec, [], {})

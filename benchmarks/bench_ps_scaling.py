@@ -179,7 +179,9 @@ def main() -> None:
     args = _parse()
     tf_python = side_by_side._tf_python(args)
     print(side_by_side._header(tf_python), flush=True)
-    print(f"{'case':<40} {'steps/s ph':>10} {'TF':>8} {'ratio':>6} {'CPU ms ph':>10} {'CPU ms TF':>10}")
+    print(side_by_side._kernels_line(args.workloads.split(","), tf_python), flush=True)
+    columns = f"{'steps/s ph':>10} {'TF':>8} {'ratio':>6} {'CPU ms ph':>10} {'CPU ms TF':>10} {'join ms':>9}"
+    print(f"{'case':<40} {columns}")
     workers_list = [int(n) for n in args.workers.split(",")]
     ps_list = [int(p) for p in args.ps.split(",")]
     rows = []

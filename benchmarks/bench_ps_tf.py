@@ -15,7 +15,16 @@ schedules a round of steps and joins, the best of ``--rounds`` rounds counts
 The TensorFlow side (`_ps_tf_reference.py`) runs in its own environment: ``--tf-python``,
 else ``$PHALANX_TF_PYTHON``, else ``/work/tfvenv/bin/python`` if it exists; without one the
 TF column says "skipped" and only phalanx's numbers are printed. ratio = phalanx steps/s
-divided by TF steps/s (> 1: phalanx is faster). Nothing is asserted.
+divided by TF steps/s (> 1: phalanx is faster). "join ms" is what phalanx's ``join()`` adds to
+every round once its steps finished: it reads every variable back into the chief's copies
+(`_join_refresh_ms`; TF's join reads nothing), so a round of few steps over a slow link shows
+it per step (the 12.8 MB table over 1 Gbit: ~105 ms a round). Nothing is asserted.
+
+The line under the header times each workload's model step trained alone, in one process on
+one thread without any distribution (torch: forward, backward, ``optimizer.step()``, the
+embedding sparse; TF: the same ``tf.function`` step on local variables): what each side's
+kernels cost, so CPU per step minus that is what the distribution system costs (on an AMD
+CPU torch's fp32 GEMM is about half TF's oneDNN speed, and the MLP shows it).
 """
 
 from __future__ import annotations
@@ -79,12 +88,12 @@ def _mlp_model() -> tuple[Any, Any, Any]:
     return optimizer, batches, loss_of
 
 
-def _embedding_model() -> tuple[Any, Any, Any]:
+def _embedding_model(sparse: bool = False) -> tuple[Any, Any, Any]:
     import torch
     from torch import nn
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Embedding(100_000, 32), nn.Flatten(), nn.Linear(8 * 32, 1))
+    model = nn.Sequential(nn.Embedding(100_000, 32, sparse=sparse), nn.Flatten(), nn.Linear(8 * 32, 1))
     optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1)
 
     def batches():  # noqa: ANN202 - a generator on the worker: 64 batches of ids, cycled
@@ -142,11 +151,45 @@ def _phalanx_case(args: Any) -> dict[str, Any]:
         result = cluster.measure(
             run_steps, tasks.pids(), steps, warmup=cluster.warmup_steps(steps, args.workers), rounds=rounds
         )
+        result["join_ms"] = _join_refresh_ms(strategy)
     finally:
         if strategy is not None:
             strategy.close()
         tasks.stop()
     return result
+
+
+def _join_refresh_ms(strategy: Any) -> float:
+    """ms of what phalanx's ``join()`` adds once the steps finished: it reads every variable
+    back into the chief's copies (TF's join reads nothing), the model's bytes over the
+    chief's link; part of every round's time. The best of three."""
+    import time
+
+    copies = strategy._chief.copies
+    best = float("inf")
+    for _ in range(3):
+        copies.mark_stale()
+        start = time.perf_counter()
+        copies.refresh()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def _kernel_ms(workload: str) -> float:
+    """ms per step of ``workload``'s model trained alone here (one process, one thread, no
+    distribution): torch's forward, backward and optimizer step (the embedding sparse, so
+    Adagrad updates only the looked-up rows, as on the ps tasks)."""
+    _threads()
+    optimizer, batches, loss_of = _mlp_model() if workload == "mlp" else _embedding_model(sparse=True)
+    data = batches()
+
+    def step() -> None:
+        loss = loss_of(next(data))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return cluster.time_kernel(step)
 
 
 # ---------------------------------------------------------------------- side by side
@@ -169,6 +212,30 @@ def _run_side(python: str, script: Path, case: tuple[str, int, int], args: Any) 
     raised = [line for line in lines if _RAISED.match(line)]
     errors = raised or [line for line in lines if "Error" in line] or lines
     return f"failed (exit {done.returncode}): {errors[-1][:300] if errors else ''}"
+
+
+def _kernels_line(workloads: list[str], tf_python: str | None) -> str:
+    """One line: each workload's model step trained alone (one process, one thread, no
+    distribution) in torch and in TF, so a reader sees how much of each side's CPU per step
+    is the model's kernels and how much the distribution system (emb_split's model is emb's)."""
+    models = list(dict.fromkeys("emb" if w == "emb_split" else w for w in workloads))
+    sides = [("torch", sys.executable, Path(__file__).resolve())]
+    sides += [("TF", tf_python, TF_REFERENCE)] if tf_python else []
+    timed: dict[str, dict[str, float] | str] = {}
+    for side, python, script in sides:
+        cmd = [str(python), str(script), "--kernels", ",".join(models)]
+        env = {**os.environ, **_TASK_ENV}
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        timed[side] = json.loads(found[-1][len("RESULT ") :]) if found else f"failed (exit {done.returncode})"
+    parts = []
+    for model in models:
+        each = [
+            f"{side} {ms[model]:.2f}" if isinstance(ms, dict) else f"{side} {ms}"
+            for side, ms in timed.items()
+        ]
+        parts.append(f"{model} " + ", ".join(each))
+    return "# the model's step alone (one process, one thread, no distribution), ms: " + "; ".join(parts)
 
 
 def _tf_python(args: Any) -> str | None:
@@ -221,7 +288,9 @@ def _row(case: tuple[str, int, int], ours: dict[str, Any] | str, ref: dict[str, 
     ratio = "-"
     if isinstance(ours, dict) and isinstance(ref, dict):
         ratio = f"{ours['steps_per_s'] / ref['steps_per_s']:.2f}"
-    return f"{name:<28} {mine}  {theirs}  {ratio:>6}  {_cpu(ours):>10}  {_cpu(ref) if ref else '-':>10}"
+    join = f"{ours['join_ms']:.1f}" if isinstance(ours, dict) and "join_ms" in ours else "-"
+    cpu = f"{_cpu(ours):>10}  {_cpu(ref) if ref else '-':>10}"
+    return f"{name:<28} {mine}  {theirs}  {ratio:>6}  {cpu}  {join:>9}"
 
 
 def _parse() -> Any:
@@ -243,15 +312,19 @@ def main() -> None:
     if args.serve:
         _serve(json.loads(args.cluster), args.serve[0], int(args.serve[1]))
         return
+    if args.kernels:
+        print("RESULT " + json.dumps({w: _kernel_ms(w) for w in args.kernels.split(",")}), flush=True)
+        return
     if args.phalanx_side:
         print("RESULT " + json.dumps(_phalanx_case(args)), flush=True)
         return
     cases = [(w, int(n), int(p)) for w, n, p in (c.split(":") for c in args.case)] or cluster.CASES
     tf_python = _tf_python(args)
     print(_header(tf_python), flush=True)
+    print(_kernels_line([w for w, _, _ in cases], tf_python), flush=True)
     print(
         f"{'case (steps/s)':<28} {'phalanx':>8}  {'TF':>8}  {'ratio':>6}  "
-        f"{'CPU ms ph':>10}  {'CPU ms TF':>10}"
+        f"{'CPU ms ph':>10}  {'CPU ms TF':>10}  {'join ms':>9}"
     )
     for case in cases:
         ours = _run_side(sys.executable, Path(__file__).resolve(), case, args)
