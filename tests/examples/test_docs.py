@@ -1,4 +1,5 @@
-"""Every ```python block of README.md and docs/*.md runs as written, each in a fresh interpreter.
+"""Every ```python block of README.md and docs/*.md runs as written, each in a fresh process
+(forked from one that imported torch and phalanx once: `support.preloaded`).
 
 A block whose first line is a ``# fragment`` comment is part of a longer program instead: the
 comment must name the complete program it comes from — an example under ``examples/`` that a
@@ -9,11 +10,11 @@ the block shows.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from support.preloaded import Preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -50,8 +51,14 @@ def _tests_text() -> str:
     return "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py") if p.name != "test_docs.py")
 
 
+@pytest.fixture(scope="module")
+def python():
+    with Preloaded() as server:
+        yield server
+
+
 @pytest.mark.parametrize(("path", "line", "code"), CASES)
-def test_block_runs_or_is_a_fragment_of_a_tested_example(path, line, code, tmp_path):
+def test_block_runs_or_is_a_fragment_of_a_tested_example(path, line, code, tmp_path, request):
     where = f"{path.relative_to(ROOT)}, the ```python block starting at line {line}"
     first = code.lstrip().splitlines()[0]
     if first.startswith("# fragment"):
@@ -67,9 +74,7 @@ def test_block_runs_or_is_a_fragment_of_a_tested_example(path, line, code, tmp_p
         return
     script = tmp_path / "block.py"
     script.write_text(code + "\n")
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
-    )
+    done = request.getfixturevalue("python").run(script, cwd=tmp_path, timeout=300)  # fragments need none
     assert done.returncode == 0, (
         f"{where} failed (exit {done.returncode}). Make it run as written, or start it with "
         f"'# fragment of examples/<file>.py'.\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"

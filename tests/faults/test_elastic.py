@@ -57,15 +57,17 @@ def _assert_same_weights(results: dict[str, dict], reference: dict | None = None
                 torch.testing.assert_close(value, reference["weights"][key], rtol=1e-4, atol=1e-5)
 
 
-def _recovery_seconds(folder: Path, survivor: dict) -> float:
-    """From the SIGKILL to the survivor's next completed step."""
-    killed_at = float((folder / "killed-at").read_text())
+def _recovery_seconds(folder: Path, survivor: dict, rank: int) -> float:
+    """From worker ``rank``'s SIGKILL to the survivor's next completed step."""
+    killed_at = float((folder / f"killed-at-{rank}").read_text())
     return min(t for t in survivor["times"] if t > killed_at) - killed_at
 
 
 @pytest.fixture(scope="module")
 def fit_reference(tmp_path_factory):
-    return _alone(FIT, tmp_path_factory.mktemp("fit") / "alone", 3, -1, -1)
+    """The uninterrupted fit, validated after every epoch: the weights of every fit (validating
+    changes none: the jobs without a validation pass must end with them too), and val_loss."""
+    return _alone(FIT, tmp_path_factory.mktemp("fit") / "alone", 3, -1, -1, 0, 1)
 
 
 TRANSPORTS = {
@@ -80,10 +82,39 @@ TRANSPORTS = {
 }
 
 
-@pytest.mark.parametrize("transport", list(TRANSPORTS))
+def test_fit_survives_a_worker_lost_in_a_step_and_another_in_the_validation_pass(tmp_path, fit_reference):
+    """On shared memory (the default on one machine), 4 workers: worker 3 is SIGKILLed at the
+    start of step 20 (the others wait in that step), worker 2 in the 4th batch of the validation
+    pass after epoch 0 (the others wait in that validation step). The survivors re-form each
+    time (every re-formed group agrees on segments of its own), validate again from the start,
+    so every epoch's val_loss is the uninterrupted run's (the whole validation set, once), and
+    end with the uninterrupted run's weights."""
+    run = _launch("--workers", 4, "--min-workers", 2, FIT, tmp_path, 3, "3,2", "20,v50", 0, 1)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert "worker 3 kills itself in a training step" in output
+    assert "worker 2 kills itself in a validation pass" in output
+    for rank in (3, 2):
+        assert f"worker-{rank} left at" in run.stderr  # the launcher logs the loss, with the time
+        assert f"left: ['worker:{rank} (" in output  # so does the new chief
+    results = _results(tmp_path)
+    assert sorted(results) == ["weights-0-0", "weights-1-0"]
+    _assert_same_weights(results, fit_reference)
+    for result in results.values():
+        assert result["workers"] == 2
+        assert result["shared_memory"]  # the last re-formed group's
+        assert not result["tls"]
+        assert len(result["val_loss"]) == 3
+        torch.testing.assert_close(result["val_loss"], fit_reference["val_loss"], rtol=1e-5, atol=1e-6)
+        # every step once, and every validation pass once: 3 epochs of 50 batches, 3 x 10
+        assert result["run_count"] == fit_reference["run_count"] == 150 + 3 * 10
+    _assert_recovered(tmp_path, results["weights-0-0"], 3, "lost worker 3")
+
+
+@pytest.mark.parametrize("transport", ["gloo", "tls"])
 def test_fit_survives_a_sigkilled_worker(tmp_path, fit_reference, transport):
-    """On shared memory (the default on one machine), on gloo and on the TLS ring: every
-    re-formed group agrees on segments (or ring connections) of its own."""
+    """On gloo and on the TLS ring (shared memory: the test above): every re-formed group
+    agrees on ring connections of its own."""
     run = _launch("--workers", 3, "--min-workers", 2, FIT, tmp_path, 3, 2, 20, **TRANSPORTS[transport])
     assert run.returncode == 0, run.stdout + run.stderr
     results = _results(tmp_path)
@@ -91,10 +122,10 @@ def test_fit_survives_a_sigkilled_worker(tmp_path, fit_reference, transport):
     _assert_same_weights(results, fit_reference)
     for result in results.values():
         assert result["workers"] == 2
-        assert result["shared_memory"] == (transport == "shared_memory")  # the re-formed group's
+        assert not result["shared_memory"]  # the re-formed group's
         assert result["tls"] == (transport == "tls")
         assert result["run_count"] == 150  # every step once: 3 epochs of 50 batches
-    _assert_recovered(tmp_path, results["weights-0-0"], "lost worker 2")
+    _assert_recovered(tmp_path, results["weights-0-0"], 2, "lost worker 2")
     assert "worker-2 left at" in run.stderr  # the launcher logs the loss, with the time
     assert "left: ['worker:2 (" in run.stdout + run.stderr  # so does the new chief
 
@@ -109,34 +140,12 @@ def test_a_lost_chief_is_replaced_and_restarted_it_joins_after_the_members(tmp_p
     assert sorted(results) == ["weights-0-1", "weights-1-0", "weights-2-0"]
     _assert_same_weights(results, fit_reference)  # the joiner's fresh weights were not handed out
     assert all(r["workers"] == 3 and r["run_count"] == 150 for r in results.values())
-    _assert_recovered(tmp_path, results["weights-1-0"], "lost the chief")
+    _assert_recovered(tmp_path, results["weights-1-0"], 0, "lost the chief")
     assert "worker-0 left at" in run.stderr
     assert "left: ['worker:0 (" in output  # logged by the new chief, worker:1
     assert "restarting worker-0 (restart 1 of 1)" in run.stderr
     assert "joined: ['worker:0 (" in output
     assert "[worker-0] Elastic membership" not in output  # the joiner never became the chief
-
-
-def test_fit_survives_a_worker_lost_in_the_validation_pass(tmp_path, fit_reference):
-    """Worker 2 dies in the 4th batch of the validation pass after epoch 0: the survivors
-    re-form and validate again from the start, so every epoch's val_loss is the uninterrupted
-    run's (the whole validation set, once) and training goes on."""
-    reference = _alone(FIT, tmp_path / "alone", 3, -1, -1, 0, 1)
-    job = tmp_path / "job"
-    job.mkdir()
-    run = _launch("--workers", 3, "--min-workers", 2, FIT, job, 3, 2, 50, 0, 1)
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output
-    assert "worker 2 kills itself in a validation pass" in output
-    assert "left: ['worker:2 (" in output
-    results = _results(job)
-    assert sorted(results) == ["weights-0-0", "weights-1-0"]
-    _assert_same_weights(results, fit_reference)  # validating changes no weight
-    for result in results.values():
-        assert result["workers"] == 2
-        assert len(result["val_loss"]) == 3
-        torch.testing.assert_close(result["val_loss"], reference["val_loss"], rtol=1e-5, atol=1e-6)
-        assert result["run_count"] == reference["run_count"] == 150 + 3 * 10  # no pass counted twice
 
 
 @pytest.mark.parametrize(
@@ -193,8 +202,8 @@ def test_evaluate_and_predict_on_their_own_survive_a_lost_worker(tmp_path, what)
         torch.testing.assert_close(result["result"], reference["result"], rtol=1e-5, atol=1e-6)
 
 
-def _assert_recovered(folder: Path, survivor: dict, what: str) -> None:
-    seconds = _recovery_seconds(folder, survivor)
+def _assert_recovered(folder: Path, survivor: dict, rank: int, what: str) -> None:
+    seconds = _recovery_seconds(folder, survivor, rank)
     print(f"{what}: the survivors' next step completed {seconds:.2f}s after the SIGKILL")
     assert seconds < RECOVERY_BOUND
 

@@ -88,9 +88,12 @@ def test_a_replica_elsewhere_is_named_after_the_stall_bound(strategy):
 
     def step():
         if _replica() == 1:
-            release.wait(30)  # blocked outside any meeting point
+            release.wait(30)  # blocked outside any meeting point, until replica 0 is told
             return None
-        return phalanx.get_replica_context().all_reduce("SUM", torch.ones(2))
+        try:
+            return phalanx.get_replica_context().all_reduce("SUM", torch.ones(2))
+        finally:  # after the stall bound: replica 1 may go (strategy.run waits for both)
+            release.set()
 
     try:
         with pytest.raises(CollectiveMismatchError) as caught:

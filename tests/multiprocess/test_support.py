@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.cluster import ClusterTimeout, LocalCluster, run_cluster, run_python
+from support.preloaded import Preloaded
 
 pytestmark = pytest.mark.multiprocess
 TESTS = Path(__file__).resolve().parents[1]
@@ -86,6 +87,30 @@ def test_the_tasks_of_a_parameter_server_cluster_are_stopped_when_the_chief_ends
 def test_one_python_process_times_out_with_its_output():
     with pytest.raises(ClusterTimeout, match="timed out after 2s; it was killed.\nstarted"):
         run_python("-c", "import time; print('started', flush=True); time.sleep(300)", timeout=2)
+
+
+def test_a_preloaded_child_runs_a_script_as_python_would_and_times_out_with_its_output(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "print(__name__, sys.argv[1:], os.getcwd(), sys.path[0], 'torch' in sys.modules)\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "if sys.argv[1] == 'hang':\n"
+        "    time.sleep(300)\n"
+        "raise SystemExit(int(sys.argv[1]))\n"
+    )
+    with Preloaded() as python:
+        done = python.run(script, 3, cwd=tmp_path, timeout=60)
+        assert done.returncode == 3
+        assert done.stdout == f"__main__ ['3'] {tmp_path} {tmp_path} True\n"  # torch: imported once
+        assert done.stderr == "to stderr\n"
+        with pytest.raises(AssertionError, match=r"timed out after 1s; it was killed \(and whatever"):
+            python.run(script, "hang", cwd=tmp_path, timeout=1)
+        assert python.run(script, 0, cwd=tmp_path, timeout=60).returncode == 0  # it serves on
+        os.kill(python._proc.pid, signal.SIGKILL)
+        python._proc.wait()
+        with pytest.raises(AssertionError, match=r"server is gone \(exit code -9\); it was running"):
+            python.run(script, 0, cwd=tmp_path, timeout=60)
 
 
 @pytest.fixture

@@ -1,19 +1,23 @@
 """Model.fit with BackupAndRestore under an elastic MultiWorkerMirroredStrategy (phalanx launch
---min-workers); a chosen worker SIGKILLs itself, once or repeatedly.
+--min-workers); chosen workers SIGKILL themselves, each once.
 
-usage: elastic_fit.py OUT_DIR EPOCHS KILL_RANK KILL_AT_STEP [PAUSE] [VALIDATE]
+usage: elastic_fit.py OUT_DIR EPOCHS KILL_RANKS KILL_AT [PAUSE] [VALIDATE]
 
-KILL_AT_STEP "start": the killer dies before it makes its strategy (it never joins); "join": it
-dies in the first group's check-in, after the membership counted it in (the others wait there).
+KILL_RANKS and KILL_AT are comma-separated lists of the same length: worker KILL_RANKS[i] (its
+first incarnation) dies at KILL_AT[i]:
+  N       at the start of training step N (the others wait in that step);
+  vN      in the 4th validation batch after N training steps (the others wait in that
+          validation step; needs VALIDATE=1);
+  start   before it makes its strategy (it never joins);
+  join    in the first group's check-in, after the membership counted it in (the others wait
+          there).
 
-VALIDATE=1: fit validates on 240 more examples after every epoch (10 batches), and the killer
-dies in the 4th validation batch after KILL_AT_STEP training steps instead (the others wait in
-that validation step).
+VALIDATE=1: fit validates on 240 more examples after every epoch (10 batches).
 
-KILL_RANK < 0: nobody kills itself (the chaos test kills from outside). Every worker writes
+KILL_RANKS < 0: nobody kills itself (the chaos test kills from outside). Every worker writes
 OUT_DIR/weights-<rank>-<incarnation>.pt (its final weights and the wall times of its steps)
-and OUT_DIR/pid-<rank>-<incarnation>; the killer writes OUT_DIR/killed-at (the wall time just
-before its SIGKILL, at the start of step KILL_AT_STEP, while the others wait in that step).
+and OUT_DIR/pid-<rank>-<incarnation>; a killer writes OUT_DIR/killed-at-<rank> (the wall time
+just before its SIGKILL).
 """
 
 import os
@@ -27,25 +31,29 @@ from torch import nn
 import phalanx
 from phalanx.communication import rendezvous
 
-out_dir, epochs, kill_rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-kill_when = sys.argv[4] if sys.argv[4] in ("start", "join") else None
-kill_at = -1 if kill_when else int(sys.argv[4])
+out_dir, epochs = sys.argv[1], int(sys.argv[2])
+kills = dict(zip(map(int, sys.argv[3].split(",")), sys.argv[4].split(","), strict=True))
+kills = {rank: when for rank, when in kills.items() if rank >= 0}
 pause = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 validate = len(sys.argv) > 6 and sys.argv[6] == "1"
 incarnation = int(os.environ.get("PHALANX_ELASTIC_INCARNATION", "0"))
+# this worker's death: "start", "join", "<step>" or "v<step>"; None: it lives
+kill_when = kills.get(int(os.environ.get("RANK", "-1"))) if incarnation == 0 else None
 
 
 def _kill(where: str) -> None:
-    with open(os.path.join(out_dir, "killed-at"), "w") as f:
+    with open(os.path.join(out_dir, f"killed-at-{os.environ.get('RANK')}"), "w") as f:
         f.write(repr(time.time()))
     print(f"worker {os.environ.get('RANK')} kills itself {where}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-if kill_when and os.environ.get("RANK") == str(kill_rank) and incarnation == 0:
-    if kill_when == "start":
-        _kill("before it joins")
+if kill_when == "start":
+    _kill("before it joins")
+if kill_when == "join":
     rendezvous.Rendezvous.check_in = lambda *args, **kwargs: _kill("in the first group's check-in")
+train_kill = int(kill_when) if kill_when and kill_when.isdigit() else None
+validation_kill = int(kill_when[1:]) if kill_when and kill_when.startswith("v") else None
 strategy = phalanx.MultiWorkerMirroredStrategy()
 rank = int(os.environ.get("RANK", strategy.cluster_resolver.task_id or 0))  # TF_CONFIG alone: its index
 with open(os.path.join(out_dir, f"pid-{rank}-{incarnation}"), "w") as f:
@@ -59,12 +67,12 @@ validation = (torch.randn(240, 6, generator=g), torch.randint(0, 3, (240,), gene
 
 
 class Validated(phalanx.Model):
-    """The killer SIGKILLs itself in the 4th batch of the validation pass after KILL_AT steps."""
+    """A "v<N>" killer SIGKILLs itself in the 4th batch of the validation pass after N steps."""
 
     val_batches = 0
 
     def _test_step(self, *batch):
-        if validate and rank == kill_rank and incarnation == 0 and steps.done == kill_at:
+        if steps.done == validation_kill:
             Validated.val_batches += 1
             if Validated.val_batches == 4:
                 _kill("in a validation pass")
@@ -81,14 +89,14 @@ with strategy.scope():
 
 
 class Steps(phalanx.callbacks.Callback):
-    """Records each step's wall time; the killer SIGKILLs itself at its step."""
+    """Records each step's wall time; a "<N>" killer SIGKILLs itself at the start of step N."""
 
     def __init__(self):
         super().__init__()
         self.times, self.done = [], 0
 
     def on_train_batch_begin(self, batch, logs=None):
-        if rank == kill_rank and incarnation == 0 and self.done == kill_at and not validate:
+        if self.done == train_kill:
             _kill("in a training step")  # the others wait in the step
 
     def on_train_batch_end(self, batch, logs=None):

@@ -2,6 +2,7 @@
 step waiting for that peer and becomes a PeerFailedError naming it."""
 
 import threading
+import time
 
 import pytest
 
@@ -26,9 +27,11 @@ def test_a_peer_error_interrupts_the_step_that_waits_for_that_peer(coordinator):
     poster = threading.Thread(target=lambda: waiting.wait(10) and _peer_error(coordinator.board))
     poster.start()
 
-    def step():  # waits in a collective the peer will never join
-        waiting.set()
-        threading.Event().wait(30)
+    def step():  # waits in a collective the peer will never join, in slices (as phalanx's own
+        waiting.set()  # waits do): the interrupt lands at the next slice, not after 30 s
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
 
     with pytest.raises(PeerFailedError) as failed, coordinator.share_errors():
         step()
