@@ -72,6 +72,10 @@ BEACON_SECONDS = 0.2
 DEFAULT_DEAD_AFTER = 3.0
 STOP_SECONDS = 5.0  # the watcher's longest round: a few store calls (milliseconds)
 DECIDE_MARGIN = 5.0  # seconds those who wait for a decision allow beyond the decider's timeout
+# One store call's bound (a round trip, milliseconds when healthy). The membership's own waits
+# poll with `check` against their deadlines (the join timeout); a call bounded by that timeout
+# failed with the store's bare "wait timeout" when a loaded machine delayed one reply past it.
+STORE_CALL_SECONDS = 30.0
 DEAD = "dead"
 
 
@@ -208,7 +212,8 @@ class Membership:
     def connect(self) -> Any:
         """A new connection to the elastic store (authenticated as the rendezvous is)."""
         host, port = self.settings.store
-        store = dist.TCPStore(host, port, None, is_master=False, timeout=timedelta(seconds=self._timeout))
+        bound = timedelta(seconds=max(self._timeout, STORE_CALL_SECONDS))
+        store = dist.TCPStore(host, port, None, is_master=False, timeout=bound)
         return _authenticated(dist.PrefixStore(PREFIX, store), PREFIX)
 
     def _wait_for(self, key: str, what: str) -> bytes:
