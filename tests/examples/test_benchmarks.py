@@ -14,12 +14,13 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def test_benchmark_runner_prints_ratios():
-    # the runner's smallest run of two benchmarks (the two cheapest, --quick): its header, each
-    # one's own lines, and the summary gathering every ratio line under the benchmark's name
-    done = run_python(BENCHMARKS / "run.py", "--quick", "overhead", "ps", timeout=300)
+    # the runner's smallest run of its three cheapest benchmarks (--quick, ~5 s each): its
+    # header, each one's own lines, and the summary gathering every ratio line under its name
+    done = run_python(BENCHMARKS / "run.py", "--quick", "overhead", "ps", "mirrored", timeout=300)
     assert done.returncode == 0, done.stderr
     assert "ps read 4MB" in done.stdout
     assert "per-run overhead" in done.stdout
+    assert "2 CPU replicas" in done.stdout  # bench_mirrored
     header = done.stdout.split("== bench_")[0]
     assert "torch 2." in header
     assert "CPUs" in header
@@ -27,7 +28,7 @@ def test_benchmark_runner_prints_ratios():
     ratio_lines = [line.strip() for line in runs.splitlines() if "ratio" in line]
     assert len(ratio_lines) >= 6
     assert [line.split(maxsplit=1)[1] for line in summary.splitlines()[1:]] == ratio_lines
-    assert {line.split(maxsplit=1)[0] for line in summary.splitlines()[1:]} == {"overhead", "ps"}
+    assert {line.split(maxsplit=1)[0] for line in summary.splitlines()[1:]} == {"overhead", "ps", "mirrored"}
 
 
 def test_input_benchmark_compares_with_dataloader():
