@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from _timing import best_time  # benchmarks/ is on sys.path for every script that imports this
+
 WORKLOADS = {
     "mlp": "MLP 784-1024-1024-10, batch 256, SGD",
     "emb": "embedding 100k x 32 + dense, batch 256 x 8 ids, Adagrad",
@@ -170,13 +172,7 @@ def time_kernel(step: Callable[[], None], seconds: float = 0.6, chunks: int = 5)
     start = time.perf_counter()
     step()
     calls = max(1, int(seconds / chunks / max(time.perf_counter() - start, 1e-6)))
-    best = float("inf")
-    for _ in range(chunks):
-        start = time.perf_counter()
-        for _ in range(calls):
-            step()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e3
+    return best_time(step, chunks, calls) * 1e3
 
 
 def parse_common(argv: list[str] | None = None):  # noqa: ANN201 - argparse.Namespace
