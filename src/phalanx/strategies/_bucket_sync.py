@@ -1,8 +1,10 @@
-"""The optimizer-step hook of MultiWorkerMirrored's DDP layout (one local replica per worker)."""
+"""MultiWorkerMirrored's DDP layout (one local replica per worker): its gradient buckets over the
+workers' group, and its optimizer-step hook."""
 
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import torch
 
@@ -10,7 +12,30 @@ from phalanx.communication.bucketing import GradientBuckets
 from phalanx.strategies._gradients import GradientSync
 from phalanx.variables import DistributedVariable
 
-__all__ = ["BucketSync"]
+__all__ = ["BucketSync", "group_buckets"]
+
+
+def group_buckets(strategy: Any, group: Any) -> GradientBuckets:
+    """The gradient buckets of ``strategy`` (a MultiWorkerMirroredStrategy) over its worker
+    ``group``: all-reduced on the group's transport, announced a pass ahead where it can, active
+    while the strategy runs a step (held weakly: the buckets' hooks must not keep it alive)."""
+    me = weakref.ref(strategy)
+
+    def is_active() -> bool:
+        owner = me()
+        return owner is not None and owner._running
+
+    return GradientBuckets(
+        group.all_reduce_async,
+        group.wait,
+        is_active,
+        bucket_bytes=strategy._options.bytes_per_pack,
+        sum_sparse=strategy._cross_worker_sparse_sum,
+        workers=strategy._num_workers,
+        announce=lambda specs: group.announce_all_reduces(specs, tail=group.announced_tail),
+        announce_tail=group.announced_tail,
+        wait_at_end=lambda work, what: group.wait(work, what, where_issued=True),
+    )
 
 
 class BucketSync:

@@ -15,7 +15,7 @@ import torch
 from phalanx.communication.group_sockets import GroupSockets
 from phalanx.communication.health import PeerUnavailableError
 from phalanx.communication.worker_group import ElasticGroup, WorkerGroup
-from phalanx.strategies._bucket_sync import BucketSync
+from phalanx.strategies._bucket_sync import BucketSync, group_buckets
 
 __all__ = ["REFORM_ATTEMPTS", "REFORM_JOIN_TIMEOUT", "close_elastic", "drop_group", "make_group", "reform"]
 
@@ -118,7 +118,7 @@ def reform(strategy: Any, admit: bool = True) -> None:
     membership.reform(admit)
     strategy._group = make_group(strategy, admit)
     if strategy._num_local_replicas == 1:
-        strategy._buckets = strategy._make_buckets(strategy._group)
+        strategy._buckets = group_buckets(strategy, strategy._group)
         for param in params:  # in creation order, as on every member
             strategy._buckets.add(param)
         strategy._bucket_sync = BucketSync(strategy._gradient_sync, strategy._buckets, strategy)

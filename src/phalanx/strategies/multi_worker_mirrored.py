@@ -27,7 +27,7 @@ from phalanx.communication.worker_group import (
 )
 from phalanx.protocols import StepSync
 from phalanx.strategies import _elastic_groups
-from phalanx.strategies._bucket_sync import BucketSync
+from phalanx.strategies._bucket_sync import BucketSync, group_buckets
 from phalanx.strategies._worker_setup import deprecated_communication, local_devices, task_name
 from phalanx.strategies.run_options import RunOptions
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
@@ -135,7 +135,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         if self._num_workers > 1:
             self._group = self._join(join_timeout, heartbeat_timeout)
             if self._num_local_replicas == 1:
-                self._buckets = self._make_buckets(self._group)
+                self._buckets = group_buckets(self, self._group)
                 self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
 
     @property
@@ -227,25 +227,6 @@ class MultiWorkerMirroredStrategy(Strategy):
             if not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds. Received: {value!r}.")
         return join, beat
-
-    def _make_buckets(self, group: WorkerGroup) -> GradientBuckets:
-        me = weakref.ref(self)
-
-        def is_active() -> bool:
-            strategy = me()
-            return strategy is not None and strategy._running
-
-        return GradientBuckets(
-            group.all_reduce_async,
-            group.wait,
-            is_active,
-            bucket_bytes=self._options.bytes_per_pack,
-            sum_sparse=self._cross_worker_sparse_sum,
-            workers=self._num_workers,
-            announce=lambda specs: group.announce_all_reduces(specs, tail=group.announced_tail),
-            announce_tail=group.announced_tail,
-            wait_at_end=lambda work, what: group.wait(work, what, where_issued=True),
-        )
 
     def _pick_backend(self) -> str:
         impl = self._options.implementation
