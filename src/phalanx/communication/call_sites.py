@@ -13,6 +13,7 @@ phalanx or torch frame on the way (``Model.fit``, ``strategy.reduce``, ``optimiz
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -40,21 +41,20 @@ _PHALANX_ENTRIES = {"_before_step": "optimizer.step", "_after_step": "optimizer.
 _WRAPPERS = frozenset({"_exception_logger", "wrapper", "decorate_context", "_fn", "inner"})
 
 
-_LIBRARY: dict[str, bool] = {}  # filename -> _is_library (a walk asks for ~10 frames)
-_LABELS: dict[tuple[CodeType | None, CodeType, int], str] = {}  # (entry, user code, line) -> label
-
-
+@functools.lru_cache(maxsize=4096)  # a walk asks for ~10 frames per collective
 def _is_library(filename: str) -> bool:
     """Frames the walk passes over: phalanx, torch and the standard library (not site-packages,
     where a user's own package may live)."""
-    known = _LIBRARY.get(filename)
-    if known is None:
-        known = filename.startswith((_PHALANX, _TORCH)) or (
-            filename.startswith(_STDLIB) and not any(s in filename for s in _SITE)
-        )
-        if len(_LIBRARY) < 4096:
-            _LIBRARY[filename] = known
-    return known
+    if filename.startswith((_PHALANX, _TORCH)):
+        return True
+    return filename.startswith(_STDLIB) and not any(s in filename for s in _SITE)
+
+
+@functools.lru_cache(maxsize=4096)  # the same few sites issue a training loop's collectives
+def _site(entry: CodeType | None, code: CodeType, line: int) -> str:
+    label = _entry_label(entry)
+    where = f"{os.path.basename(code.co_filename)}:{line}"
+    return f"{label} at {where}" if label else where
 
 
 def _entry_label(code: CodeType | None) -> str:
@@ -91,16 +91,7 @@ def call_site(frame: FrameType | None = None) -> str:
     while here is not None:
         code = here.f_code
         if not _is_library(code.co_filename):
-            key = (entry, code, here.f_lineno)
-            site = _LABELS.get(key)
-            if site is None:
-                label = _entry_label(entry)
-                where = f"{os.path.basename(code.co_filename)}:{here.f_lineno}"
-                site = f"{label} at {where}" if label else where
-                if len(_LABELS) >= 4096:
-                    _LABELS.clear()
-                _LABELS[key] = site
-            return site
+            return _site(entry, code, here.f_lineno)
         if code.co_name not in _WRAPPERS:  # a decorator's frame says nothing of what was called
             entry = code
         here = here.f_back

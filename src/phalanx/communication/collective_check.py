@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from phalanx.communication.call_sites import call_site
-from phalanx.communication.signatures import Signature, WorkerState, shapes_of
+from phalanx.communication.signatures import Signature, WorkerState, dtype_name, shapes_of
 from phalanx.communication.stall_inspector import CollectiveMismatchError
 
 __all__ = ["CHECK_ENV", "CollectiveCheck", "Signed", "check_enabled", "codes_after"]
@@ -70,14 +70,8 @@ def code_of(seq: int, kind: str, tensor: torch.Tensor) -> int:
     return _code(seq, kind, tensor.dtype, tensor.numel())
 
 
-_DTYPES: dict[torch.dtype, str] = {}  # "float32" for torch.float32 (str of a dtype is slow)
-
-
 def _code(seq: int, kind: str, dtype: torch.dtype, numel: int) -> int:
-    name = _DTYPES.get(dtype)
-    if name is None:
-        name = _DTYPES[dtype] = str(dtype).removeprefix("torch.")
-    text = f"{seq}|{kind}|{name}|{numel}"
+    text = f"{seq}|{kind}|{dtype_name(dtype)}|{numel}"
     return (zlib.crc32(text.encode()) & 0x7FFFFFFF) or 1
 
 

@@ -33,20 +33,6 @@ from phalanx.communication.stall_inspector import (
 __all__ = ["CollectiveWatch"]
 
 _MAX_PENDING = 4096  # signatures of works never waited for (abandoned rounds) are dropped
-_SHAPES: dict[tuple[torch.dtype, torch.Size], str] = {}  # one tensor's `shapes_of` (the usual case)
-
-
-def _shapes(tensors: Sequence[torch.Tensor]) -> str:
-    if len(tensors) != 1:
-        return shapes_of(tensors)
-    key = (tensors[0].dtype, tensors[0].shape)
-    text = _SHAPES.get(key)
-    if text is None:
-        text = shapes_of(tensors)
-        if len(_SHAPES) >= 4096:
-            _SHAPES.clear()
-        _SHAPES[key] = text
-    return text
 
 
 class CollectiveWatch:
@@ -100,7 +86,7 @@ class CollectiveWatch:
         """
         if not self.settings.enabled:
             return None
-        signature = self.tracker.issue(kind, what, call_site(), _shapes(tensors))
+        signature = self.tracker.issue(kind, what, call_site(), shapes_of(tensors))
         if self.settings.debug and self._store is not None:
             self._compare_everywhere(signature)
         return signature

@@ -10,6 +10,7 @@ waited on with the group's deadline and health check.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,9 +26,6 @@ from phalanx.communication.tls_ring import TlsRing
 __all__ = ["GroupCollectives"]
 
 
-_KINDS: dict[Any, str] = {}  # op -> "all_reduce(SUM)" (str of an op is slow)
-
-
 def _op_name(op: Any) -> str:
     """``"SUM"`` for ``ReduceOp.SUM`` (whose str is ``"RedOpType.SUM"``)."""
     return str(op).rpartition(".")[2]
@@ -36,10 +34,12 @@ def _op_name(op: Any) -> str:
 def _all_reduce_kind(op: Any) -> str:
     if not isinstance(op, dist.ReduceOp.RedOpType):  # an op object: keyed by identity, not cached
         return f"all_reduce({_op_name(op)})"
-    kind = _KINDS.get(op)
-    if kind is None:
-        kind = _KINDS[op] = f"all_reduce({_op_name(op)})"
-    return kind
+    return _op_kind(op)
+
+
+@functools.lru_cache(maxsize=32)
+def _op_kind(op: Any) -> str:
+    return f"all_reduce({_op_name(op)})"  # (str of an op is slow: every all-reduce asks)
 
 
 class GroupCollectives(abc.ABC):

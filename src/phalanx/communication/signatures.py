@@ -9,6 +9,7 @@ waits in; its `WorkerState` travels to the other workers through the heartbeat c
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import time
@@ -23,7 +24,18 @@ __all__ = ["CollectiveTracker", "Signature", "WorkerState", "shapes_of"]
 
 def shapes_of(tensors: Sequence[torch.Tensor]) -> str:
     """``"float32[4,8]"`` (tensors joined by ``+``): cheap, and equal exactly when they match."""
-    return "+".join(f"{str(t.dtype).removeprefix('torch.')}[{','.join(map(str, t.shape))}]" for t in tensors)
+    return "+".join(_shape_text(t.dtype, t.shape) for t in tensors)
+
+
+@functools.lru_cache(maxsize=64)
+def dtype_name(dtype: torch.dtype) -> str:
+    """``"float32"`` for ``torch.float32`` (str of a dtype is slow: every signed collective asks)."""
+    return str(dtype).removeprefix("torch.")
+
+
+@functools.lru_cache(maxsize=4096)  # a training loop signs the same few shapes every step
+def _shape_text(dtype: torch.dtype, shape: torch.Size) -> str:
+    return f"{dtype_name(dtype)}[{','.join(map(str, shape))}]"
 
 
 @dataclass(frozen=True)
