@@ -16,9 +16,10 @@ The TensorFlow side (`_ps_tf_reference.py`) runs in its own environment: ``--tf-
 else ``$PHALANX_TF_PYTHON``, else ``/work/tfvenv/bin/python`` if it exists; without one the
 TF column says "skipped" and only phalanx's numbers are printed. ratio = phalanx steps/s
 divided by TF steps/s (> 1: phalanx is faster). "join ms" is what phalanx's ``join()`` adds to
-every round once its steps finished: it reads every variable back into the chief's copies
-(`_join_refresh_ms`; TF's join reads nothing), so a round of few steps over a slow link shows
-it per step (the 12.8 MB table over 1 Gbit: ~105 ms a round). Nothing is asserted.
+a round once its steps finished, the median over the rounds (`_TimedRefresh`): it brings the
+chief's copies up to the ps tasks' values, reading what changed since the last join (the rows
+the round's row gradients wrote, every variable written whole; TF's join reads nothing), so a
+round of few steps over a slow link shows it per step. Nothing is asserted.
 
 The line under the header times each workload's model step trained alone, in one process on
 one thread without any distribution (torch: forward, backward, ``optimizer.step()``, the
@@ -33,8 +34,10 @@ import contextlib
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +137,7 @@ def _chief(args: Any, spec: dict[str, list[str]]) -> tuple[Any, Any]:
             coordinator.schedule(step, args=(iterator,))
         coordinator.join()
 
+    strategy._chief.copies.refresh = _TimedRefresh(strategy._chief.copies.refresh)
     return run_steps, strategy
 
 
@@ -151,7 +155,7 @@ def _phalanx_case(args: Any) -> dict[str, Any]:
         result = cluster.measure(
             run_steps, tasks.pids(), steps, warmup=cluster.warmup_steps(steps, args.workers), rounds=rounds
         )
-        result["join_ms"] = _join_refresh_ms(strategy)
+        result["join_ms"] = strategy._chief.copies.refresh.median_ms()
     finally:
         if strategy is not None:
             strategy.close()
@@ -159,20 +163,21 @@ def _phalanx_case(args: Any) -> dict[str, Any]:
     return result
 
 
-def _join_refresh_ms(strategy: Any) -> float:
-    """ms of what phalanx's ``join()`` adds once the steps finished: it reads every variable
-    back into the chief's copies (TF's join reads nothing), the model's bytes over the
-    chief's link; part of every round's time. The best of three."""
-    import time
+class _TimedRefresh:
+    """The chief's ``LocalCopies.refresh``, timed: what each ``join()`` adds once the steps
+    finished (the first, which reads every variable whole, is left out of the median)."""
 
-    copies = strategy._chief.copies
-    best = float("inf")
-    for _ in range(3):
-        copies.mark_stale()
+    def __init__(self, refresh: Any) -> None:
+        self._refresh = refresh
+        self.seconds: list[float] = []
+
+    def __call__(self) -> None:
         start = time.perf_counter()
-        copies.refresh()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+        self._refresh()
+        self.seconds.append(time.perf_counter() - start)
+
+    def median_ms(self) -> float:
+        return statistics.median(self.seconds[1:] or self.seconds or [0.0]) * 1e3
 
 
 def _kernel_ms(workload: str) -> float:

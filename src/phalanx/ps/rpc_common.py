@@ -17,7 +17,8 @@ SERVICE = "phalanx.Task"
 DATA_PATH_METHOD = "__data_path__"  # where a task's data path listens, and for which methods
 # the methods a client asks a task's data path for (a ps task's reads and writes)
 DATA_PATH_METHODS = frozenset(
-    {"read", "read_if_newer", "read_rows", "apply_gradients", "assign", "assign_add", "create", "run"}
+    {"read", "read_if_newer", "read_since", "read_rows"}
+    | {"apply_gradients", "assign", "assign_add", "create", "run"}
 )
 
 

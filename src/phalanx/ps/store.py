@@ -9,6 +9,7 @@ messages.
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -48,6 +49,12 @@ class VariableStore:
         self._vars: dict[str, torch.Tensor] = {}
         self._optimizers: dict[str, StoreOptimizer] = {}
         self._version = 0
+        # tells this store from one a restarted task made: versions count from 0 again there
+        self.identity = secrets.token_hex(8)
+        self._written: dict[str, int] = {}  # the version of each variable's last write
+        # per row, the version of its last write, for a table written only by rows since
+        # `_written` was last set whole (`read_since` sends those rows, not the table)
+        self._row_versions: dict[str, torch.Tensor] = {}
         self._lock = threading.RLock()
 
     def _get(self, name: str) -> torch.Tensor:
@@ -83,6 +90,22 @@ class VariableStore:
         self._version += 1
         return self._version
 
+    def _wrote(self, names: Sequence[str], version: int) -> None:
+        """Variables ``names`` were written whole at ``version``."""
+        for name in names:
+            self._written[name] = version
+            self._row_versions.pop(name, None)
+
+    def _wrote_rows(self, name: str, rows: torch.Tensor, version: int) -> None:
+        """Only rows ``rows`` of ``name`` were written, at ``version``."""
+        versions = self._row_versions.get(name)
+        if versions is None:
+            rows_total = self._vars[name].shape[0]
+            versions = torch.full((rows_total,), self._written.get(name, 0), dtype=torch.int64)
+            self._row_versions[name] = versions
+        versions[rows] = version
+        self._written[name] = version
+
     # ------------------------------------------------------------------ variables
     def create(self, name: str, value: torch.Tensor, *, overwrite: bool = False) -> None:
         """Stores a detached CPU copy of ``value`` as ``name``.
@@ -97,12 +120,12 @@ class VariableStore:
             current = self._vars.get(name)
             if current is None:
                 self._vars[name] = value.detach().to("cpu", copy=True).contiguous()
-                self._bump()
+                self._wrote([name], self._bump())
                 return
             self._check_like(name, current, value)
             if overwrite:
                 current.copy_(value.detach())  # in place: optimizers hold this tensor
-                self._bump()
+                self._wrote([name], self._bump())
 
     def read(self, names: Sequence[str]) -> list[torch.Tensor]:
         """Copies of the values of ``names``, in order.
@@ -148,14 +171,58 @@ class VariableStore:
         with self._lock:
             for variable, value in zip(self._pairs(names, values, "value"), values, strict=True):
                 variable.copy_(value)
-            return self._bump()
+            version = self._bump()
+            self._wrote(names, version)
+            return version
 
     def assign_add(self, names: Sequence[str], deltas: Sequence[torch.Tensor]) -> int:
         """Adds ``deltas`` (all or none); returns the new version. Raises as `assign`."""
         with self._lock:
             for variable, delta in zip(self._pairs(names, deltas, "value"), deltas, strict=True):
                 variable.add_(delta)
-            return self._bump()
+            version = self._bump()
+            self._wrote(names, version)
+            return version
+
+    def changes_since(
+        self, names: Sequence[str], since: Sequence[int]
+    ) -> tuple[list[str], list[torch.Tensor]]:
+        """What changed in ``names`` after versions ``since`` (one each; -1: never read), from
+        one snapshot: per variable ``"same"`` (nothing), ``"rows"`` (two tensors: the row
+        numbers written since, and those rows) or ``"whole"`` (its value). Rows go only for a
+        table that only row gradients wrote since, and only while they are at most half of it.
+
+        Returns:
+            The kinds, and the tensors in order (views of the variables: pack them under the lock).
+
+        Raises:
+            KeyError: An unknown name.
+            ValueError: Not one version per name.
+        """
+        integers = isinstance(since, Sequence) and all(type(v) is int for v in since)
+        if not integers or len(since) != len(names):
+            raise ValueError(
+                f"read_since takes one integer version per variable named. Received: {len(names)} names "
+                f"and since {since!r:.80}. {MESSAGE_HINT}"
+            )
+        kinds: list[str] = []
+        tensors: list[torch.Tensor] = []
+        with self._lock:
+            for name, known in zip(names, since, strict=True):
+                variable = self._get(name)
+                if 0 <= self._written[name] <= known:
+                    kinds.append("same")
+                    continue
+                versions = self._row_versions.get(name)
+                if versions is not None and known >= 0:
+                    rows = (versions > known).nonzero().flatten()
+                    if 2 * rows.numel() <= versions.numel():
+                        kinds.append("rows")
+                        tensors += [rows, variable.index_select(0, rows)]
+                        continue
+                kinds.append("whole")
+                tensors.append(variable)
+        return kinds, tensors
 
     def version(self) -> int:
         """A counter that grows by one with every write (create, assign, push, state load)."""
@@ -253,8 +320,15 @@ class VariableStore:
                 optimizer.set_hyperparameters(hyperparameters, where)
             if not names:
                 return self._version
+            only_rows = [optimizer.changes_only_rows(v, g) for v, g in zip(variables, grads, strict=True)]
             optimizer.step(variables, grads)
-            return self._bump()
+            version = self._bump()
+            for name, grad, rows in zip(names, grads, only_rows, strict=True):
+                if rows:
+                    self._wrote_rows(name, grad._indices()[0], version)
+                else:
+                    self._wrote([name], version)
+            return version
 
     def optimizer_state(self, key: str) -> dict[str, Any]:
         """``{"state": {variable: {key: value}}, "groups": [hyperparameters]}`` (copies).
@@ -312,6 +386,9 @@ class VariableStore:
           table -> ``{"version", "changed"}``, the values only if the version is not the one
           given, then those rows of each table (`read_rows`, from the same snapshot).
         - ``read_rows``: ``{"name"}``, ``[rows]`` -> ``{}``, ``[those rows]``.
+        - ``read_since``: ``{"names", "since": [version per name], "identity"}`` ->
+          ``{"version", "identity", "kinds"}``, `changes_since`'s tensors (from one snapshot);
+          another store's ``identity`` (a restarted task's) reads every variable whole.
         - ``assign`` / ``assign_add``: ``{"names"}``, the values -> ``{"version"}``.
         - ``create_optimizer``: ``{"key", "optimizer": encode_optimizer_class(cls), "groups",
           "overwrite"}`` -> ``{}``. Hyperparameters arrive as JSON: lists become tuples where the
@@ -327,6 +404,7 @@ class VariableStore:
             "create": self._rpc_create,
             "read": self._rpc_read,
             "read_if_newer": self._rpc_read_if_newer,
+            "read_since": self._rpc_read_since,
             "read_rows": lambda h, t: ({}, [self.read_rows(h["name"], t[0])]),
             "assign": lambda h, t: ({"version": self.assign(h["names"], t)}, []),
             "assign_add": lambda h, t: ({"version": self.assign_add(h["names"], t)}, []),
@@ -361,6 +439,15 @@ class VariableStore:
     def _rpc_read(self, header: dict[str, Any], tensors: list[torch.Tensor]) -> wire.Packed:
         with self._lock:  # the version of these very values
             return self._packed_read({"version": self._version}, header["names"])
+
+    def _rpc_read_since(self, header: dict[str, Any], tensors: list[torch.Tensor]) -> wire.Packed:
+        names, since = header["names"], header.get("since", "missing")
+        if isinstance(since, list) and header.get("identity") != self.identity:
+            since = [-1] * len(since)
+        with self._lock:  # the kinds and values of one snapshot, copied once into the reply
+            kinds, values = self.changes_since(names, since)
+            reply = {"version": self._version, "identity": self.identity, "kinds": kinds}
+            return wire.pack_reply(reply, values)
 
     def _rpc_read_if_newer(
         self, header: dict[str, Any], tensors: list[torch.Tensor]

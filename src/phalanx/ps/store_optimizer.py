@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.optim import optimizer as torch_optimizer
 
 from phalanx.ps import sparse_adagrad
 
@@ -94,6 +95,23 @@ class StoreOptimizer:
             return all(not g.get("weight_decay") for g in self.torch.param_groups)
         return False
 
+    def changes_only_rows(self, variable: torch.Tensor, grad: torch.Tensor) -> bool:
+        """Whether a step with ``grad`` changes only the rows ``grad`` holds: a row gradient
+        (sparse COO along the first axis) taken as it is by an optimizer whose sparse update
+        touches nothing else (SparseAdam; Adagrad without weight decay; SGD without weight
+        decay or momentum, whose sparse buffer would carry earlier rows), of torch's own class
+        (a subclass may step otherwise), with no step hooks but phalanx's own (a hook may write
+        anything; phalanx's only tell the strategy of the calling thread, none on a ps task's)."""
+        if self.torch is None or not grad.is_sparse or grad.sparse_dim() != 1 or not self.takes_sparse():
+            return False
+        if _foreign_step_hooks(self.torch):
+            return False
+        kind = type(self.torch)
+        if kind is torch.optim.SparseAdam or kind is torch.optim.Adagrad:
+            return True
+        group = self._group_of.get(id(variable))
+        return kind is torch.optim.SGD and group is not None and not group.get("momentum")
+
     def step(self, variables: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
         """One ``optimizer.step()`` with exactly these gradients; other variables have none, and
         torch optimizers leave a parameter without gradient (and its state) untouched."""
@@ -119,6 +137,17 @@ class StoreOptimizer:
         finally:
             for variable in variables:
                 variable.grad = None
+
+
+def _foreign_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a step hook other than phalanx's may run around ``optimizer.step()``."""
+    hooks = (
+        *torch_optimizer._global_optimizer_pre_hooks.values(),
+        *torch_optimizer._global_optimizer_post_hooks.values(),
+        *optimizer._optimizer_step_pre_hooks.values(),
+        *optimizer._optimizer_step_post_hooks.values(),
+    )
+    return any(not getattr(hook, "__module__", "").startswith("phalanx.") for hook in hooks)
 
 
 def _init_defaults(optimizer_class: type) -> dict[str, Any]:

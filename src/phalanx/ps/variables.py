@@ -15,9 +15,27 @@ from phalanx.ps import messages, sharding
 from phalanx.ps.handles import VariableHandle
 from phalanx.ps.transport import RpcClient
 
-__all__ = ["BufferChanges", "PSClient", "VariableHandle"]
+__all__ = ["BufferChanges", "PSClient", "Patch", "VariableHandle"]
 
 T = TypeVar("T")
+Known = Mapping[str, tuple[str, int]]  # ps variable -> (its store's identity, the version a copy holds)
+
+
+class Patch(NamedTuple):
+    """Part of a variable's newer value: ``value`` goes to ``rows`` along its first axis (row
+    numbers, a slice of a shard, or None: the whole variable)."""
+
+    rows: torch.Tensor | slice | None
+    value: torch.Tensor
+
+    def apply(self, tensor: torch.Tensor) -> None:
+        """Writes ``value`` into ``tensor`` (a copy of the variable), in place."""
+        if self.rows is None:
+            tensor.copy_(self.value)
+        elif isinstance(self.rows, slice):
+            tensor[self.rows].copy_(self.value)
+        else:
+            tensor.index_copy_(0, self.rows, self.value)
 
 
 @dataclasses.dataclass
@@ -183,6 +201,59 @@ class PSClient:
             {ps: _Call("read", {"names": [handles[i].name for i in pos]}) for ps, pos in groups.items()}
         )
         return self._collapse(logical, self._in_order(groups, replies, len(handles)))
+
+    def read_since(
+        self, handles: Sequence[VariableHandle], known: Known
+    ) -> tuple[dict[int, list[Patch]], dict[str, tuple[str, int]]]:
+        """What changed in ``handles`` since a copy of each held the values of ``known`` (by ps
+        variable, shards included; one absent, or of a store since restarted, is read whole):
+        one ``read_since`` per ps task, which sends only the rows a table's row gradients wrote
+        (`VariableStore.changes_since`).
+
+        Returns:
+            Per position in ``handles``, the patches that bring such a copy up to date (none:
+            unchanged), and what the copies then hold, for the next call's ``known``.
+
+        Raises:
+            ValueError: A reply of another phalanx version (an unknown kind of change).
+        """
+        physical, _ = self._expand(handles)
+        owners: list[tuple[int, int | None]] = []  # each ps variable's handle, and its first row there
+        for position, handle in enumerate(handles):
+            if handle.shards:
+                owners.extend((position, start) for start, _ in sharding.rows_of(handle))
+            else:
+                owners.append((position, None))
+        groups = self._per_ps(physical)
+        work = {}
+        for ps, pos in groups.items():
+            names = [physical[i].name for i in pos]
+            entries = [known.get(name) for name in names]
+            identity = next((entry[0] for entry in entries if entry is not None), None)
+            since = [entry[1] if entry is not None and entry[0] == identity else -1 for entry in entries]
+            work[ps] = _Call("read_since", {"names": names, "since": since, "identity": identity})
+        replies = self._calls(work)
+        patches: dict[int, list[Patch]] = defaultdict(list)
+        now: dict[str, tuple[str, int]] = {}
+        for ps, pos in groups.items():
+            header, tensors = replies[ps]
+            values = iter(tensors)
+            for i, kind in zip(pos, header["kinds"], strict=True):
+                now[physical[i].name] = (header["identity"], int(header["version"]))
+                position, start = owners[i]
+                if kind == "rows":
+                    rows, value = next(values), next(values)
+                    patches[position].append(Patch(rows if start is None else rows + start, value))
+                elif kind == "whole":
+                    value = next(values)
+                    whole = None if start is None else slice(start, start + value.shape[0])
+                    patches[position].append(Patch(whole, value))
+                elif kind != "same":
+                    raise ValueError(
+                        f"A read_since reply names each variable's change 'same', 'rows' or 'whole'. "
+                        f"Received: {kind!r} from ps task {ps}. {messages.MESSAGE_HINT}"
+                    )
+        return dict(patches), now
 
     def read_rows(self, handle: VariableHandle, rows: torch.Tensor) -> torch.Tensor:
         """Rows ``rows`` (int64, 1-D) of ``handle`` along its first axis, from the shards that

@@ -48,6 +48,7 @@ class LocalCopies:
         self._closures_pending = closures_pending
         self._registry: dict[int, tuple[weakref.ref[torch.Tensor], VariableHandle]] = {}
         self._versions: dict[str, int] = {}  # tensor._version of each copy as last synced
+        self._known: dict[str, tuple[str, int]] = {}  # what the synced copies hold, by ps variable
         self._count = 0
         self._colocate_ps: int | None = None  # set by `colocated_with` (colocate_vars_with)
         self._stale = False
@@ -151,8 +152,10 @@ class LocalCopies:
         self._stale = True
 
     def refresh(self) -> None:
-        """Reads every variable into its copy if scheduled functions may have changed them
-        (blocks on one read per ps task). The copies stay stale while functions are pending."""
+        """Brings every copy up to the ps tasks' values if scheduled functions may have changed
+        them (blocks on one read per ps task). Only what changed since the last refresh comes:
+        a variable nobody wrote stays, a table only row gradients wrote gets those rows (a copy
+        the chief wrote into since is read whole). The copies stay stale while functions are pending."""
         if not self._stale:
             return
         with self._lock:
@@ -161,10 +164,18 @@ class LocalCopies:
             pairs = self.live()
             if not pairs:
                 return
-            values = self._ps.read([h for _, h in pairs])
+            known = {
+                shard.name: self._known[shard.name]
+                for tensor, handle in pairs
+                if tensor._version == self._versions.get(handle.name)
+                for shard in handle.physical()
+                if shard.name in self._known
+            }
+            patches, self._known = self._ps.read_since([h for _, h in pairs], known)
             with torch.no_grad():
-                for (tensor, handle), value in zip(pairs, values, strict=True):
-                    tensor.copy_(value)
+                for position, (tensor, handle) in enumerate(pairs):
+                    for patch in patches.get(position, ()):
+                        patch.apply(tensor)
                     self._versions[handle.name] = tensor._version
 
     def push_writes(self) -> None:
