@@ -47,6 +47,7 @@ from typing import Any
 import torch.distributed as dist
 
 from phalanx.communication.health import PeerUnavailableError
+from phalanx.communication.named_store import NamedStore, store_unavailable
 from phalanx.communication.rendezvous import _authenticated
 
 __all__ = [
@@ -210,11 +211,21 @@ class Membership:
 
     # ------------------------------------------------------------------ store
     def connect(self) -> Any:
-        """A new connection to the elastic store (authenticated as the rendezvous is)."""
+        """A new connection to the elastic store (authenticated as the rendezvous is), whose
+        failed calls raise `PeerUnavailableError` naming the store (`NamedStore`).
+
+        Raises:
+            PeerUnavailableError: The store does not answer.
+        """
         host, port = self.settings.store
-        bound = timedelta(seconds=max(self._timeout, STORE_CALL_SECONDS))
-        store = dist.TCPStore(host, port, None, is_master=False, timeout=bound)
-        return _authenticated(dist.PrefixStore(PREFIX, store), PREFIX)
+        bound = max(self._timeout, STORE_CALL_SECONDS)
+        where = f"{self._name(self.me.task)}'s elastic store at {host}:{port}"
+        hint = f"the launcher (`phalanx launch`, torchrun's agent) or {ELASTIC_STORE_ENV}'s host serves it"
+        try:
+            store = dist.TCPStore(host, port, None, is_master=False, timeout=timedelta(seconds=bound))
+        except dist.DistError as exc:
+            raise store_unavailable(where, bound, "connect", hint, exc) from exc
+        return NamedStore(_authenticated(dist.PrefixStore(PREFIX, store), PREFIX), where, bound, hint)
 
     def _wait_for(self, key: str, what: str) -> bytes:
         deadline = time.monotonic() + self._timeout
