@@ -190,7 +190,8 @@ class VariableStore:
         """What changed in ``names`` after versions ``since`` (one each; -1: never read), from
         one snapshot: per variable ``"same"`` (nothing), ``"rows"`` (two tensors: the row
         numbers written since, and those rows) or ``"whole"`` (its value). Rows go only for a
-        table that only row gradients wrote since, and only while they are at most half of it.
+        table that only row gradients wrote since, and only while they and their row numbers
+        are fewer bytes than the table.
 
         Returns:
             The kinds, and the tensors in order (views of the variables: pack them under the lock).
@@ -216,7 +217,11 @@ class VariableStore:
                 versions = self._row_versions.get(name)
                 if versions is not None and known >= 0:
                     rows = (versions > known).nonzero().flatten()
-                    if 2 * rows.numel() <= versions.numel():
+                    row_bytes = variable[0].numel() * variable.element_size()
+                    if (
+                        rows.numel() * (row_bytes + rows.element_size())
+                        < variable.numel() * variable.element_size()
+                    ):
                         kinds.append("rows")
                         tensors += [rows, variable.index_select(0, rows)]
                         continue
