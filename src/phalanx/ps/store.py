@@ -25,6 +25,7 @@ from phalanx.ps.messages import (
     encode_optimizer_state,
 )
 from phalanx.ps.store_optimizer import StoreOptimizer, check_groups
+from phalanx.ps.store_writes import Writes
 
 __all__ = ["Handler", "VariableStore"]
 
@@ -51,10 +52,7 @@ class VariableStore:
         self._version = 0
         # tells this store from one a restarted task made: versions count from 0 again there
         self.identity = secrets.token_hex(8)
-        self._written: dict[str, int] = {}  # the version of each variable's last write
-        # per row, the version of its last write, for a table written only by rows since
-        # `_written` was last set whole (`read_since` sends those rows, not the table)
-        self._row_versions: dict[str, torch.Tensor] = {}
+        self._writes = Writes()  # what was written at which version (`changes_since`)
         self._lock = threading.RLock()
 
     def _get(self, name: str) -> torch.Tensor:
@@ -90,22 +88,6 @@ class VariableStore:
         self._version += 1
         return self._version
 
-    def _wrote(self, names: Sequence[str], version: int) -> None:
-        """Variables ``names`` were written whole at ``version``."""
-        for name in names:
-            self._written[name] = version
-            self._row_versions.pop(name, None)
-
-    def _wrote_rows(self, name: str, rows: torch.Tensor, version: int) -> None:
-        """Only rows ``rows`` of ``name`` were written, at ``version``."""
-        versions = self._row_versions.get(name)
-        if versions is None:
-            rows_total = self._vars[name].shape[0]
-            versions = torch.full((rows_total,), self._written.get(name, 0), dtype=torch.int64)
-            self._row_versions[name] = versions
-        versions[rows] = version
-        self._written[name] = version
-
     # ------------------------------------------------------------------ variables
     def create(self, name: str, value: torch.Tensor, *, overwrite: bool = False) -> None:
         """Stores a detached CPU copy of ``value`` as ``name``.
@@ -120,12 +102,12 @@ class VariableStore:
             current = self._vars.get(name)
             if current is None:
                 self._vars[name] = value.detach().to("cpu", copy=True).contiguous()
-                self._wrote([name], self._bump())
+                self._writes.whole([name], self._bump())
                 return
             self._check_like(name, current, value)
             if overwrite:
                 current.copy_(value.detach())  # in place: optimizers hold this tensor
-                self._wrote([name], self._bump())
+                self._writes.whole([name], self._bump())
 
     def read(self, names: Sequence[str]) -> list[torch.Tensor]:
         """Copies of the values of ``names``, in order.
@@ -172,7 +154,7 @@ class VariableStore:
             for variable, value in zip(self._pairs(names, values, "value"), values, strict=True):
                 variable.copy_(value)
             version = self._bump()
-            self._wrote(names, version)
+            self._writes.whole(names, version)
             return version
 
     def assign_add(self, names: Sequence[str], deltas: Sequence[torch.Tensor]) -> int:
@@ -181,7 +163,7 @@ class VariableStore:
             for variable, delta in zip(self._pairs(names, deltas, "value"), deltas, strict=True):
                 variable.add_(delta)
             version = self._bump()
-            self._wrote(names, version)
+            self._writes.whole(names, version)
             return version
 
     def changes_since(
@@ -206,28 +188,10 @@ class VariableStore:
                 f"read_since takes one integer version per variable named. Received: {len(names)} names "
                 f"and since {since!r:.80}. {MESSAGE_HINT}"
             )
-        kinds: list[str] = []
-        tensors: list[torch.Tensor] = []
         with self._lock:
-            for name, known in zip(names, since, strict=True):
-                variable = self._get(name)
-                if 0 <= self._written[name] <= known:
-                    kinds.append("same")
-                    continue
-                versions = self._row_versions.get(name)
-                if versions is not None and known >= 0:
-                    rows = (versions > known).nonzero().flatten()
-                    row_bytes = variable[0].numel() * variable.element_size()
-                    if (
-                        rows.numel() * (row_bytes + rows.element_size())
-                        < variable.numel() * variable.element_size()
-                    ):
-                        kinds.append("rows")
-                        tensors += [rows, variable.index_select(0, rows)]
-                        continue
-                kinds.append("whole")
-                tensors.append(variable)
-        return kinds, tensors
+            for name in names:
+                self._get(name)
+            return self._writes.changes(self._vars, names, since)
 
     def version(self) -> int:
         """A counter that grows by one with every write (create, assign, push, state load)."""
@@ -330,9 +294,9 @@ class VariableStore:
             version = self._bump()
             for name, grad, rows in zip(names, grads, only_rows, strict=True):
                 if rows:
-                    self._wrote_rows(name, grad._indices()[0], version)
+                    self._writes.rows(name, self._vars[name], grad._indices()[0], version)
                 else:
-                    self._wrote([name], version)
+                    self._writes.whole([name], version)
             return version
 
     def optimizer_state(self, key: str) -> dict[str, Any]:
