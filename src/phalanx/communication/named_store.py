@@ -19,8 +19,8 @@ def store_unavailable(where: str, bound: float, call: str, hint: str, exc: Excep
     text = str(exc).strip()
     first_line = text.splitlines()[0] if text else type(exc).__name__
     return PeerUnavailableError(
-        f"{where} did not answer a {call} within {bound:g}s ({first_line}). HINT: {hint}: is it "
-        "still running, and reachable from this host?"
+        f"{where} failed a {call} ({first_line}; a call waits at most {bound:g}s for an answer). "
+        f"HINT: {hint}: is it still running, and reachable from this host?"
     )
 
 

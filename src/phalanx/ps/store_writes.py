@@ -45,7 +45,7 @@ class Writes:
         tensors: list[torch.Tensor] = []
         for name, known in zip(names, since, strict=True):
             variable = variables[name]
-            if 0 <= self._written[name] <= known:
+            if self._written[name] <= known:  # a write is version 1 or later; never read is -1
                 kinds.append("same")
                 continue
             versions = self._rows.get(name)
