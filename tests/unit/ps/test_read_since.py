@@ -4,6 +4,9 @@ up to date that way always equals a full read."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -178,3 +181,42 @@ def test_malformed_read_since_requests_and_replies_are_refused():
     client = PSClient([_Odd(store)])
     with pytest.raises(ValueError, match="'same', 'rows' or 'whole'. Received: 'some' from ps task 0"):
         client.read_since([VariableHandle("emb", 0, (8, 3), "torch.float32")], {})
+
+
+def test_copies_patched_while_pushes_go_on_end_equal_to_a_full_read():
+    """Reads in the middle of a long run of pushes (as a checkpoint's state_dict mid-round):
+    each is one snapshot, so the copy that follows the last read equals the table."""
+    store = _store(torch.optim.Adagrad, {"lr": 0.1}, rows=4096)
+    client = PSClient([_StoreClient(store)])
+    handle = VariableHandle("emb", 0, (4096, 3), "torch.float32")
+    copy, known, kinds = torch.zeros(4096, 3), {}, set()
+    stop = threading.Event()
+    pushed = [0]
+
+    def pushes() -> None:
+        step = 0
+        while not stop.is_set():
+            rows = torch.randint(0, 4096, (3,), generator=torch.Generator().manual_seed(step)).tolist()
+            _push(store, ["emb"], [_row_grad(sorted(set(rows)), step, size=(4096, 3))])
+            step += 1
+            pushed[0] = step
+            time.sleep(0.0005)  # a few pushes between two reads: most reads send rows
+
+    pusher = threading.Thread(target=pushes)
+    pusher.start()
+    try:
+        deadline = time.monotonic() + 30
+        while pushed[0] < 300 and time.monotonic() < deadline:
+            time.sleep(0.001)
+            patches, known = client.read_since([handle], known)
+            for patch in patches.get(0, ()):
+                kinds.add(type(patch.rows).__name__)
+                patch.apply(copy)
+    finally:
+        stop.set()
+        pusher.join(30)
+    patches, known = client.read_since([handle], known)
+    for patch in patches.get(0, ()):
+        patch.apply(copy)
+    assert torch.equal(copy, client.read([handle])[0])
+    assert "Tensor" in kinds  # rows went while the pushes ran
