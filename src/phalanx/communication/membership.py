@@ -77,6 +77,11 @@ DECIDE_MARGIN = 5.0  # seconds those who wait for a decision allow beyond the de
 # poll with `check` against their deadlines (the join timeout); a call bounded by that timeout
 # failed with the store's bare "wait timeout" when a loaded machine delayed one reply past it.
 STORE_CALL_SECONDS = 30.0
+# A poll round slower than this was stuck: the store did not answer, or the machine paused.
+# torch's TCPStore resolves each new client's address (a reverse DNS lookup) on its server's one
+# event loop, so a resolver that drops a query stalls every call of every client for its timeout
+# (5 s): time in which no beacon could move and no task could check in.
+STALL_SECONDS = 1.0
 DEAD = "dead"
 
 
@@ -151,19 +156,51 @@ def _parse_members(raw: bytes) -> list[Member]:
     return [Member.parse(m) for m in text.split(",")] if text else []
 
 
+class _Wait:
+    """A bounded wait whose clock leaves out the rounds in which it was stuck (a round slower
+    than `STALL_SECONDS`): no other task could act then either. At most `STORE_CALL_SECONDS`
+    are left out, so a store that stays slow still ends the wait.
+
+    Args:
+        seconds: How long the wait lasts.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds, self._start, self._last, self._stuck = seconds, time.monotonic(), time.monotonic(), 0.0
+
+    def over(self) -> bool:
+        """Whether the wait is over (call once per round)."""
+        now = time.monotonic()
+        if now - self._last > STALL_SECONDS:
+            self._stuck = min(self._stuck + now - self._last, STORE_CALL_SECONDS)
+        self._last = now
+        return now - self._start - self._stuck > self._seconds
+
+
 class _Beacons:
     """Reads members' beacons over one store connection, remembering when each last moved."""
 
     def __init__(self, store: Any, name: Callable[[int], str], dead_after: float) -> None:
         self.store, self._name, self._dead_after = store, name, dead_after
         self._seen: dict[Member, tuple[str, float]] = {}
+        self._answered = time.monotonic()  # when this reader's last read returned
+
+    def _read(self, key: str) -> str | None:
+        asked = time.monotonic()
+        value = self.store.get(key).decode() if self.store.check([key]) else None
+        answered = time.monotonic()
+        if asked - self._answered > STALL_SECONDS or answered - asked > STALL_SECONDS:
+            # this reader was away or stuck (idle between re-forms, a stalled store, a paused
+            # machine): a beacon that did not move meanwhile may not have been able to
+            self._seen.clear()
+        self._answered = answered
+        return value
 
     def lost_reason(self, member: Member) -> str | None:
         """Why ``member`` counts as lost, or None while its beacon moves."""
-        key = f"alive/{member.task}"
-        if not self.store.check([key]):
+        value = self._read(f"alive/{member.task}")
+        if value is None:
             return None
-        value = self.store.get(key).decode()
         if value == DEAD:
             return f"{self._name(member.task)} exited"
         if int(value.partition(":")[0]) != member.incarnation:
@@ -228,9 +265,9 @@ class Membership:
         return NamedStore(_authenticated(dist.PrefixStore(PREFIX, store), PREFIX), where, bound, hint)
 
     def _wait_for(self, key: str, what: str) -> bytes:
-        deadline = time.monotonic() + self._timeout
+        wait = _Wait(self._timeout)
         while not self._store.check([key]):
-            if time.monotonic() > deadline:
+            if wait.over():
                 raise self._gave_up(what)
             time.sleep(0.02)
         return bytes(self._store.get(key))
@@ -287,7 +324,7 @@ class Membership:
         self.joined = True
         self._store.set(f"join/{self.me.task}", str(self.me.incarnation))
         log.warning("%s asks to join the running job.", self._name(self.me.task))
-        deadline = time.monotonic() + self._timeout
+        wait = _Wait(self._timeout)
         while True:
             if self._store.check(["finished"]):
                 raise PeerUnavailableError(
@@ -299,7 +336,7 @@ class Membership:
                 if self.me in _parse_members(self._store.get(f"e/{epoch}/members")):
                     self._adopt(epoch)
                     return
-            if time.monotonic() > deadline:
+            if wait.over():
                 raise PeerUnavailableError(
                     f"{self._name(self.me.task)} was not admitted to the running job within "
                     f"{self._timeout:g}s. HINT: the members admit joiners at a step boundary; check their "
@@ -325,7 +362,7 @@ class Membership:
         """The first to check in decides; if that decider is lost before it publishes, the
         next to notice takes over (numbered attempts: exactly one decider each). The others
         wait a little longer than a decider does (`DECIDE_MARGIN`): it may have started first."""
-        deadline = time.monotonic() + self._timeout + DECIDE_MARGIN
+        wait = _Wait(self._timeout + DECIDE_MARGIN)
         attempt = 0
         while True:
             key = f"e/{epoch}/decider/{attempt}"
@@ -336,7 +373,7 @@ class Membership:
             while not self._store.check([f"e/{epoch}/members"]):
                 if self._decider_lost(key):
                     break
-                if time.monotonic() > deadline:
+                if wait.over():
                     raise self._gave_up(f"the members of epoch {epoch}", self._timeout + DECIDE_MARGIN)
                 time.sleep(0.02)
             else:
@@ -349,11 +386,11 @@ class Membership:
         return self.lost_reason(Member.parse(self._store.get(f"{key}/task").decode())) is not None
 
     def _decide(self, epoch: int, old: list[Member], admit: bool) -> None:
-        deadline = time.monotonic() + self._timeout
+        wait = _Wait(self._timeout)
         while True:
             here = [m for m in old if self._store.check([f"e/{epoch}/here/{m}"])]
             gone = [m for m in old if m not in here and self.lost_reason(m) is not None]
-            if len(here) + len(gone) == len(old) or time.monotonic() > deadline:
+            if len(here) + len(gone) == len(old) or wait.over():
                 break
             time.sleep(0.02)
         joiners = self._joiners({m.task for m in here}) if admit else []
