@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from phalanx.cluster._ports import free_ports
 from phalanx.communication.membership import ElasticSettings, Membership
+from phalanx.communication.rendezvous import listening_socket
 
 TOKEN = "m" * 32
 
@@ -21,7 +22,10 @@ def membership_store(monkeypatch) -> Iterator[int]:
     """The port of a TCPStore served in this process (the job's token set)."""
     monkeypatch.setenv("PHALANX_CLUSTER_TOKEN", TOKEN)
     (port,) = free_ports(1, "127.0.0.1")
-    store = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False)
+    listening = listening_socket("127.0.0.1", port)  # as the launcher's store (IPv4, loopback only)
+    store = dist.TCPStore(
+        "127.0.0.1", port, None, is_master=True, wait_for_workers=False, master_listen_fd=listening
+    )
     yield port
     del store
 

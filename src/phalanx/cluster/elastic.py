@@ -40,7 +40,7 @@ class ElasticLaunch:
 
         from phalanx.cluster._ports import free_ports
         from phalanx.communication.membership import PREFIX
-        from phalanx.communication.rendezvous import AuthenticatedStore
+        from phalanx.communication.rendezvous import AuthenticatedStore, listening_socket
 
         self.min_workers, self.max_restarts, self._note = min_workers, max_restarts, note
         self.restarts = 0
@@ -49,8 +49,18 @@ class ElasticLaunch:
         self._incarnation: dict[str, int] = {}
         self._below_since: float | None = None
         (port,) = free_ports(1, "127.0.0.1")
+        # on the loopback address only, as an IPv4 socket: TCPStore alone listens on every
+        # interface, as IPv6, and looks up the name of each client's (v4-mapped) address on its
+        # one event loop, which no /etc/hosts line for 127.0.0.1 answers: a DNS query left
+        # unanswered there held every worker's calls for 5 s
         self._server = dist.TCPStore(
-            "127.0.0.1", port, None, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
+            "127.0.0.1",
+            port,
+            None,
+            is_master=True,
+            timeout=timedelta(seconds=30),
+            wait_for_workers=False,
+            master_listen_fd=listening_socket("127.0.0.1", port),
         )
         self.address = f"127.0.0.1:{port}"
         self._store = AuthenticatedStore(dist.PrefixStore(PREFIX, self._server), token, PREFIX)

@@ -36,6 +36,7 @@ __all__ = [
     "AuthenticatedStore",
     "Rendezvous",
     "StoreAuthenticationError",
+    "listening_socket",
 ]
 
 log = logging.getLogger("phalanx")
@@ -165,7 +166,7 @@ def _authenticated(store: Any, context: str) -> Any:
     return store
 
 
-def _listening_socket(host: str, port: int) -> int:
+def listening_socket(host: str, port: int) -> int:
     """A TCP socket listening at ``host:port`` (an IPv4/IPv6 address or a name); its fd,
     owned by the caller (TCPStore closes it)."""
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
@@ -231,7 +232,7 @@ class Rendezvous:
 
     def _serve(self, timeout: timedelta) -> Any:
         try:  # on the chief's address only (TCPStore alone would listen on every interface)
-            fd = _listening_socket(self._host, self._port)
+            fd = listening_socket(self._host, self._port)
             return dist.TCPStore(
                 self._host,
                 self._port,

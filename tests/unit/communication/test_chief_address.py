@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from phalanx.communication.interfaces import interface_addresses
-from phalanx.communication.rendezvous import _listening_socket
+from phalanx.communication.rendezvous import listening_socket
 from phalanx.communication.worker_group import WorkerGroup
 
 
@@ -15,7 +15,7 @@ from phalanx.communication.worker_group import WorkerGroup
 def test_the_listening_socket_is_bound_to_the_given_address_only(host):
     if host == "::1" and ("lo", "::1") not in interface_addresses():
         pytest.skip("no IPv6 loopback address here")
-    with socket.socket(fileno=_listening_socket(host, 0)) as sock:
+    with socket.socket(fileno=listening_socket(host, 0)) as sock:
         assert sock.getsockname()[0] == host  # never 0.0.0.0 / :: (every interface)
         port = sock.getsockname()[1]
         with socket.create_connection((host, port), timeout=5):

@@ -4,6 +4,8 @@ trainers it marks and restarts, and when the job fails (`phalanx.cluster.elastic
 from __future__ import annotations
 
 import argparse
+import errno
+import socket
 
 import pytest
 import torch.distributed as dist
@@ -13,6 +15,7 @@ from phalanx.cluster import launch
 from phalanx.cluster._supervisor import Outcome, TaskState
 from phalanx.cluster.elastic import ElasticLaunch
 from phalanx.cluster.launcher import add_launch_arguments, run_launch
+from phalanx.communication.interfaces import interface_addresses
 from phalanx.communication.membership import PREFIX
 from phalanx.communication.rendezvous import AuthenticatedStore
 
@@ -77,6 +80,23 @@ def test_the_tasks_learn_the_store_and_the_minimum_and_shared_memory_stays_on(la
     assert env["PHALANX_ELASTIC_STORE"] == elastic.address
     assert "PHALANX_SHARED_MEMORY" not in env  # the user's choice, on by default
     assert elastic.incarnation_env("worker-1") == {"PHALANX_ELASTIC_INCARNATION": "0"}
+
+
+def test_the_store_listens_on_the_loopback_address_only_as_ipv4(launch_side):
+    """Not on every interface, nor as an IPv6 socket, whose clients' v4-mapped addresses the
+    store's server looks up in DNS on its one event loop (no /etc/hosts line for 127.0.0.1
+    answers them): an unanswered query held every worker's calls for 5 s."""
+    elastic, _ = launch_side
+    port = int(elastic.address.rpartition(":")[2])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        assert sock.family == socket.AF_INET
+    others = [a for _, a in interface_addresses() if a != "127.0.0.1" and not a.startswith("fe80:")]
+    if not others:
+        pytest.skip("no address here besides 127.0.0.1")
+    for address in others:
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+            probe.settimeout(5)
+            assert probe.connect_ex((address, port)) == errno.ECONNREFUSED, address  # nobody listens there
 
 
 def test_a_lost_trainer_is_marked_logged_and_restarted_once(launch_side):
