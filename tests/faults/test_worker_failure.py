@@ -76,7 +76,8 @@ def test_a_worker_that_never_joins_is_named_after_the_deadline(caplog):
         ),
     ):
         phalanx.MultiWorkerMirroredStrategy(resolver, join_timeout=1.5)
-    assert 1.5 <= time.monotonic() - start < 5
+    # the deadline, not the 120 s default (a store connection may wait 5 s for torch's DNS lookup)
+    assert 1.5 <= time.monotonic() - start < 15
     assert f"Still waiting for ['worker:1 ({workers[1]})'] to join" in caplog.text  # logged while waiting
 
 
