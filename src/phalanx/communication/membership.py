@@ -46,6 +46,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from phalanx.communication.beacons import STORE_CALL_SECONDS, Beacons, Member, Wait
 from phalanx.communication.health import PeerUnavailableError
 from phalanx.communication.named_store import NamedStore, store_unavailable
 from phalanx.communication.rendezvous import _authenticated
@@ -73,16 +74,6 @@ BEACON_SECONDS = 0.2
 DEFAULT_DEAD_AFTER = 3.0
 STOP_SECONDS = 5.0  # the watcher's longest round: a few store calls (milliseconds)
 DECIDE_MARGIN = 5.0  # seconds those who wait for a decision allow beyond the decider's timeout
-# One store call's bound (a round trip, milliseconds when healthy). The membership's own waits
-# poll with `check` against their deadlines (the join timeout); a call bounded by that timeout
-# failed with the store's bare "wait timeout" when a loaded machine delayed one reply past it.
-STORE_CALL_SECONDS = 30.0
-# A poll round slower than this was stuck: the store did not answer, or the machine paused.
-# torch's TCPStore resolves each new client's address (a reverse DNS lookup) on its server's one
-# event loop, so a resolver that drops a query stalls every call of every client for its timeout
-# (5 s): time in which no beacon could move and no task could check in.
-STALL_SECONDS = 1.0
-DEAD = "dead"
 
 
 class BelowMinimumWorkersError(PeerUnavailableError):
@@ -131,22 +122,6 @@ class ElasticSettings:
         return cls((host.strip("[]"), int(port)), int(minimum), incarnation, dead_after)
 
 
-@dataclass(frozen=True)
-class Member:
-    """One member of a membership epoch: a task and its incarnation."""
-
-    task: int
-    incarnation: int
-
-    def __str__(self) -> str:
-        return f"{self.task}:{self.incarnation}"
-
-    @classmethod
-    def parse(cls, text: str) -> Member:
-        task, _, incarnation = text.partition(":")
-        return cls(int(task), int(incarnation))
-
-
 def _members_text(members: Sequence[Member]) -> str:
     return ",".join(str(m) for m in members)
 
@@ -154,65 +129,6 @@ def _members_text(members: Sequence[Member]) -> str:
 def _parse_members(raw: bytes) -> list[Member]:
     text = raw.decode()
     return [Member.parse(m) for m in text.split(",")] if text else []
-
-
-class _Wait:
-    """A bounded wait whose clock leaves out the rounds in which it was stuck (a round slower
-    than `STALL_SECONDS`): no other task could act then either. At most `STORE_CALL_SECONDS`
-    are left out, so a store that stays slow still ends the wait.
-
-    Args:
-        seconds: How long the wait lasts.
-    """
-
-    def __init__(self, seconds: float) -> None:
-        self._seconds, self._start, self._last, self._stuck = seconds, time.monotonic(), time.monotonic(), 0.0
-
-    def over(self) -> bool:
-        """Whether the wait is over (call once per round)."""
-        now = time.monotonic()
-        if now - self._last > STALL_SECONDS:
-            self._stuck = min(self._stuck + now - self._last, STORE_CALL_SECONDS)
-        self._last = now
-        return now - self._start - self._stuck > self._seconds
-
-
-class _Beacons:
-    """Reads members' beacons over one store connection, remembering when each last moved."""
-
-    def __init__(self, store: Any, name: Callable[[int], str], dead_after: float) -> None:
-        self.store, self._name, self._dead_after = store, name, dead_after
-        self._seen: dict[Member, tuple[str, float]] = {}
-        self._answered = time.monotonic()  # when this reader's last read returned
-
-    def _read(self, key: str) -> str | None:
-        asked = time.monotonic()
-        value = self.store.get(key).decode() if self.store.check([key]) else None
-        answered = time.monotonic()
-        if asked - self._answered > STALL_SECONDS or answered - asked > STALL_SECONDS:
-            # this reader was away or stuck (idle between re-forms, a stalled store, a paused
-            # machine): a beacon that did not move meanwhile may not have been able to
-            self._seen.clear()
-        self._answered = answered
-        return value
-
-    def lost_reason(self, member: Member) -> str | None:
-        """Why ``member`` counts as lost, or None while its beacon moves."""
-        value = self._read(f"alive/{member.task}")
-        if value is None:
-            return None
-        if value == DEAD:
-            return f"{self._name(member.task)} exited"
-        if int(value.partition(":")[0]) != member.incarnation:
-            return f"{self._name(member.task)} restarted"
-        now = time.monotonic()
-        seen = self._seen.get(member)
-        if seen is None or seen[0] != value:
-            self._seen[member] = (value, now)
-            return None
-        if now - seen[1] > self._dead_after:
-            return f"{self._name(member.task)} sent no beacon for {self._dead_after:g}s"
-        return None
 
 
 class Membership:
@@ -237,7 +153,7 @@ class Membership:
         self.settings, self.me = settings, Member(task, settings.incarnation)
         self._num_tasks, self._name, self._timeout = num_tasks, name, timeout
         self._store = self.connect()
-        self._beacons = _Beacons(self._store, name, settings.dead_after)
+        self._beacons = Beacons(self._store, name, settings.dead_after)
         self.epoch = -1
         self.members: list[Member] = []
         self._lost: str | None = None
@@ -265,7 +181,7 @@ class Membership:
         return NamedStore(_authenticated(dist.PrefixStore(PREFIX, store), PREFIX), where, bound, hint)
 
     def _wait_for(self, key: str, what: str) -> bytes:
-        wait = _Wait(self._timeout)
+        wait = Wait(self._timeout)
         while not self._store.check([key]):
             if wait.over():
                 raise self._gave_up(what)
@@ -324,7 +240,7 @@ class Membership:
         self.joined = True
         self._store.set(f"join/{self.me.task}", str(self.me.incarnation))
         log.warning("%s asks to join the running job.", self._name(self.me.task))
-        wait = _Wait(self._timeout)
+        wait = Wait(self._timeout)
         while True:
             if self._store.check(["finished"]):
                 raise PeerUnavailableError(
@@ -362,7 +278,7 @@ class Membership:
         """The first to check in decides; if that decider is lost before it publishes, the
         next to notice takes over (numbered attempts: exactly one decider each). The others
         wait a little longer than a decider does (`DECIDE_MARGIN`): it may have started first."""
-        wait = _Wait(self._timeout + DECIDE_MARGIN)
+        wait = Wait(self._timeout + DECIDE_MARGIN)
         attempt = 0
         while True:
             key = f"e/{epoch}/decider/{attempt}"
@@ -386,7 +302,7 @@ class Membership:
         return self.lost_reason(Member.parse(self._store.get(f"{key}/task").decode())) is not None
 
     def _decide(self, epoch: int, old: list[Member], admit: bool) -> None:
-        wait = _Wait(self._timeout)
+        wait = Wait(self._timeout)
         while True:
             here = [m for m in old if self._store.check([f"e/{epoch}/here/{m}"])]
             gone = [m for m in old if m not in here and self.lost_reason(m) is not None]
@@ -480,7 +396,7 @@ class Membership:
         atexit.register(self.stop)
 
     def _watch(self) -> None:
-        beacons = _Beacons(self.connect(), self._name, self.settings.dead_after)  # its own connection
+        beacons = Beacons(self.connect(), self._name, self.settings.dead_after)  # its own connection
         count = 0
         while not self._stop.wait(BEACON_SECONDS):
             count += 1

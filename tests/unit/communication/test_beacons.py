@@ -1,7 +1,7 @@
-"""The elastic membership's waits and beacons do not count the time in which nobody could act:
-torch's TCPStore resolves each new client's address on its server's one event loop, so a
-resolver that drops a query stalls every call of every client for 5 s (CI saw a first group
-fail so). A fake clock, moved by the test, and a real TCPStore in this process."""
+"""The elastic membership's waits and beacons (`phalanx.communication.beacons`) do not count
+the time in which nobody could act: torch's TCPStore resolves each new client's address on its
+server's one event loop, so a resolver that drops a query stalls every call of every client for
+5 s (CI saw a first group fail so). A fake clock, moved by the test, and a real TCPStore in this process."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from phalanx.communication import membership as membership_module
-from phalanx.communication.membership import STORE_CALL_SECONDS, Member, _Beacons, _Wait
+from phalanx.communication import beacons as beacons_module
+from phalanx.communication.beacons import STORE_CALL_SECONDS, Beacons, Member, Wait
 from support.membership import membership
 
 
@@ -43,12 +43,12 @@ class _StallingStore:
 @pytest.fixture
 def clock(monkeypatch) -> _Clock:
     fake = _Clock()
-    monkeypatch.setattr(membership_module, "time", fake)
+    monkeypatch.setattr(beacons_module, "time", fake)
     return fake
 
 
 def test_a_round_stuck_longer_than_a_second_does_not_count_against_a_wait(clock):
-    wait = _Wait(1.0)
+    wait = Wait(1.0)
     for now, over in [(0.5, False), (5.5, False), (5.9, False), (6.2, True)]:  # 0.5 -> 5.5: stuck
         clock.now = now
         assert wait.over() is over, now
@@ -56,7 +56,7 @@ def test_a_round_stuck_longer_than_a_second_does_not_count_against_a_wait(clock)
 
 def test_a_wait_leaves_out_at_most_a_store_calls_bound(clock):
     """A store that stays slow (every round 2 s) still ends the wait."""
-    wait = _Wait(1.0)
+    wait = Wait(1.0)
     rounds = int(STORE_CALL_SECONDS // 2)
     for _ in range(rounds):
         clock.now += 2.0
@@ -69,7 +69,7 @@ def test_a_beacon_that_could_not_move_while_the_store_stalled_is_not_lost(member
     store = membership(membership_store, 0).connect()
     store.set("alive/1", "0:7")
     stalling = _StallingStore(store, clock)
-    beacons = _Beacons(stalling, lambda t: f"worker:{t}", dead_after=1.0)
+    beacons = Beacons(stalling, lambda t: f"worker:{t}", dead_after=1.0)
     member = Member(1, 0)
     assert beacons.lost_reason(member) is None  # first seen at 0
     clock.now = 0.5
@@ -85,7 +85,7 @@ def test_a_beacon_that_could_not_move_while_the_store_stalled_is_not_lost(member
 def test_a_reader_back_from_idle_gives_an_unmoved_beacon_its_full_time(membership_store, clock):
     store = membership(membership_store, 0).connect()
     store.set("alive/1", "0:7")
-    beacons = _Beacons(store, lambda t: f"worker:{t}", dead_after=1.0)
+    beacons = Beacons(store, lambda t: f"worker:{t}", dead_after=1.0)
     member = Member(1, 0)
     assert beacons.lost_reason(member) is None
     clock.now = 100.0  # a re-form, long after the last: this reader saw nothing meanwhile
