@@ -88,8 +88,7 @@ def test_the_store_listens_on_the_loopback_address_only_as_ipv4(launch_side):
     answers them): an unanswered query held every worker's calls for 5 s."""
     elastic, _ = launch_side
     port = int(elastic.address.rpartition(":")[2])
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        assert sock.family == socket.AF_INET
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()  # where the workers reach it
     others = [a for _, a in interface_addresses() if a != "127.0.0.1" and not a.startswith("fe80:")]
     if not others:
         pytest.skip("no address here besides 127.0.0.1")
