@@ -41,6 +41,8 @@ from phalanx.cluster._tasks import NodeTasks, cluster_from, local_cluster, plan_
 from phalanx.cluster._token import TOKEN_ENV, check_token, missing_token_error, new_token
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.cluster.elastic import ElasticLaunch
+from phalanx.status.launched import LaunchedPage
+from phalanx.status.settings import ADDRESS_ENV
 
 __all__ = [
     "add_launch_arguments",
@@ -69,6 +71,7 @@ def launch(
     out: IO[str] | None = None,
     min_workers: int | None = None,
     max_restarts: int = 0,
+    status: str | None = None,
 ) -> int:
     """Runs ``target`` once per task of a cluster on 127.0.0.1 and waits for it.
 
@@ -92,6 +95,9 @@ def launch(
             docs/multi_worker.md, Elastic training). None: a lost worker ends the job.
         max_restarts: With ``min_workers``: how many times lost workers are started again
             (in all); a restarted worker joins the running job.
+        status: ``HOST:PORT``: serve the job's status page there while it runs (from this
+            process, so it outlives any task; docs/status_page.md). Loopback needs no token;
+            another address needs ``PHALANX_CLUSTER_TOKEN`` given by the user.
 
     Returns:
         0 when every chief/worker task exited 0 (elastic: every one still in the job); else
@@ -117,7 +123,25 @@ def launch(
     if elastic is not None:
         env = {**elastic.environment(), **env}
     tasks = plan_tasks(spec, _all_tasks(spec))
-    return run_tasks(argv, tasks, env, timeout, out, stop_auxiliary=True, elastic=elastic)
+    page = _status_page(status, token, env[TOKEN_ENV], out)
+    if page is None:
+        return run_tasks(argv, tasks, env, timeout, out, stop_auxiliary=True, elastic=elastic)
+    try:
+        env = {**env, **page.environment()}
+        return run_tasks(argv, tasks, env, timeout, out, stop_auxiliary=True, elastic=elastic)
+    finally:
+        page.stop()
+
+
+def _status_page(
+    status: str | None, given: str | None, token: str, out: IO[str] | None
+) -> LaunchedPage | None:
+    """The launcher's status page (``--status``), serving already, or None."""
+    if status is None:
+        return None
+    page = LaunchedPage(status, token, user_given=given is not None)
+    print(f"[launcher] status page at {page.url}", file=out if out is not None else sys.stderr, flush=True)
+    return page
 
 
 def _check_elastic(min_workers: int | None, max_restarts: int, trainers: int, ps: int) -> None:
@@ -291,6 +315,13 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     elastic.add_argument(
         "--max-restarts", type=int, default=0, help="start lost workers again, this many times in all"
     )
+    parser.add_argument(
+        "--status",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve a live status page of the job there (127.0.0.1:PORT; another address needs "
+        "PHALANX_CLUSTER_TOKEN)",
+    )
     parser.add_argument("script", help="the training script, or module:function")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -331,6 +362,7 @@ def _run(ns: argparse.Namespace) -> int:
             timeout=timeout,
             min_workers=get("min_workers"),
             max_restarts=get("max_restarts") or 0,
+            status=get("status"),
         )
     if get("min_workers") is not None:
         raise ValueError(
@@ -340,8 +372,11 @@ def _run(ns: argparse.Namespace) -> int:
         )
     _check_per_node_flags(get("workers"), get("ps"), bool(get("chief")), node, tasks)
     node_tasks: NodeTasks = [_parse_task(t) for t in tasks] if tasks else node
+    # per node, the chief serves the page (no launcher sees every task): the address is its
+    status = get("status")
+    env = {ADDRESS_ENV: str(status)} if status else None
     return launch_node(
-        ns.script, tf_config, node_tasks=node_tasks, nproc_per_node=nproc, args=args, timeout=timeout
+        ns.script, tf_config, node_tasks=node_tasks, nproc_per_node=nproc, args=args, timeout=timeout, env=env
     )
 
 
