@@ -41,8 +41,6 @@ from phalanx.cluster._tasks import NodeTasks, cluster_from, local_cluster, plan_
 from phalanx.cluster._token import TOKEN_ENV, check_token, missing_token_error, new_token
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.cluster.elastic import ElasticLaunch
-from phalanx.status.launched import LaunchedPage
-from phalanx.status.settings import ADDRESS_ENV
 
 __all__ = [
     "add_launch_arguments",
@@ -133,12 +131,12 @@ def launch(
         page.stop()
 
 
-def _status_page(
-    status: str | None, given: str | None, token: str, out: IO[str] | None
-) -> LaunchedPage | None:
-    """The launcher's status page (``--status``), serving already, or None."""
+def _status_page(status: str | None, given: str | None, token: str, out: IO[str] | None) -> Any:
+    """The launcher's status page (``--status``, a `LaunchedPage` serving already), or None."""
     if status is None:
         return None
+    from phalanx.status.launched import LaunchedPage  # phalanx.status imports this package
+
     page = LaunchedPage(status, token, user_given=given is not None)
     print(f"[launcher] status page at {page.url}", file=out if out is not None else sys.stderr, flush=True)
     return page
@@ -373,6 +371,8 @@ def _run(ns: argparse.Namespace) -> int:
     _check_per_node_flags(get("workers"), get("ps"), bool(get("chief")), node, tasks)
     node_tasks: NodeTasks = [_parse_task(t) for t in tasks] if tasks else node
     # per node, the chief serves the page (no launcher sees every task): the address is its
+    from phalanx.status.settings import ADDRESS_ENV  # phalanx.status imports this package
+
     status = get("status")
     env = {ADDRESS_ENV: str(status)} if status else None
     return launch_node(
