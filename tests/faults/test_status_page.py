@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from phalanx.cluster._ports import free_ports
+from support.cluster import free_ports
 
 pytestmark = pytest.mark.multiprocess
 
@@ -110,10 +110,12 @@ def test_the_page_names_the_straggler_and_the_lost_worker(tmp_path):
         )
         assert _workers(view)["worker:0"]["state"] == "running"
         assert view["job"]["straggler"] is None  # one worker left: nobody waits for anybody
+        assert "killed by SIGKILL" in _workers(view)["worker:1"]["lost_reason"]  # the launcher saw it exit
         assert any(e["task"] == "worker:1" and e["event"] == "left" for e in view["events"])
+        assert view["job"]["membership_epoch"] == 1  # the survivor re-formed alone
         if shutil.which("chromium"):
             rows = _page_rows(url)
-            assert "lost: no report for" in rows["worker:1"], rows
+            assert "lost: exited with code -9 (killed by SIGKILL)" in rows["worker:1"], rows
             assert ">running<" in rows["worker:0"], rows
 
         (tmp_path / "stop").touch()

@@ -126,7 +126,7 @@ def launch(
         return run_tasks(argv, tasks, env, timeout, out, stop_auxiliary=True, elastic=elastic)
     try:
         env = {**env, **page.environment()}
-        return run_tasks(argv, tasks, env, timeout, out, stop_auxiliary=True, elastic=elastic)
+        return run_tasks(argv, tasks, env, timeout, out, True, elastic, page.task_exited)
     finally:
         page.stop()
 

@@ -7,6 +7,7 @@ It tells the tasks where to report (``PHALANX_STATUS_ADDRESS``) and that the lau
 
 from __future__ import annotations
 
+from phalanx.cluster._supervisor import describe_exit
 from phalanx.status.reports import Board
 from phalanx.status.server import StatusServer, is_loopback
 from phalanx.status.settings import ADDRESS_ENV, SERVED_BY_ENV, StatusSettings, parse_address
@@ -48,6 +49,13 @@ class LaunchedPage:
     def environment(self) -> dict[str, str]:
         """The variables every task gets."""
         return {ADDRESS_ENV: self.settings.address, SERVED_BY_ENV: "launcher"}
+
+    def task_exited(self, name: str, code: int) -> None:
+        """A task's process exited (the launcher's supervision loop): one that failed is lost
+        at once, with how it ended (``worker-1``: the launcher's name for ``worker:1``)."""
+        if code != 0:
+            how = f"exited with code {code}{describe_exit(code)}"
+            self._server.board.task_exited(name.replace("-", ":", 1), how)
 
     def stop(self) -> None:
         """Stops serving (at the end of the launch)."""

@@ -84,7 +84,7 @@ _SCRIPT = """
         ', ' + num(p.requests_per_second, 1) + ' requests/s'));
     }
     const events = document.getElementById('events');
-    events.replaceChildren(el('h2', 'Events'), ...view.events.slice(-20).reverse().map((e) =>
+    events.replaceChildren(el('h2', 'Events (UTC)'), ...view.events.slice(-20).reverse().map((e) =>
       el('div', new Date(e.time * 1000).toISOString().slice(11, 19) + ' ' + e.task + ' ' + e.event +
         ': ' + e.reason)));
     document.getElementById('stale').textContent = '';

@@ -215,6 +215,7 @@ class Board:
         self._tasks: dict[str, _Task] = {}
         self._events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
         self._started = clock()
+        self._epoch: int | None = None
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- reports in
@@ -228,6 +229,7 @@ class Board:
         now = self._clock()
         with self._lock:
             self._mark_lost(now)
+            self._note_epoch(report)
             name = report["task"]
             known = self._tasks.get(name)
             if known is None:
@@ -245,11 +247,17 @@ class Board:
             known.report, known.seen = report, now
             known.lost_reason = "exited after an error" if report["state"] == "lost" else None
 
-    def task_exited(self, name: str, pid: int, how: str) -> None:
-        """A task's process ended (the launcher saw it): lost at once unless it was done."""
+    def _note_epoch(self, report: dict[str, Any]) -> None:
+        epoch = report.get("membership_epoch")
+        if isinstance(epoch, int) and (self._epoch is None or epoch > self._epoch):
+            self._epoch = epoch
+            self._event("job", "membership", f"epoch {epoch} (first reported by {report['task']})")
+
+    def task_exited(self, name: str, how: str) -> None:
+        """A task's process failed (the launcher saw it exit): lost at once unless it was done."""
         with self._lock:
             known = self._tasks.get(name)
-            if known is None or known.report["pid"] != pid or known.report["state"] == "done":
+            if known is None or known.report["state"] == "done":
                 return
             if known.lost_reason is None:
                 known.lost_reason = how

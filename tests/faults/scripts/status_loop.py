@@ -27,7 +27,8 @@ phalanx.status.expect_steps(MAX_STEPS)
 inputs, targets = data(STEPS, GLOBAL_BATCH)
 with strategy.scope():
     model, optimizer, checkpoint = build(strategy)
-    handler = PreemptionCheckpointHandler(strategy.cluster_resolver, checkpoint, os.path.join(out_dir, "ckpt"))
+    folder = os.path.join(out_dir, "ckpt")
+    handler = PreemptionCheckpointHandler(strategy.cluster_resolver, checkpoint, folder)
 
 
 def slow_down(step):
