@@ -14,6 +14,7 @@ from support.cluster import free_ports, run_cluster
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = Path(__file__).parent / "scripts" / "status_chief.py"
+PS_SCRIPT = Path(__file__).parent / "scripts" / "status_ps.py"
 
 
 def test_the_chief_serves_the_page_and_every_worker_reports(tmp_path):
@@ -37,3 +38,19 @@ def test_the_chief_serves_the_page_and_every_worker_reports(tmp_path):
         "worker:1": ("done", 20),
     }
     assert [e["event"] for e in done["events"]].count("done") == 2
+
+
+def test_a_parameter_server_job_shows_closures_and_ps_load(tmp_path):
+    (port,) = free_ports(1, "127.0.0.1")
+    env = {"PHALANX_STATUS_ADDRESS": f"127.0.0.1:{port}"}
+    run_cluster(PS_SCRIPT, tmp_path, workers=2, chief=True, ps=1, env=env, timeout=180).check()
+    view = json.loads((tmp_path / "ps.json").read_text())
+    rows = {row["task"]: row for row in view["workers"]}
+    assert sorted(rows) == ["chief:0", "ps:0", "worker:0", "worker:1"]
+    assert all(row["state"] == "running" for row in rows.values()), rows
+    ps = view["parameter_server"]
+    assert sorted(ps["closures"]) == ["worker:0", "worker:1"]  # both workers ran closures
+    assert sum(c["done"] for c in ps["closures"].values()) == 60
+    assert (ps["lost_closures"], ps["rescheduled_closures"]) == (0, 0)
+    assert list(ps["ps_tasks"]) == ["ps:0"]
+    assert ps["ps_tasks"]["ps:0"]["state"] == "running"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-__all__ = ["COUNTERS", "ClosureCounts", "Counters"]
+__all__ = ["COUNTERS", "ClosureCounts", "Counters", "Reading"]
 
 
 @dataclass
@@ -28,12 +28,25 @@ class ClosureCounts:
     rescheduled: int = 0
 
 
+@dataclass(frozen=True)
+class Reading:
+    """The totals at one moment (`Counters.reading`)."""
+
+    collective_wait_seconds: float
+    steps: int
+    requests: int
+    total_steps: int | None
+    last_error: str | None
+    closures: dict[str, ClosureCounts]
+
+
 @dataclass
 class Counters:
     """This process's running totals (see the module doc). All methods are thread-safe."""
 
     collective_wait_seconds: float = 0.0
     steps: int = 0
+    requests: int = 0
     total_steps: int | None = None
     last_error: str | None = None
     closures: dict[str, ClosureCounts] = field(default_factory=dict)
@@ -48,6 +61,11 @@ class Counters:
         """Counts one finished training step (`MultiWorkerMirroredStrategy.run`)."""
         with self._lock:
             self.steps += 1
+
+    def served(self) -> None:
+        """Counts one request served (a parameter-server or worker task's `phalanx.Server`)."""
+        with self._lock:
+            self.requests += 1
 
     def expect_steps(self, total: int | None) -> None:
         """Sets how many steps the job runs in all (for the page's ETA; None: unknown)."""
@@ -70,11 +88,18 @@ class Counters:
             counts.lost += lost
             counts.rescheduled += rescheduled
 
-    def reading(self) -> tuple[float, int, int | None, str | None, dict[str, ClosureCounts]]:
-        """A consistent copy: (wait seconds, steps, total steps, last error, closures)."""
+    def reading(self) -> Reading:
+        """A consistent copy of the totals."""
         with self._lock:
             closures = {k: ClosureCounts(v.done, v.lost, v.rescheduled) for k, v in self.closures.items()}
-            return self.collective_wait_seconds, self.steps, self.total_steps, self.last_error, closures
+            return Reading(
+                self.collective_wait_seconds,
+                self.steps,
+                self.requests,
+                self.total_steps,
+                self.last_error,
+                closures,
+            )
 
 
 COUNTERS = Counters()

@@ -67,6 +67,7 @@ class _Sample:
     at: float
     waited: float
     steps: int
+    requests: int
     closures: dict[str, int]
 
 
@@ -103,26 +104,34 @@ class Reporter:
     # ---------------------------------------------------------------- what a report says
     def report(self) -> dict[str, Any]:
         """This task's report now (also advances the rates' window)."""
-        waited, steps, total, error, closures = self._counters.reading()
-        now = self._clock()
+        now, reading = self._clock(), self._counters.reading()
+        closures = reading.closures
         done = {worker: c.done for worker, c in closures.items()}
-        self._samples.append(_Sample(now, waited, steps, done))
+        self._samples.append(
+            _Sample(now, reading.collective_wait_seconds, reading.steps, reading.requests, done)
+        )
         while len(self._samples) > 2 and now - self._samples[1].at >= WINDOW:
             self._samples.popleft()
         first = self._samples[0]
         span = now - first.at
+
+        def rate(now_value: float, then: float) -> float | None:
+            return (now_value - then) / span if span >= 1.0 else None
+
+        wait = rate(reading.collective_wait_seconds, first.waited)
         report: dict[str, Any] = {
             "task": self.task,
             "pid": os.getpid(),
             "host": self._host,
             "state": self.state,
-            "step": steps,
-            "total_steps": total,
-            "steps_per_second": (steps - first.steps) / span if span >= 1.0 else None,
-            "collective_wait_fraction": min(1.0, (waited - first.waited) / span) if span >= 1.0 else None,
+            "step": reading.steps,
+            "total_steps": reading.total_steps,
+            "steps_per_second": rate(reading.steps, first.steps),
+            "collective_wait_fraction": None if wait is None else min(1.0, wait),
+            "requests_per_second": rate(reading.requests, first.requests),
             "resident_memory_bytes": resident_memory(),
             "membership_epoch": self._epoch(),
-            "last_error": error,
+            "last_error": reading.last_error,
         }
         if closures:
             report["closures"] = {
@@ -130,7 +139,7 @@ class Reporter:
                     "done": c.done,
                     "lost": c.lost,
                     "rescheduled": c.rescheduled,
-                    "per_second": (c.done - first.closures.get(worker, 0)) / span if span >= 1.0 else None,
+                    "per_second": rate(c.done, first.closures.get(worker, 0)),
                 }
                 for worker, c in sorted(closures.items())
             }
@@ -181,7 +190,7 @@ class Reporter:
     def _at_exit(self) -> None:
         """A process that exits without closing its strategy: done, unless it met an error."""
         if not self._stop.is_set():
-            failed = self._counters.reading()[3] is not None
+            failed = self._counters.reading().last_error is not None
             self.stop("lost" if failed else "done")
 
 
@@ -312,6 +321,7 @@ class Board:
             "last_error": report.get("last_error"),
             "seconds_since_report": round(now - task.seen, 1),
             "closures": report.get("closures"),
+            "requests_per_second": report.get("requests_per_second") if state == "running" else None,
             "total_steps": report.get("total_steps"),
         }
 
@@ -381,6 +391,6 @@ def _parameter_server(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "lost_closures": sum(c["lost"] for c in (closures or {}).values()),
         "rescheduled_closures": sum(c["rescheduled"] for c in (closures or {}).values()),
         "ps_tasks": {
-            r["task"]: {"state": r["state"], "requests_per_second": r["steps_per_second"]} for r in ps
+            r["task"]: {"state": r["state"], "requests_per_second": r["requests_per_second"]} for r in ps
         },
     }

@@ -160,7 +160,7 @@ def test_parameter_server_section():
     board = Board(clock=Clock())
     closures = {"worker:0": {"done": 5, "lost": 1, "rescheduled": 1, "per_second": 2.0}}
     board.receive(_report("chief:0", closures=closures))
-    board.receive(_report("ps:0", steps_per_second=30.0))
+    board.receive(_report("ps:0", requests_per_second=30.0))
     ps = board.snapshot()["parameter_server"]
     assert ps["closures"] == closures
     assert ps["lost_closures"] == 1

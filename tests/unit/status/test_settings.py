@@ -57,4 +57,4 @@ def test_the_step_count_must_be_positive():
         counters.expect_steps(0)
     counters.expect_steps(None)
     counters.expect_steps(10)
-    assert counters.reading()[2] == 10
+    assert counters.reading().total_steps == 10
