@@ -31,13 +31,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from phalanx.cluster._ports import free_ports
 from phalanx.cluster._processes import run_tasks
 from phalanx.cluster._target import Target, build_command
-from phalanx.cluster._tasks import NodeTasks, cluster_from, local_cluster, plan_tasks, select_node_tasks
+from phalanx.cluster._tasks import (
+    NodeTasks,
+    PlannedTask,
+    cluster_from,
+    local_cluster,
+    plan_tasks,
+    select_node_tasks,
+)
 from phalanx.cluster._token import TOKEN_ENV, check_token, missing_token_error, new_token
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.cluster.elastic import ElasticLaunch
@@ -117,18 +124,31 @@ def launch(
     # secret: the user's, or a fresh one
     token = _given_token(env)
     env = {**(env or {}), TOKEN_ENV: check_token(token) if token is not None else new_token()}
-    elastic = _elastic_launch(min_workers, max_restarts, env, out)
-    if elastic is not None:
-        env = {**elastic.environment(), **env}
     tasks = plan_tasks(spec, _all_tasks(spec))
     page = _status_page(status, token, env[TOKEN_ENV], out)
     if page is None:
-        return run_tasks(argv, tasks, env, timeout, out, stop_auxiliary=True, elastic=elastic)
+        return _run_local(argv, tasks, env, timeout, out, min_workers, max_restarts)
     try:
         env = {**env, **page.environment()}
-        return run_tasks(argv, tasks, env, timeout, out, True, elastic, page.task_exited)
+        return _run_local(argv, tasks, env, timeout, out, min_workers, max_restarts, page.task_exited)
     finally:
         page.stop()
+
+
+def _run_local(
+    argv: list[str],
+    tasks: Sequence[PlannedTask],
+    env: dict[str, str],
+    timeout: float | None,
+    out: IO[str] | None,
+    min_workers: int | None,
+    max_restarts: int,
+    on_exit: Callable[[str, int], None] | None = None,
+) -> int:
+    elastic = _elastic_launch(min_workers, max_restarts, env, out)
+    if elastic is not None:
+        env = {**elastic.environment(), **env}
+    return run_tasks(argv, tasks, env, timeout, out, True, elastic, on_exit)
 
 
 def _status_page(status: str | None, given: str | None, token: str, out: IO[str] | None) -> Any:
