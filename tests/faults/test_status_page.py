@@ -121,7 +121,7 @@ def test_the_page_names_the_straggler_and_the_lost_worker(tmp_path):
         (tmp_path / "stop").touch()
         assert launcher.wait(timeout=120) == 0, log.read_text()
         if not shutil.which("chromium"):
-            pytest.skip("no chromium (apt-get install -y chromium): /status.json passed, the page was not drawn")
+            pytest.skip("no chromium (apt-get install -y chromium): the JSON passed, the page was not drawn")
     finally:
         if launcher.poll() is None:
             launcher.send_signal(signal.SIGTERM)  # the launcher stops its tasks
