@@ -46,7 +46,8 @@ log = logging.getLogger("phalanx")
 
 INTERVAL = 0.5  # seconds between two reports of a task
 WINDOW = 5.0  # seconds the rates are measured over
-LOST_AFTER = 10.0  # phalanx.communication.health.DEFAULT_HEARTBEAT_TIMEOUT (not imported: no torch here)
+# phalanx.communication.checks.health.DEFAULT_HEARTBEAT_TIMEOUT (not imported: it would import torch)
+LOST_AFTER = 10.0
 TOKEN_HEADER = "X-Phalanx-Token"  # noqa: S105 - a header's name, not a secret
 STATES = ("joining", "running", "done")
 MAX_EVENTS = 200
