@@ -248,8 +248,11 @@ class Board:
                 return
             if known.report["pid"] != report["pid"]:
                 self._event(name, "joined", f"restarted: pid {report['pid']} on {report['host']}")
-            elif known.lost_reason is not None and report["state"] != "lost":
-                self._event(name, "joined", "reports again")
+            elif (known.lost_reason is not None or known.report["state"] == "done") and report[
+                "state"
+            ] != "lost":
+                if report["state"] != "done":
+                    self._event(name, "joined", "reports again")
             elif report["state"] == "done" and known.report["state"] != "done":
                 self._event(name, "done", "closed its strategy")
             elif report["state"] == "lost" and known.lost_reason is None:

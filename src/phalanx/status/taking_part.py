@@ -8,6 +8,7 @@ cost nothing.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 from phalanx.status.counters import COUNTERS
@@ -66,10 +67,23 @@ def join_status(
     settings = StatusSettings.from_env()
     if settings is None:
         return None
-    server = None
-    if is_chief and settings.served_by == "chief":
-        board = Board(secrets=(settings.token,) if settings.token else ())
-        server = StatusServer(settings.host, settings.port, board, settings.token).start()
+    server = _server_for(settings) if is_chief and settings.served_by == "chief" else None
     reporter = Reporter(task, settings.address, settings.token, epoch)
     reporter.start()
     return TaskStatus(reporter, server)
+
+
+_SERVERS: dict[tuple[str, int], StatusServer] = {}  # one per address and process
+_SERVERS_LOCK = threading.Lock()
+
+
+def _server_for(settings: StatusSettings) -> StatusServer:
+    """The chief's server at the settings' address: started by the first strategy of this
+    process, kept by the next ones (a program that makes a strategy again reuses the page)."""
+    key = (settings.host, settings.port)
+    with _SERVERS_LOCK:
+        server = _SERVERS.get(key)
+        if server is None:
+            board = Board(secrets=(settings.token,) if settings.token else ())
+            server = _SERVERS[key] = StatusServer(settings.host, settings.port, board, settings.token).start()
+        return server

@@ -184,3 +184,16 @@ def test_a_malformed_report_is_refused(report):
 
 def test_resident_memory_is_the_process_size():
     assert 10 * 2**20 < resident_memory() < 2**40
+
+
+def test_a_task_that_makes_a_strategy_again_joins_again():
+    board = Board(clock=Clock())
+    board.receive(_report("worker:0"))
+    board.receive(_report("worker:0", state="done"))
+    board.receive(_report("worker:0", state="joining"))
+    events = [(e["event"], e["reason"]) for e in board.snapshot()["events"]]
+    assert events == [
+        ("joined", "pid 10 on node"),
+        ("done", "closed its strategy"),
+        ("joined", "reports again"),
+    ]
