@@ -6,8 +6,9 @@ Turn it on with ``phalanx launch --status HOST:PORT`` or, for jobs started other
 
 from __future__ import annotations
 
+from phalanx.status.board import Board
 from phalanx.status.counters import COUNTERS
-from phalanx.status.reports import Board, Reporter
+from phalanx.status.reports import Reporter
 from phalanx.status.server import StatusServer
 from phalanx.status.settings import ADDRESS_ENV, StatusSettings
 from phalanx.status.straggler import find_straggler

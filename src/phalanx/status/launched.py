@@ -8,7 +8,7 @@ It tells the tasks where to report (``PHALANX_STATUS_ADDRESS``) and that the lau
 from __future__ import annotations
 
 from phalanx.cluster._supervisor import describe_exit
-from phalanx.status.reports import Board
+from phalanx.status.board import Board
 from phalanx.status.server import StatusServer, is_loopback
 from phalanx.status.settings import ADDRESS_ENV, SERVED_BY_ENV, StatusSettings, parse_address
 

@@ -26,8 +26,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from phalanx.status.board import Board
 from phalanx.status.page import render_page
-from phalanx.status.reports import TOKEN_HEADER, Board
+from phalanx.status.reports import TOKEN_HEADER
 
 __all__ = ["MAX_BODY", "MAX_CONNECTIONS", "REQUEST_TIMEOUT", "StatusServer", "is_loopback"]
 

@@ -11,8 +11,9 @@ import logging
 import threading
 from collections.abc import Callable
 
+from phalanx.status.board import Board
 from phalanx.status.counters import COUNTERS
-from phalanx.status.reports import Board, Reporter
+from phalanx.status.reports import Reporter
 from phalanx.status.server import StatusServer
 from phalanx.status.settings import StatusSettings
 

@@ -140,7 +140,6 @@ class MultiWorkerMirroredStrategy(Strategy):
             if self._num_local_replicas == 1:
                 self._buckets = group_buckets(self, self._group)
                 self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
-
         if self._status is not None:
             self._status.running()
 
@@ -300,11 +299,13 @@ class MultiWorkerMirroredStrategy(Strategy):
         A file path (``model.pt``) is answered as ``write_filepath`` would.
         """
         from phalanx.strategies.workers import distributed_files as _distributed_files
+
         return _distributed_files.write_dirpath(dirpath, self)
 
     def remove_temp_dirpath(self, dirpath: str) -> None:
         """Removes this worker's ``workertemp_<task_id>`` folder under ``dirpath`` (non-chief)."""
         from phalanx.strategies.workers import distributed_files as _distributed_files
+
         _distributed_files.remove_temp_dirpath(dirpath, self)
 
     # ---------------------------------------------------------------- variables

@@ -10,8 +10,9 @@ import socket
 
 import pytest
 
+from phalanx.status.board import Board
 from phalanx.status.page import render_page
-from phalanx.status.reports import TOKEN_HEADER, Board, Reporter
+from phalanx.status.reports import TOKEN_HEADER, Reporter
 from phalanx.status.server import MAX_BODY, StatusServer, is_loopback
 
 TOKEN = "t0ken-for-the-status-tests"  # noqa: S105 - a test's token
