@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.status.board import Board
 from phalanx.status.counters import Counters
 from phalanx.status.reports import Reporter, resident_memory
 
@@ -15,15 +14,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def _report(task: str, **fields) -> dict:
-    report = {"task": task, "pid": 10 + int(task[-1]), "host": "node", "state": "running", "step": 0}
-    return {**report, **fields}
-
-
-def _rows(board: Board) -> dict[str, dict]:
-    return {row["task"]: row for row in board.snapshot()["workers"]}
 
 
 def test_a_report_measures_rates_over_the_window():
