@@ -1,4 +1,4 @@
-"""The status page's settings: the one place that reads its environment variables.
+"""The status page's settings, from its knobs in `phalanx.settings`.
 
 ``PHALANX_STATUS_ADDRESS=HOST:PORT`` on every task of a job turns the status page on: the
 chief serves it there and every task reports to it. ``phalanx launch --status HOST:PORT``
@@ -8,10 +8,9 @@ which it sets too), so the page outlives any task.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
-from phalanx.cluster._token import TOKEN_ENV
+from phalanx import settings
 
 __all__ = ["ADDRESS_ENV", "SERVED_BY_ENV", "StatusSettings", "parse_address"]
 
@@ -65,11 +64,12 @@ class StatusSettings:
         Raises:
             ValueError: A malformed address or an unknown server.
         """
-        text = os.environ.get(ADDRESS_ENV, "").strip()
+        knobs = settings.current()
+        text = knobs.text(ADDRESS_ENV).strip()
         if not text:
             return None
         host, port = parse_address(text)
-        served_by = os.environ.get(SERVED_BY_ENV, "chief").strip() or "chief"
+        served_by = knobs.text(SERVED_BY_ENV).strip() or "chief"
         if served_by not in _SERVERS:
             raise ValueError(
                 f"{SERVED_BY_ENV} must be one of {list(_SERVERS)}. Received: {served_by!r}. "
@@ -80,4 +80,4 @@ class StatusSettings:
                 f"{ADDRESS_ENV} needs a fixed port: every task reports there. Received: {text!r}. "
                 "HINT: pick a free port, e.g. 127.0.0.1:8265."
             )
-        return StatusSettings(host, port, served_by, os.environ.get(TOKEN_ENV) or None)
+        return StatusSettings(host, port, served_by, knobs.cluster_token or None)

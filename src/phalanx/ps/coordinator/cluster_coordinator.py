@@ -39,7 +39,7 @@ from phalanx.ps.worker.running import ClosureAbandonedError
 from phalanx.status.counters import COUNTERS
 
 if TYPE_CHECKING:
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy as Strategy
 
 __all__ = ["ClusterCoordinator"]
 
