@@ -155,7 +155,7 @@ def _status_page(status: str | None, given: str | None, token: str, out: IO[str]
     """The launcher's status page (``--status``, a `LaunchedPage` serving already), or None."""
     if status is None:
         return None
-    from phalanx.status.launched import LaunchedPage  # phalanx.status imports this package
+    from phalanx.cluster._status_page import LaunchedPage  # phalanx.status imports this package
 
     page = LaunchedPage(status, token, user_given=given is not None)
     print(f"[launcher] status page at {page.url}", file=out if out is not None else sys.stderr, flush=True)
