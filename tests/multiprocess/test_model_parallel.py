@@ -1,0 +1,223 @@
+"""ModelParallelStrategy with real processes on 127.0.0.1: a model split along the model axis
+(2 workers) and along batch x model (4 workers) trains to one device's losses and weights,
+each worker holding only its part of every split weight."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import phalanx
+from phalanx.experimental import DeviceMesh, LayoutMap
+from phalanx.train import Checkpoint
+from support.strategies import ProcessRunner
+
+pytestmark = pytest.mark.multiprocess
+GLOBAL_BATCH, STEPS, VOCAB, DIM = 8, 3, 16, 16
+TOL = {"rtol": 1e-5, "atol": 1e-6}
+
+
+class MLP(nn.Module):
+    """A split pair (column then row) between replicated layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 6))
+        self.norm = nn.LayerNorm(6)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.net(x)))
+
+
+class Attention(nn.Module):
+    """torchtitan's attention: wq/wk/wv split by columns, wo by rows; the head count of the
+    local part is left to torch (``-1``)."""
+
+    def __init__(self, dim: int = DIM, head_dim: int = 4) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.wq, self.wk, self.wv = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, local heads, s, head_dim)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """torchtitan's gated feed-forward: w1/w3 split by columns, w2 by rows."""
+
+    def __init__(self, dim: int = DIM, hidden: int = 32) -> None:
+        super().__init__()
+        self.w1, self.w2, self.w3 = nn.Linear(dim, hidden), nn.Linear(hidden, dim), nn.Linear(dim, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention_norm, self.ffn_norm = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.attention, self.feed_forward = Attention(), FeedForward()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """An embedding split by rows, one block, an output layer split by columns (gathered)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList([Block()])
+        self.norm = nn.LayerNorm(DIM)
+        self.output = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+LAYOUTS = {
+    "mlp": {r"net\.0\.weight": ("model", None), r"net\.0\.bias": ("model",), r"net\.2\.weight": (None, "model")},
+    "transformer": {
+        "tok_embeddings.weight": ("model", None),
+        r"layers\.\d+\.attention\.w[qkv]\.weight": ("model", None),
+        r"layers\.\d+\.attention\.wo\.weight": (None, "model"),
+        r"layers\.\d+\.feed_forward\.w[13]\.weight": ("model", None),
+        r"layers\.\d+\.feed_forward\.w[13]\.bias": ("model",),
+        r"layers\.\d+\.feed_forward\.w2\.weight": (None, "model"),
+        "output.weight": ("model", None),
+    },
+}
+
+
+def layout_map(kind: str, shape: tuple[int, ...], names: tuple[str, ...]) -> LayoutMap:
+    layouts = LayoutMap(DeviceMesh(shape, names))
+    for key, axes in LAYOUTS[kind].items():
+        layouts[key] = axes
+    return layouts
+
+
+def _data(kind: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    if kind == "mlp":
+        return [
+            (torch.randn(GLOBAL_BATCH, 6, generator=gen), torch.randint(0, 4, (GLOBAL_BATCH,), generator=gen))
+            for _ in range(STEPS)
+        ]
+    tokens = [torch.randint(0, VOCAB, (GLOBAL_BATCH, 6), generator=gen) for _ in range(STEPS)]
+    return [(t, t.roll(-1, dims=1)) for t in tokens]
+
+
+def train(strategy: phalanx.Strategy, kind: str, meta: bool = False, folder: str | None = None) -> dict:
+    """The custom loop (each worker): SGD with momentum, TF's loss convention, clipping."""
+    torch.manual_seed(10 + strategy.worker_rank)  # different on every worker: the chief's must win
+    with strategy.scope(), torch.device("meta" if meta else "cpu"):
+        model = MLP() if kind == "mlp" else Transformer()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = model(x)
+        per_example = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+        per_example = per_example.reshape(y.shape[0], -1).mean(dim=1)
+        loss = phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    losses = []
+    for x, y in strategy.experimental_distribute_dataset(_data(kind)):
+        loss = strategy.run(step, args=(x, y))
+        losses.append(strategy.reduce("sum", loss, axis=None).item())
+    local = {n: tuple((p.to_local() if hasattr(p, "to_local") else p).shape) for n, p in model.named_parameters()}
+    result = {
+        "losses": losses,
+        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "local": local,
+    }
+    if folder is not None:
+        result["path"] = Checkpoint(model=model, optimizer=optimizer).save(os.path.join(folder, "ckpt"))
+    return result
+
+
+def restore(strategy: phalanx.Strategy, kind: str, path: str) -> dict:
+    with strategy.scope():
+        model = MLP() if kind == "mlp" else Transformer()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    Checkpoint(model=model, optimizer=optimizer).read(path)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _one_device(kind: str) -> dict:
+    return train(phalanx.OneDeviceStrategy("cpu:0"), kind)
+
+
+def _same_weights(got: dict, expected: dict) -> None:
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert type(got[key]) is torch.Tensor, f"{key}: state_dict() outside run gives full tensors"
+        np.testing.assert_allclose(got[key].numpy(), value.numpy(), **TOL, err_msg=key)
+
+
+def _runner(tmp_path: Path, workers: int) -> ProcessRunner:
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    return ProcessRunner("model_parallel", "experimental.ModelParallelStrategy", tmp_path / "runs", workers)
+
+
+def _local_shape(kind: str, name: str, shape: tuple[int, ...], model: int, data: int) -> tuple[int, ...]:
+    """The part of parameter ``name`` one worker holds: its split dimension / model, then
+    dimension 0 / data (FSDP2)."""
+    layout = next((a for k, a in LAYOUTS[kind].items() if k == name or __import__("re").fullmatch(k, name)), None)
+    local = list(shape)
+    if layout is not None:
+        for dim, axis in enumerate(layout):
+            if axis == "model":
+                local[dim] //= model
+    local[0] = -(-local[0] // data)
+    return tuple(local)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "transformer"])
+def test_split_along_the_model_axis_two_workers_train_to_one_devices_weights(kind, tmp_path):
+    expected = _one_device(kind)
+    layouts = layout_map(kind, (2,), ("model",))
+    results = _runner(tmp_path, 2).run(train, kind, False, str(tmp_path), strategy_kwargs={"layout_map": layouts})
+    for worker in results:
+        np.testing.assert_allclose(worker["losses"], expected["losses"], **TOL)
+        _same_weights(worker["state"], expected["state"])
+        for name, full in expected["state"].items():
+            if name in worker["local"]:
+                assert worker["local"][name] == _local_shape(kind, name, tuple(full.shape), 2, 1), name
+    split = "tok_embeddings.weight" if kind == "transformer" else "net.0.weight"
+    assert results[0]["local"][split][0] == expected["state"][split].shape[0] // 2
+    # the sharded checkpoint restores on one device with the trained weights
+    _same_weights(restore(phalanx.OneDeviceStrategy("cpu:0"), kind, results[0]["path"]), expected["state"])
+
+
+def test_batch_by_model_four_workers_train_a_transformer_block_to_one_devices_weights(tmp_path):
+    expected = _one_device("transformer")
+    layouts = layout_map("transformer", (2, 2), ("batch", "model"))
+    results = _runner(tmp_path, 4).run(
+        train, "transformer", True, strategy_kwargs={"layout_map": layouts}, timeout=300
+    )
+    for worker in results:
+        np.testing.assert_allclose(worker["losses"], expected["losses"], **TOL)
+        _same_weights(worker["state"], expected["state"])
+        for name, full in expected["state"].items():
+            assert worker["local"][name] == _local_shape("transformer", name, tuple(full.shape), 2, 2), name
