@@ -124,8 +124,10 @@ def _data(kind: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(t, t.roll(-1, dims=1)) for t in tokens]
 
 
-def train(strategy: phalanx.Strategy, kind: str, meta: bool = False, folder: str | None = None) -> dict:
-    """The custom loop (each worker): SGD with momentum, TF's loss convention, clipping."""
+def train(
+    strategy: phalanx.Strategy, kind: str, meta: bool = False, folder: str | None = None, clip: float = 0.0
+) -> dict:
+    """The custom loop (each worker): SGD with momentum, TF's loss convention, optional clipping."""
     torch.manual_seed(10 + strategy.worker_rank)  # different on every worker: the chief's must win
     with strategy.scope(), torch.device("meta" if meta else "cpu"):
         model = MLP() if kind == "mlp" else Transformer()
@@ -137,6 +139,10 @@ def train(strategy: phalanx.Strategy, kind: str, meta: bool = False, folder: str
         per_example = per_example.reshape(y.shape[0], -1).mean(dim=1)
         loss = phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH)
         loss.backward()
+        if clip:
+            norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            assert float(norm) > clip, "the test must clip"
         optimizer.step()
         optimizer.zero_grad()
         return loss
@@ -164,8 +170,8 @@ def restore(strategy: phalanx.Strategy, kind: str, path: str) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _one_device(kind: str) -> dict:
-    return train(phalanx.OneDeviceStrategy("cpu:0"), kind)
+def _one_device(kind: str, clip: float = 0.0) -> dict:
+    return train(phalanx.OneDeviceStrategy("cpu:0"), kind, False, None, clip)
 
 
 def _same_weights(got: dict, expected: dict) -> None:
@@ -195,9 +201,12 @@ def _local_shape(kind: str, name: str, shape: tuple[int, ...], model: int, data:
 
 @pytest.mark.parametrize("kind", ["mlp", "transformer"])
 def test_split_along_the_model_axis_two_workers_train_to_one_devices_weights(kind, tmp_path):
-    expected = _one_device(kind)
+    clip = 0.05 if kind == "transformer" else 0.0  # clipping's norm spans split and replicated weights
+    expected = _one_device(kind, clip)
     layouts = layout_map(kind, (2,), ("model",))
-    results = _runner(tmp_path, 2).run(train, kind, False, str(tmp_path), strategy_kwargs={"layout_map": layouts})
+    results = _runner(tmp_path, 2).run(
+        train, kind, False, str(tmp_path), clip, strategy_kwargs={"layout_map": layouts}
+    )
     for worker in results:
         np.testing.assert_allclose(worker["losses"], expected["losses"], **TOL)
         _same_weights(worker["state"], expected["state"])
@@ -211,10 +220,11 @@ def test_split_along_the_model_axis_two_workers_train_to_one_devices_weights(kin
 
 
 def test_batch_by_model_four_workers_train_a_transformer_block_to_one_devices_weights(tmp_path):
-    expected = _one_device("transformer")
+    # built on the meta device: each worker materialises one layer at a time, the chief's values win
+    expected = _one_device("transformer", 0.05)
     layouts = layout_map("transformer", (2, 2), ("batch", "model"))
     results = _runner(tmp_path, 4).run(
-        train, "transformer", True, strategy_kwargs={"layout_map": layouts}, timeout=300
+        train, "transformer", True, None, 0.05, strategy_kwargs={"layout_map": layouts}, timeout=300
     )
     for worker in results:
         np.testing.assert_allclose(worker["losses"], expected["losses"], **TOL)

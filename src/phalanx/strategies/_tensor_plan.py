@@ -44,7 +44,8 @@ class LayerSplit:
 def layouts_of(
     root: nn.Module, layout_map: LayoutMap, batch_axis: str
 ) -> dict[str, tuple[nn.Parameter, TensorLayout]]:
-    """Every split parameter of ``root`` by name, with its layout, checked against the mesh.
+    """Every parameter of ``root`` that a key matches, by name, with its layout, checked
+    against the mesh (replicated layouts too: a bias's must agree with its weight's).
 
     Raises:
         ValueError: Two keys match one name, a layout has not one entry per dimension, names
@@ -76,8 +77,7 @@ def layouts_of(
                     f"{layout.axes} for shape {tuple(param.shape)}. HINT: pick sizes the axis divides, "
                     "or leave that dimension unsplit (None)."
                 )
-        if not layout.is_replicated:
-            found[name] = (param, layout)
+        found[name] = (param, layout)
     return found
 
 
@@ -116,7 +116,7 @@ def _check_bias(path: str, module: nn.Module, style: str, layouts: Mapping[str, 
 
 
 def plan_layers(root: nn.Module, split: Mapping[str, tuple[nn.Parameter, TensorLayout]]) -> list[LayerSplit]:
-    """The split layers of ``root``, from its split parameters (`layouts_of`).
+    """The split layers of ``root``, from the layouts of its parameters (`layouts_of`).
 
     Raises:
         ValueError: A split parameter is not an nn.Linear's or nn.Embedding's weight (or its
@@ -125,6 +125,8 @@ def plan_layers(root: nn.Module, split: Mapping[str, tuple[nn.Parameter, TensorL
     layouts = {name: layout for name, (_, layout) in split.items()}
     layers: dict[int, LayerSplit] = {}
     for name, (_, layout) in split.items():
+        if layout.is_replicated:
+            continue
         path, module, leaf = _owner(root, name)
         if isinstance(module, nn.Linear) and leaf == "bias":
             weight = layouts.get(f"{path}.weight" if path else "weight")
@@ -173,3 +175,37 @@ def parallel_styles(root: nn.Module, layers: list[LayerSplit]) -> dict[int, Para
                 input_layouts=Shard(-1) if inner else Replicate(), output_layouts=Replicate()
             )
     return styles
+
+
+def replicated_blocks(root: nn.Module, layers: list[LayerSplit]) -> list[nn.Module]:
+    """The largest submodules of ``root`` with parameters and no split layer: their parameters
+    become DTensors replicated over the model axis, and their inputs and outputs cross between
+    DTensors and plain tensors at their border (torch's ``distribute_module``), so that every
+    parameter is a DTensor on one mesh (clipping's norm, optimizers and checkpoints need that).
+
+    Raises:
+        ValueError: A module holds parameters of its own and split layers below it (its
+            forward would mix its DTensor parameters with its layers' plain outputs).
+    """
+    split = {id(layer.module) for layer in layers}
+    has_split = {id(m) for m in root.modules() if any(id(s) in split for s in m.modules())}
+    blocks: list[nn.Module] = []
+
+    def visit(module: nn.Module, path: str) -> None:
+        if id(module) not in has_split:
+            if any(True for _ in module.parameters()):
+                blocks.append(module)
+            return
+        own = [n for n, p in module._parameters.items() if p is not None]
+        if own and id(module) not in split:
+            raise ValueError(
+                f"{path or 'The model'} ({type(module).__name__}) holds parameters {own} of its own and "
+                "split layers below it; its forward would mix its replicated parameters with its "
+                "layers' outputs. HINT: move those parameters into a submodule of their own "
+                "(an nn.Embedding for a position table), or leave the layers below it unsplit."
+            )
+        for name, child in module.named_children():
+            visit(child, f"{path}.{name}" if path else name)
+
+    visit(root, "")
+    return blocks

@@ -22,14 +22,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh as TorchMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, distribute_module
 from torch.distributed.tensor.parallel import parallelize_module
 
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.communication_options import CommunicationOptions
 from phalanx.distribution.layouts import LayoutMap
 from phalanx.strategies._meta_init import post_order
-from phalanx.strategies._tensor_plan import layouts_of, parallel_styles, plan_layers
+from phalanx.strategies._tensor_plan import layouts_of, parallel_styles, plan_layers, replicated_blocks
 from phalanx.strategies.fully_sharded import FullyShardedStrategy, _check_shardable
 from phalanx.strategies.strategy import Strategy
 from phalanx.values import ReduceOp
@@ -205,7 +205,9 @@ class ModelParallelStrategy(FullyShardedStrategy):
             return
         names: list[str] = []
         for root in map(_named, roots):
-            plan_layers(root, layouts_of(root, self._layout_map, self._batch_axis))
+            layers = plan_layers(root, layouts_of(root, self._layout_map, self._batch_axis))
+            if self._model_axis is not None and self._layout_map.device_mesh.axis_size(self._model_axis) > 1:
+                replicated_blocks(root, layers)
             names.extend(n for n, _ in root.named_parameters(remove_duplicate=False))
         unused = set(self._layout_map) - self._layout_map.matching_keys(names)
         if unused:
@@ -231,10 +233,14 @@ class ModelParallelStrategy(FullyShardedStrategy):
             if data is not None:
                 _check_shardable(root)
             named = _named(root)
-            styles = parallel_styles(named, plan_layers(named, layouts_of(named, self._layout_map, self._batch_axis)))
+            layers = plan_layers(named, layouts_of(named, self._layout_map, self._batch_axis))
+            styles = parallel_styles(named, layers)
+            blocks = replicated_blocks(named, layers) if model is not None else []
             before = dict(root.named_parameters(remove_duplicate=False))
             for unit in units:
                 self._lay_out(unit, styles, model, data)
+            for block in blocks:  # plain tensors in and out, DTensor parameters inside
+                distribute_module(block, model, _keep_parameters, _replicated_inputs, _local_outputs)
             after = dict(root.named_parameters(remove_duplicate=False))
             self._remember_sharded(before, after)
             self._done.add(id(root))
@@ -267,10 +273,17 @@ class ModelParallelStrategy(FullyShardedStrategy):
         ))
         self._broadcast_whole(own)  # every worker takes its part of the chief's values locally
         for module in post_order(unit):
+            if model is None or id(module) in self._done:
+                continue
+            self._done.add(id(module))
             style = styles.get(id(module))
-            if style is not None and id(module) not in self._done and model is not None:
+            if style is not None:
                 parallelize_module(module, model, style, src_data_rank=None)
-                self._done.add(id(module))
+                continue
+            for name, p in list(module._parameters.items()):  # replicated over the model axis
+                if p is not None and not isinstance(p, DTensor):
+                    local = DTensor.from_local(p.detach(), model, [Replicate()], run_check=False)
+                    module.register_parameter(name, nn.Parameter(local, requires_grad=p.requires_grad))
         if data is not None:
             fully_shard(unit, mesh=data, reshard_after_forward=True, mp_policy=self._mp_policy)
             unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # TF's convention: sums
@@ -334,6 +347,29 @@ class ModelParallelStrategy(FullyShardedStrategy):
         if group is None:
             return super()._cross_worker_all_gather(tensor, axis, local_sizes, options)
         return _gather_padded(tensor, axis, local_sizes, group, self._stage)
+
+
+def _keep_parameters(name: str, module: nn.Module, mesh: TorchMesh) -> None:
+    """``distribute_module``'s partition step: nothing (the parameters are DTensors already)."""
+
+
+def _replicated_inputs(module: nn.Module, inputs: Any, mesh: TorchMesh) -> Any:
+    """A replicated block's plain tensor inputs as DTensors replicated over the model axis."""
+    return tuple(
+        DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+        if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+        else x
+        for x in inputs
+    )
+
+
+def _local_outputs(module: nn.Module, outputs: Any, mesh: TorchMesh) -> Any:
+    """A replicated block's DTensor outputs as plain tensors (the same on every worker of the axis)."""
+    if isinstance(outputs, DTensor):
+        return outputs.to_local()
+    if isinstance(outputs, tuple | list):
+        return type(outputs)(o.to_local() if isinstance(o, DTensor) else o for o in outputs)
+    return outputs
 
 
 def _named(root: nn.Module) -> nn.Module:
