@@ -5,6 +5,7 @@ each worker holding only its part of every split weight."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +94,11 @@ class Transformer(nn.Module):
 
 
 LAYOUTS = {
-    "mlp": {r"net\.0\.weight": ("model", None), r"net\.0\.bias": ("model",), r"net\.2\.weight": (None, "model")},
+    "mlp": {
+        r"net\.0\.weight": ("model", None),
+        r"net\.0\.bias": ("model",),
+        r"net\.2\.weight": (None, "model"),
+    },
     "transformer": {
         "tok_embeddings.weight": ("model", None),
         r"layers\.\d+\.attention\.w[qkv]\.weight": ("model", None),
@@ -151,7 +156,9 @@ def train(
     for x, y in strategy.experimental_distribute_dataset(_data(kind)):
         loss = strategy.run(step, args=(x, y))
         losses.append(strategy.reduce("sum", loss, axis=None).item())
-    local = {n: tuple((p.to_local() if hasattr(p, "to_local") else p).shape) for n, p in model.named_parameters()}
+    local = {
+        n: tuple((p.to_local() if hasattr(p, "to_local") else p).shape) for n, p in model.named_parameters()
+    }
     result = {
         "losses": losses,
         "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
@@ -181,15 +188,15 @@ def _same_weights(got: dict, expected: dict) -> None:
         np.testing.assert_allclose(got[key].numpy(), value.numpy(), **TOL, err_msg=key)
 
 
-def _runner(tmp_path: Path, workers: int) -> ProcessRunner:
-    (tmp_path / "runs").mkdir(exist_ok=True)
-    return ProcessRunner("model_parallel", "experimental.ModelParallelStrategy", tmp_path / "runs", workers)
+def _runner(tmp_path: Path, workers: int, name: str = "runs") -> ProcessRunner:
+    (tmp_path / name).mkdir()
+    return ProcessRunner("model_parallel", "experimental.ModelParallelStrategy", tmp_path / name, workers)
 
 
 def _local_shape(kind: str, name: str, shape: tuple[int, ...], model: int, data: int) -> tuple[int, ...]:
     """The part of parameter ``name`` one worker holds: its split dimension / model, then
     dimension 0 / data (FSDP2)."""
-    layout = next((a for k, a in LAYOUTS[kind].items() if k == name or __import__("re").fullmatch(k, name)), None)
+    layout = next((a for k, a in LAYOUTS[kind].items() if k == name or re.fullmatch(k, name)), None)
     local = list(shape)
     if layout is not None:
         for dim, axis in enumerate(layout):
@@ -231,3 +238,85 @@ def test_batch_by_model_four_workers_train_a_transformer_block_to_one_devices_we
         _same_weights(worker["state"], expected["state"])
         for name, full in expected["state"].items():
             assert worker["local"][name] == _local_shape("transformer", name, tuple(full.shape), 2, 2), name
+
+
+def fit(strategy: phalanx.Strategy, policy: str, folder: str | None = None) -> dict:
+    """Model.fit with a mixed-precision policy, an accuracy metric and a weights checkpoint per
+    epoch (a sharded DCP folder under ModelParallelStrategy)."""
+    torch.manual_seed(10 + strategy.worker_rank)
+    phalanx.mixed_precision.set_global_policy(policy)
+    try:
+        x, y = (torch.cat(parts) for parts in zip(*_data("mlp"), strict=True))
+        with strategy.scope():
+            model = phalanx.Model(MLP())
+            model.compile(
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                loss=phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"],
+            )
+        callbacks = []
+        if folder is not None:
+            path = os.path.join(folder, "w-{epoch}.dcp")
+            callbacks.append(phalanx.callbacks.ModelCheckpoint(path, save_weights_only=True))
+        history = model.fit(
+            x.numpy(),
+            y.numpy(),
+            batch_size=GLOBAL_BATCH,
+            epochs=2,
+            shuffle=False,
+            verbose=0,
+            callbacks=callbacks,
+        )
+        return {
+            "history": history.history,
+            "state": {k: v.detach().clone() for k, v in model.module.state_dict().items()},
+        }
+    finally:
+        phalanx.mixed_precision.set_global_policy("float32")
+
+
+def restore_weights(strategy: phalanx.Strategy, path: str) -> dict:
+    with strategy.scope():
+        model = phalanx.Model(MLP())
+    model.load_weights(path)
+    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_model_fit_with_mixed_precision_gives_one_devices_history_and_restores_on_another_mesh(
+    policy, tmp_path
+):
+    expected = fit(phalanx.OneDeviceStrategy("cpu:0"), policy)
+    layouts = layout_map("mlp", (2,), ("model",))
+    results = _runner(tmp_path, 2).run(fit, policy, str(tmp_path), strategy_kwargs={"layout_map": layouts})
+    tol = TOL if policy == "float32" else {"rtol": 1e-2, "atol": 1e-3}  # float16 sums in another order
+    for worker in results:
+        assert worker["history"].keys() == expected["history"].keys()
+        for key, values in expected["history"].items():
+            np.testing.assert_allclose(worker["history"][key], values, **tol, err_msg=key)
+        for key, value in expected["state"].items():
+            np.testing.assert_allclose(worker["state"][key].numpy(), value.numpy(), **tol, err_msg=key)
+    if policy == "float32":  # the model-axis checkpoint, read by two workers that split the batch
+        data_parallel = LayoutMap(DeviceMesh((2,), ("batch",)))
+        path = str(tmp_path / "w-2.dcp")
+        for state in _runner(tmp_path, 2, "restore").run(
+            restore_weights, path, strategy_kwargs={"layout_map": data_parallel}
+        ):
+            _same_weights(state, results[0]["state"])
+
+
+def refused(strategy: phalanx.Strategy) -> str:
+    """Builds a layer whose split dimension (3) the model axis (2) does not divide."""
+    try:
+        with strategy.scope():
+            model = nn.Sequential(nn.Linear(4, 3))
+    except ValueError as error:
+        return str(error)
+    return f"not refused: {model}"
+
+
+def test_a_dimension_the_model_axis_does_not_divide_is_refused_at_the_scope_on_every_worker(tmp_path):
+    layouts = LayoutMap(DeviceMesh((2,), ("model",)))
+    layouts[r"0\.weight"] = ("model", None)
+    for message in _runner(tmp_path, 2).run(refused, strategy_kwargs={"layout_map": layouts}):
+        assert "Dimension 0 of '0.weight' (3) is not divisible by the 2 workers of mesh axis" in message

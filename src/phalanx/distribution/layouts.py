@@ -124,7 +124,9 @@ class LayoutMap(MutableMapping[str, TensorLayout]):
         try:
             pattern = re.compile(key)
         except re.error as error:
-            raise ValueError(f"LayoutMap keys are regular expressions. Received: {key!r} ({error}).") from None
+            raise ValueError(
+                f"LayoutMap keys are regular expressions. Received: {key!r} ({error})."
+            ) from None
         if not isinstance(layout, TensorLayout):
             if isinstance(layout, str):
                 raise ValueError(f"A layout is a tuple of axis names or None. Received: {layout!r}.")

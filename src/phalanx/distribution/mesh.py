@@ -38,7 +38,9 @@ class DeviceMesh:
                 f"shape={shape}, axis_names={axis_names}. HINT: DeviceMesh((2, 2), ('batch', 'model'))."
             )
         if any(not isinstance(n, int) or n < 1 for n in shape):
-            raise ValueError(f"Every axis of a DeviceMesh is a positive number of workers. Received: {shape}.")
+            raise ValueError(
+                f"Every axis of a DeviceMesh is a positive number of workers. Received: {shape}."
+            )
         if len(set(axis_names)) != len(axis_names) or not all(isinstance(a, str) and a for a in axis_names):
             raise ValueError(f"DeviceMesh axis names must be distinct strings. Received: {axis_names}.")
         self._shape = shape

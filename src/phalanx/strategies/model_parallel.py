@@ -130,7 +130,7 @@ class ModelParallelStrategy(FullyShardedStrategy):
         )
         self._kept: dict[int, weakref.ref[torch.Tensor]] = {}  # parameters left whole (not split)
         self._checked: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose layouts passed
-        self._done: set[int] = set()  # ids of layers already split
+        self._done: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # modules laid out already
 
     def __repr__(self) -> str:
         mesh = self._layout_map.device_mesh
@@ -222,41 +222,45 @@ class ModelParallelStrategy(FullyShardedStrategy):
     # ---------------------------------------------------------------- laying the model out
     def _shard_pending(self) -> None:
         """Splits and shards the models made since the last run (all workers, same order)."""
-        data, model = self._axis_mesh(self._batch_axis), self._axis_mesh(self._model_axis)
         for root, units in self._plan.take().items():
-            if isinstance(root, FSDPModule) or id(root) in self._done:
+            if isinstance(root, FSDPModule) or root in self._done:
                 raise RuntimeError(
                     f"Parameters were added to {type(root).__name__} after ModelParallelStrategy laid "
                     "it out (at the first run after it was made). HINT: build the whole model in the "
                     "scope before the first step."
                 )
-            if data is not None:
-                _check_shardable(root)
-            named = _named(root)
-            layers = plan_layers(named, layouts_of(named, self._layout_map, self._batch_axis))
-            styles = parallel_styles(named, layers)
-            blocks = replicated_blocks(named, layers) if model is not None else []
             before = dict(root.named_parameters(remove_duplicate=False))
-            for unit in units:
-                self._lay_out(unit, styles, model, data)
-            for block in blocks:  # plain tensors in and out, DTensor parameters inside
-                distribute_module(block, model, _keep_parameters, _replicated_inputs, _local_outputs)
+            self._lay_out_model(root, units)
             after = dict(root.named_parameters(remove_duplicate=False))
             self._remember_sharded(before, after)
-            self._done.add(id(root))
-            for new in after.values():
-                if not isinstance(new, DTensor):
-                    self._kept[id(new)] = weakref.ref(new)
+            self._kept.update((id(p), weakref.ref(p)) for p in after.values() if not isinstance(p, DTensor))
             for module in root.modules():  # modules no registration hook saw (deep copies)
-                if any(isinstance(p, DTensor) for p in module._parameters.values()) and module not in self._hooked:
+                split = any(isinstance(p, DTensor) for p in module._parameters.values())
+                if split and module not in self._hooked:
                     self._hooked.add(module)
                     self._state_dict_hooks.install(module)
-        self._unbroadcast = []  # the parameters FullySharded left for later: broadcast per unit above
+        self._unbroadcast = []  # the parameters FullySharded left for later: broadcast per unit
         meta_buffers = self._meta.take_buffers()
         if meta_buffers and self._group is not None:  # their values: the chief's resets
             self._unbroadcast.extend(meta_buffers)
             self._broadcast_from_chief()
         self._meta.pending = False
+
+    def _lay_out_model(self, root: nn.Module, units: Sequence[nn.Module]) -> None:
+        """Lays ``root`` out unit by unit (children first, `ShardingPlan`), then gives its
+        replicated blocks their DTensor borders."""
+        data, model = self._axis_mesh(self._batch_axis), self._axis_mesh(self._model_axis)
+        if data is not None:
+            _check_shardable(root)
+        named = _named(root)
+        layers = plan_layers(named, layouts_of(named, self._layout_map, self._batch_axis))
+        styles = parallel_styles(named, layers)
+        for unit in units:
+            self._lay_out(unit, styles, model, data)
+        if model is not None:
+            for block in replicated_blocks(named, layers):  # plain tensors in and out
+                distribute_module(block, model, _keep_parameters, _replicated_inputs, _local_outputs)
+        self._done.add(root)
 
     def _lay_out(
         self,
@@ -268,14 +272,19 @@ class ModelParallelStrategy(FullyShardedStrategy):
         """One unit: its parameters get memory (meta) and the chief's values, its split layers
         are parallelised over the model axis, then it is sharded over the batch axis."""
         self._meta.materialize(unit, on_chief=self.worker_rank == 0)
-        own = list(dict.fromkeys(
-            p for m in post_order(unit) for p in m._parameters.values() if p is not None and not isinstance(p, DTensor)
-        ))
+        own = list(
+            dict.fromkeys(
+                p
+                for m in post_order(unit)
+                for p in m._parameters.values()
+                if p is not None and not isinstance(p, DTensor)
+            )
+        )
         self._broadcast_whole(own)  # every worker takes its part of the chief's values locally
         for module in post_order(unit):
-            if model is None or id(module) in self._done:
+            if model is None or module in self._done:
                 continue
-            self._done.add(id(module))
+            self._done.add(module)
             style = styles.get(id(module))
             if style is not None:
                 parallelize_module(module, model, style, src_data_rank=None)

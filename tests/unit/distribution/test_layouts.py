@@ -11,7 +11,7 @@ from phalanx.experimental import DeviceMesh, LayoutMap, TensorLayout
 
 def test_a_mesh_places_ranks_row_major_and_reports_axis_sizes():
     mesh = DeviceMesh((2, 3), ("batch", "model"))
-    assert mesh.size == 6 and mesh.axis_size("model") == 3 and mesh.axis_size("absent") == 1
+    assert (mesh.size, mesh.axis_size("model"), mesh.axis_size("absent")) == (6, 3, 1)
     assert [mesh.coordinate(r, "batch") for r in range(6)] == [0, 0, 0, 1, 1, 1]
     assert [mesh.coordinate(r, "model") for r in range(6)] == [0, 1, 2, 0, 1, 2]
     assert mesh.coordinate(4, "absent") == 0
@@ -42,7 +42,8 @@ def test_an_exact_key_wins_over_expressions_and_no_match_means_replicated():
     with pytest.raises(KeyError):
         layouts["head.weight"]
     assert layouts["layers.7.w.weight"].device_mesh == layouts.device_mesh
-    assert len(layouts) == 2 and set(layouts) == {r"layers\.\d+\.w\.weight", "layers.0.w.weight"}
+    assert set(layouts) == {r"layers\.\d+\.w\.weight", "layers.0.w.weight"}
+    assert len(layouts) == 2
     del layouts["layers.0.w.weight"]
     assert layouts["layers.0.w.weight"].axes == ("model", None)
 

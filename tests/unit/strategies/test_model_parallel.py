@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
@@ -34,13 +33,16 @@ def _map(shape=(2,), names=("model",), **layouts) -> LayoutMap:
 
 def _plan(model: nn.Module, layouts: LayoutMap) -> dict:
     layers = plan_layers(model, layouts_of(model, layouts, "batch"))
-    return {layer.name: type(style) for layer, style in zip(layers, parallel_styles(model, layers).values())}
+    return {
+        layer.name: type(style)
+        for layer, style in zip(layers, parallel_styles(model, layers).values(), strict=True)
+    }
 
 
 def test_one_worker_trains_like_one_device():
     strategy = ModelParallelStrategy(layout_map=_map((1,), ("model",)))
     try:
-        assert strategy.num_replicas_in_sync == 1 and strategy.first_replica_id == 0
+        assert (strategy.num_replicas_in_sync, strategy.first_replica_id) == (1, 0)
         losses, state, _ = oracle.run_ctl(strategy)
     finally:
         strategy.close()
@@ -67,7 +69,10 @@ def test_a_key_that_matches_no_parameter_is_refused_when_the_scope_closes():
     layouts = _map((1,), ("model",), **{r"0\.weight": ("model", None), "fc__weight": ("model", None)})
     strategy = ModelParallelStrategy(layout_map=layouts)
     try:
-        with pytest.raises(ValueError, match=r"keys \['fc.weight'\] match no parameter.*'0.weight'"), strategy.scope():
+        with (
+            pytest.raises(ValueError, match=r"keys \['fc.weight'\] match no parameter.*'0.weight'"),
+            strategy.scope(),
+        ):
             model = nn.Sequential(nn.Linear(2, 2))
         assert isinstance(model, nn.Module)
     finally:
@@ -76,8 +81,15 @@ def test_a_key_that_matches_no_parameter_is_refused_when_the_scope_closes():
 
 def test_linear_and_embedding_splits_become_torchs_styles_paired_within_a_block():
     model = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 4), nn.Linear(4, 8))
-    layouts = _map(**{"0__weight": ("model", None), "1__weight": ("model", None), "1__bias": ("model",),
-                      "3__weight": (None, "model"), "4__weight": ("model", None)})
+    layouts = _map(
+        **{
+            "0__weight": ("model", None),
+            "1__weight": ("model", None),
+            "1__bias": ("model",),
+            "3__weight": (None, "model"),
+            "4__weight": ("model", None),
+        }
+    )
     plan = _plan(model, layouts)
     assert plan == {"0": RowwiseParallel, "1": ColwiseParallel, "3": RowwiseParallel, "4": ColwiseParallel}
     styles = parallel_styles(model, plan_layers(model, layouts_of(model, layouts, "batch")))
@@ -95,7 +107,10 @@ def test_linear_and_embedding_splits_become_torchs_styles_paired_within_a_block(
         ({"0__weight": ("model", None), "0__bias": (None,)}, r"must follow its weight's colwise split"),
         ({"0__bias": ("model",)}, r"split but its weight is not"),
         ({"1__weight": ("model",)}, r"splits the weights of nn.Linear and nn.Embedding.*LayerNorm"),
-        ({"2__weight": ("model", None)}, r"Dimension 0 of '2.weight' \(3\) is not divisible by the 2 workers"),
+        (
+            {"2__weight": ("model", None)},
+            r"Dimension 0 of '2.weight' \(3\) is not divisible by the 2 workers",
+        ),
     ],
 )
 def test_layouts_that_do_not_fit_are_refused_with_what_to_do(layouts, message):
