@@ -305,18 +305,37 @@ def test_model_fit_with_mixed_precision_gives_one_devices_history_and_restores_o
             _same_weights(state, results[0]["state"])
 
 
-def refused(strategy: phalanx.Strategy) -> str:
-    """Builds a layer whose split dimension (3) the model axis (2) does not divide."""
+def refused(strategy: phalanx.Strategy, folder: str) -> list[str]:
+    """What a two-worker model axis refuses: a layer whose split dimension (3) the axis (2)
+    does not divide, input pipelines per worker, and a dataset split by file."""
+    messages = []
     try:
         with strategy.scope():
             model = nn.Sequential(nn.Linear(4, 3))
+        messages.append(f"not refused: {model}")
     except ValueError as error:
-        return str(error)
-    return f"not refused: {model}"
+        messages.append(str(error))
+    for attempt in (
+        lambda: strategy.distribute_datasets_from_function(lambda context: []),
+        lambda: strategy.experimental_distribute_dataset(phalanx.data.Dataset.list_files(f"{folder}/*.txt")),
+    ):
+        try:
+            attempt()
+            messages.append("not refused")
+        except ValueError as error:
+            messages.append(str(error))
+    return messages
 
 
-def test_a_dimension_the_model_axis_does_not_divide_is_refused_at_the_scope_on_every_worker(tmp_path):
+def test_what_a_model_axis_cannot_take_is_refused_on_every_worker(tmp_path):
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text("1\n")
     layouts = LayoutMap(DeviceMesh((2,), ("model",)))
     layouts[r"0\.weight"] = ("model", None)
-    for message in _runner(tmp_path, 2).run(refused, strategy_kwargs={"layout_map": layouts}):
-        assert "Dimension 0 of '0.weight' (3) is not divisible by the 2 workers of mesh axis" in message
+    for scope, per_worker, files in _runner(tmp_path, 2).run(
+        refused, str(tmp_path), strategy_kwargs={"layout_map": layouts}
+    ):
+        assert "Dimension 0 of '0.weight' (3) is not divisible by the 2 workers of mesh axis" in scope
+        assert "one input pipeline per worker" in per_worker
+        assert "HINT: use experimental_distribute_dataset" in per_worker
+        assert "AutoShardPolicy.DATA" in files

@@ -28,6 +28,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.communication_options import CommunicationOptions
 from phalanx.distribution.layouts import LayoutMap
+from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions
 from phalanx.strategies._meta_init import post_order
 from phalanx.strategies._tensor_plan import layouts_of, parallel_styles, plan_layers, replicated_blocks
 from phalanx.strategies.fully_sharded import FullyShardedStrategy, _check_shardable
@@ -318,6 +319,55 @@ class ModelParallelStrategy(FullyShardedStrategy):
         if kept is not None and kept() is param:
             return param
         return super()._sharded_version(optimizer, param)
+
+    # ---------------------------------------------------------------- input: split along the batch axis
+    @property
+    def _splits_model(self) -> bool:
+        return self._model_axis is not None and self._layout_map.device_mesh.axis_size(self._model_axis) > 1
+
+    def experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None = None) -> Any:
+        """`Strategy.experimental_distribute_dataset`: each global batch is split along the batch
+        axis; the workers along the model axis take the same slice (all read every batch).
+
+        Raises:
+            ValueError: The dataset is read from files and would be split by file (FILE, or
+                AUTO with files): workers along the model axis would read different files.
+        """
+        from phalanx.input.distributed_dataset import _shard_policy, _source_files
+
+        policy = _shard_policy(dataset)
+        if (
+            self._splits_model
+            and _source_files(dataset)
+            and policy in (AutoShardPolicy.AUTO, AutoShardPolicy.FILE)
+        ):
+            raise ValueError(
+                "Under ModelParallelStrategy the workers along the model axis must take the same "
+                f"batches, and sharding by FILE gives each worker its own files. Received: {policy} "
+                "for a dataset read from files. HINT: set options.experimental_distribute."
+                "auto_shard_policy = AutoShardPolicy.DATA on the dataset (every worker reads it and "
+                "keeps its replica's slice)."
+            )
+        return super().experimental_distribute_dataset(dataset, options)
+
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
+    ) -> Any:
+        """`Strategy.distribute_datasets_from_function` with a batch axis only.
+
+        Raises:
+            ValueError: The mesh has a model axis (the function's pipelines are per worker,
+                and the workers along that axis must take the same batches).
+        """
+        if self._splits_model:
+            size = self._layout_map.device_mesh.axis_size(self._model_axis or "")
+            raise ValueError(
+                "distribute_datasets_from_function makes one input pipeline per worker; under a "
+                f"model axis ({self._model_axis!r}: {size} workers) the workers along it must take "
+                "the same batches. HINT: use experimental_distribute_dataset with global batches: "
+                "they are split along the batch axis."
+            )
+        return super().distribute_datasets_from_function(dataset_fn, options)
 
     # ---------------------------------------------------------------- replicas: the batch axis
     def _batch_group(self) -> Any:
