@@ -5,7 +5,7 @@ FullyShardedStrategy, whose machinery this strategy reuses: the scope's registra
 meta-device models, state-dict hooks, optimizers handed the new parameters at their first
 step). What differs is where each weight lives: a `LayoutMap` over a `DeviceMesh` of the
 workers says which weights are split along the model axis; torch's ``parallelize_module``
-splits those layers (`phalanx.strategies._tensor_plan`), and along a batch axis of more than
+splits those layers (`phalanx.strategies.sharding.tensor_plan`), and along a batch axis of more than
 one worker ``fully_shard`` then shards every layer over the batch axis (torchtitan's 2-D
 recipe: tensor parallelism first, FSDP2 on the data mesh).
 """
@@ -26,12 +26,17 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_module
 from torch.distributed.tensor.parallel import parallelize_module
 
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
-from phalanx.communication.communication_options import CommunicationOptions
+from phalanx.communication.local.options import CommunicationOptions
 from phalanx.distribution.layouts import LayoutMap
 from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions
-from phalanx.strategies._meta_init import post_order
-from phalanx.strategies._tensor_plan import layouts_of, parallel_styles, plan_layers, replicated_blocks
 from phalanx.strategies.fully_sharded import FullyShardedStrategy, _check_shardable
+from phalanx.strategies.sharding.meta_init import post_order
+from phalanx.strategies.sharding.tensor_plan import (
+    layouts_of,
+    parallel_styles,
+    plan_layers,
+    replicated_blocks,
+)
 from phalanx.strategies.strategy import Strategy
 from phalanx.values import ReduceOp
 
@@ -73,11 +78,12 @@ class ModelParallelStrategy(FullyShardedStrategy):
 
     Modules made in ``scope()`` are laid out before the first ``run`` that follows: each
     ``nn.Linear`` or ``nn.Embedding`` whose weight has a split layout becomes torch's
-    ``ColwiseParallel`` or ``RowwiseParallel`` over the model axis (`phalanx.strategies.
-    _tensor_plan` says which and how layers pair); with more than one worker along the batch
-    axis every layer is then also sharded with ``fully_shard`` over it (the parameters are
-    DTensors on the 2-D mesh). Initial values come from the chief, a unit at a time; a model
-    built on the meta device is materialised a unit at a time (as under FullyShardedStrategy).
+    ``ColwiseParallel`` or ``RowwiseParallel`` over the model axis
+    (`phalanx.strategies.sharding.tensor_plan` says which and how layers pair); with more
+    than one worker along the batch axis every layer is then also sharded with ``fully_shard``
+    over it (the parameters are DTensors on the 2-D mesh). Initial values come from the
+    chief, a unit at a time; a model built on the meta device is materialised a unit at a
+    time (as under FullyShardedStrategy).
     Checkpoints, ``state_dict()`` (full tensors outside `sharded_state_dicts`), optimizers,
     ``Model.fit`` and callbacks work as under FullyShardedStrategy.
 

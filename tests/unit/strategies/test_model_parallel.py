@@ -14,7 +14,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 import phalanx
 from phalanx.experimental import DeviceMesh, LayoutMap, ModelParallelStrategy
-from phalanx.strategies._tensor_plan import layouts_of, parallel_styles, plan_layers
+from phalanx.strategies.sharding.tensor_plan import layouts_of, parallel_styles, plan_layers
 from support import oracle
 
 
