@@ -206,13 +206,20 @@ def _local_shape(kind: str, name: str, shape: tuple[int, ...], model: int, data:
     return tuple(local)
 
 
-@pytest.mark.parametrize("kind", ["mlp", "transformer"])
-def test_split_along_the_model_axis_two_workers_train_to_one_devices_weights(kind, tmp_path):
+@pytest.mark.parametrize(
+    ("kind", "loss_parallel"), [("mlp", None), ("transformer", None), ("transformer", "output")]
+)
+def test_split_along_the_model_axis_two_workers_train_to_one_devices_weights(kind, loss_parallel, tmp_path):
     clip = 0.05 if kind == "transformer" else 0.0  # clipping's norm spans split and replicated weights
     expected = _one_device(kind, clip)
     layouts = layout_map(kind, (2,), ("model",))
     results = _runner(tmp_path, 2).run(
-        train, kind, False, str(tmp_path), clip, strategy_kwargs={"layout_map": layouts}
+        train,
+        kind,
+        False,
+        str(tmp_path),
+        clip,
+        strategy_kwargs={"layout_map": layouts, "loss_parallel": loss_parallel},
     )
     for worker in results:
         np.testing.assert_allclose(worker["losses"], expected["losses"], **TOL)

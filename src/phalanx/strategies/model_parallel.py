@@ -23,15 +23,17 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh as TorchMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, distribute_module
-from torch.distributed.tensor.parallel import parallelize_module
+from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.local.options import CommunicationOptions
 from phalanx.distribution.layouts import LayoutMap
 from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions
 from phalanx.strategies.fully_sharded import FullyShardedStrategy, _check_shardable
+from phalanx.strategies.run_options import RunOptions
 from phalanx.strategies.sharding.meta_init import post_order
 from phalanx.strategies.sharding.tensor_plan import (
+    check_loss_parallel,
     layouts_of,
     parallel_styles,
     plan_layers,
@@ -102,6 +104,11 @@ class ModelParallelStrategy(FullyShardedStrategy):
         devices: This worker's one device (default: its LOCAL_RANK GPU, else the CPU).
         join_timeout: As for `MultiWorkerMirroredStrategy`.
         heartbeat_timeout: As for `MultiWorkerMirroredStrategy`.
+        loss_parallel: The name (in ``model.named_modules()``) of the output ``nn.Linear``,
+            split by columns, whose logits stay split over the classes: ``run`` then runs under
+            torch's ``loss_parallel()``, so ``F.cross_entropy`` on them never gathers the whole
+            logits (the step computes its loss with ``F.cross_entropy`` / ``nn.CrossEntropyLoss``;
+            DTensors it returns come back whole). Default: the logits are gathered.
 
     Raises:
         TypeError: ``layout_map`` is not a `LayoutMap`.
@@ -119,10 +126,12 @@ class ModelParallelStrategy(FullyShardedStrategy):
         devices: Sequence[str | torch.device] | None = None,
         join_timeout: float | None = None,
         heartbeat_timeout: float | None = None,
+        loss_parallel: str | None = None,
     ) -> None:
         resolver = cluster_resolver if cluster_resolver is not None else resolve_cluster()
         _check_mesh(layout_map, batch_dim_name, resolver.num_workers)
         self._layout_map = layout_map
+        self._loss_parallel = loss_parallel
         self._batch_axis = batch_dim_name
         others = [a for a in layout_map.device_mesh.axis_names if a != batch_dim_name]
         self._model_axis = others[0] if others else None
@@ -213,8 +222,10 @@ class ModelParallelStrategy(FullyShardedStrategy):
         names: list[str] = []
         for root in map(_named, roots):
             layers = plan_layers(root, layouts_of(root, self._layout_map, self._batch_axis))
-            if self._model_axis is not None and self._layout_map.device_mesh.axis_size(self._model_axis) > 1:
+            if self._splits_model:
                 replicated_blocks(root, layers)
+            if self._loss_parallel is not None:
+                check_loss_parallel(root, layers, self._loss_parallel)
             names.extend(n for n, _ in root.named_parameters(remove_duplicate=False))
         unused = set(self._layout_map) - self._layout_map.matching_keys(names)
         if unused:
@@ -261,7 +272,7 @@ class ModelParallelStrategy(FullyShardedStrategy):
             _check_shardable(root)
         named = _named(root)
         layers = plan_layers(named, layouts_of(named, self._layout_map, self._batch_axis))
-        styles = parallel_styles(named, layers)
+        styles = parallel_styles(named, layers, self._loss_parallel if model is not None else None)
         for unit in units:
             self._lay_out(unit, styles, model, data)
         if model is not None:
@@ -325,6 +336,22 @@ class ModelParallelStrategy(FullyShardedStrategy):
         if kept is not None and kept() is param:
             return param
         return super()._sharded_version(optimizer, param)
+
+    # ---------------------------------------------------------------- run: loss parallel
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        options: RunOptions | None = None,
+    ) -> Any:
+        """`FullyShardedStrategy.run`; with ``loss_parallel`` set, under torch's
+        ``loss_parallel()`` (forward and backward), and the DTensors ``fn`` returns (its loss)
+        come back as whole plain tensors (all workers)."""
+        if self._loss_parallel is None or not self._splits_model:
+            return super().run(fn, args, kwargs, options)
+        with loss_parallel():
+            return _whole(super().run(fn, args, kwargs, options))
 
     # ---------------------------------------------------------------- input: split along the batch axis
     @property
@@ -435,6 +462,17 @@ def _local_outputs(module: nn.Module, outputs: Any, mesh: TorchMesh) -> Any:
     if isinstance(outputs, tuple | list):
         return type(outputs)(o.to_local() if isinstance(o, DTensor) else o for o in outputs)
     return outputs
+
+
+def _whole(value: Any) -> Any:
+    """``value`` (a nest of what a step returned) with every DTensor as its full tensor."""
+    if isinstance(value, DTensor):
+        return value.full_tensor()
+    if isinstance(value, tuple | list):
+        return type(value)(_whole(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    return value
 
 
 def _named(root: nn.Module) -> nn.Module:

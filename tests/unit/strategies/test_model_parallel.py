@@ -14,7 +14,12 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 import phalanx
 from phalanx.experimental import DeviceMesh, LayoutMap, ModelParallelStrategy
-from phalanx.strategies.sharding.tensor_plan import layouts_of, parallel_styles, plan_layers
+from phalanx.strategies.sharding.tensor_plan import (
+    check_loss_parallel,
+    layouts_of,
+    parallel_styles,
+    plan_layers,
+)
 from support import oracle
 
 
@@ -117,3 +122,29 @@ def test_layouts_that_do_not_fit_are_refused_with_what_to_do(layouts, message):
     model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3))
     with pytest.raises(ValueError, match=message):
         _plan(model, _map(shape=(2, 2), names=("batch", "model"), **layouts))
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("4", None),
+        ("9", r"Received: '9' \(no such module\)"),
+        ("3", r"Received: '3' \(Linear, rowwise split\)"),
+        ("1", r"Received: '1' \(Linear, split by columns and paired with a row split\)"),
+        ("0", r"Received: '0' \(Embedding, rowwise split\)"),
+    ],
+)
+def test_loss_parallel_names_an_unpaired_column_split_output_layer(name, message):
+    model = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 4), nn.Linear(4, 8))
+    layouts = _map(
+        **{"0__weight": ("model", None), "1__weight": ("model", None), "3__weight": (None, "model")},
+        **{"4__weight": ("model", None)},
+    )
+    layers = plan_layers(model, layouts_of(model, layouts, "batch"))
+    if message is None:
+        check_loss_parallel(model, layers, name)
+        style = parallel_styles(model, layers, name)[id(model[4])]
+        assert not style.use_local_output  # the logits stay a DTensor split over the classes
+        return
+    with pytest.raises(ValueError, match=message):
+        check_loss_parallel(model, layers, name)

@@ -159,14 +159,54 @@ def _partners(root: nn.Module, layers: list[LayerSplit]) -> set[int]:
     return paired
 
 
-def parallel_styles(root: nn.Module, layers: list[LayerSplit]) -> dict[int, ParallelStyle]:
+def check_loss_parallel(root: nn.Module, layers: list[LayerSplit], name: str) -> None:
+    """Checks that layer ``name`` can keep its output split for torch's loss parallel: an
+    ``nn.Linear`` split by columns, with no row-split partner.
+
+    Raises:
+        ValueError: It is not such a layer (what it is instead is named).
+    """
+    layer = next((s for s in layers if s.name == name), None)
+    partnered = layer is not None and id(layer.module) in _partners(root, layers)
+    if (
+        layer is not None
+        and isinstance(layer.module, nn.Linear)
+        and layer.style == "colwise"
+        and not partnered
+    ):
+        return
+    found = dict(root.named_modules()).get(name)
+    if found is None:
+        what = "no such module"
+    elif layer is None:
+        what = f"{type(found).__name__}, not split"
+    elif layer.style != "colwise":
+        what = f"{type(found).__name__}, {layer.style} split"
+    else:
+        what = f"{type(found).__name__}, split by columns and paired with a row split"
+    raise ValueError(
+        "loss_parallel names the output nn.Linear whose logits stay split over the classes: "
+        f"split by columns, ('model', None), with no row-split partner. Received: {name!r} "
+        f"({what}). HINT: name the output layer as model.named_modules() does and give its "
+        "weight the layout ('model', None), or leave loss_parallel unset."
+    )
+
+
+def parallel_styles(
+    root: nn.Module, layers: list[LayerSplit], loss_parallel: str | None = None
+) -> dict[int, ParallelStyle]:
     """torch's style for each split layer (by module id), with the inputs and outputs the
-    pairing gives (see the module doc)."""
+    pairing gives (see the module doc); layer ``loss_parallel`` returns its logits as a
+    DTensor split over the classes (for ``F.cross_entropy`` under torch's ``loss_parallel``)."""
     paired = _partners(root, layers)
     styles: dict[int, ParallelStyle] = {}
     for layer in layers:
         inner = id(layer.module) in paired
-        if layer.style == "colwise":
+        if layer.name == loss_parallel:
+            styles[id(layer.module)] = ColwiseParallel(
+                input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False
+            )
+        elif layer.style == "colwise":
             styles[id(layer.module)] = ColwiseParallel(
                 input_layouts=Replicate(), output_layouts=Shard(-1) if inner else Replicate()
             )
