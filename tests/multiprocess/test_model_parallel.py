@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
 import phalanx
@@ -138,8 +139,11 @@ def train(
         model = MLP() if kind == "mlp" else Transformer()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
+    split_logits = []
+
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = model(x)
+        split_logits.append(isinstance(logits, DTensor))  # loss parallel: split over the classes
         per_example = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
         per_example = per_example.reshape(y.shape[0], -1).mean(dim=1)
         loss = phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH)
@@ -163,6 +167,7 @@ def train(
         "losses": losses,
         "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "local": local,
+        "split_logits": set(split_logits),
     }
     if folder is not None:
         result["path"] = Checkpoint(model=model, optimizer=optimizer).save(os.path.join(folder, "ckpt"))
@@ -224,6 +229,7 @@ def test_split_along_the_model_axis_two_workers_train_to_one_devices_weights(kin
     for worker in results:
         np.testing.assert_allclose(worker["losses"], expected["losses"], **TOL)
         _same_weights(worker["state"], expected["state"])
+        assert worker["split_logits"] == {loss_parallel is not None}
         for name, full in expected["state"].items():
             if name in worker["local"]:
                 assert worker["local"][name] == _local_shape(kind, name, tuple(full.shape), 2, 1), name
