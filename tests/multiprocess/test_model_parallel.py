@@ -160,6 +160,7 @@ def train(
     for x, y in strategy.experimental_distribute_dataset(_data(kind)):
         loss = strategy.run(step, args=(x, y))
         losses.append(strategy.reduce("sum", loss, axis=None).item())
+    last_batch = strategy.gather(x, axis=0)  # the replicas' slices, in replica order
     local = {
         n: tuple((p.to_local() if hasattr(p, "to_local") else p).shape) for n, p in model.named_parameters()
     }
@@ -168,6 +169,7 @@ def train(
         "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "local": local,
         "split_logits": set(split_logits),
+        "last_batch": last_batch,
     }
     if folder is not None:
         result["path"] = Checkpoint(model=model, optimizer=optimizer).save(os.path.join(folder, "ckpt"))
@@ -251,6 +253,7 @@ def test_batch_by_model_four_workers_train_a_transformer_block_to_one_devices_we
         _same_weights(worker["state"], expected["state"])
         for name, full in expected["state"].items():
             assert worker["local"][name] == _local_shape("transformer", name, tuple(full.shape), 2, 2), name
+        torch.testing.assert_close(worker["last_batch"], _data("transformer")[-1][0], rtol=0, atol=0)
 
 
 def fit(strategy: phalanx.Strategy, policy: str, folder: str | None = None) -> dict:

@@ -31,6 +31,13 @@ from phalanx.distribution.layouts import LayoutMap
 from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions
 from phalanx.strategies.fully_sharded import FullyShardedStrategy, _check_shardable
 from phalanx.strategies.run_options import RunOptions
+from phalanx.strategies.sharding.borders import (
+    gather_padded,
+    keep_parameters,
+    local_outputs,
+    replicated_inputs,
+    whole,
+)
 from phalanx.strategies.sharding.meta_init import post_order
 from phalanx.strategies.sharding.tensor_plan import (
     check_loss_parallel,
@@ -277,7 +284,7 @@ class ModelParallelStrategy(FullyShardedStrategy):
             self._lay_out(unit, styles, model, data)
         if model is not None:
             for block in replicated_blocks(named, layers):  # plain tensors in and out
-                distribute_module(block, model, _keep_parameters, _replicated_inputs, _local_outputs)
+                distribute_module(block, model, keep_parameters, replicated_inputs, local_outputs)
         self._done.add(root)
 
     def _lay_out(
@@ -351,7 +358,7 @@ class ModelParallelStrategy(FullyShardedStrategy):
         if self._loss_parallel is None or not self._splits_model:
             return super().run(fn, args, kwargs, options)
         with loss_parallel():
-            return _whole(super().run(fn, args, kwargs, options))
+            return whole(super().run(fn, args, kwargs, options))
 
     # ---------------------------------------------------------------- input: split along the batch axis
     @property
@@ -438,41 +445,7 @@ class ModelParallelStrategy(FullyShardedStrategy):
         group = self._batch_group()
         if group is None:
             return super()._cross_worker_all_gather(tensor, axis, local_sizes, options)
-        return _gather_padded(tensor, axis, local_sizes, group, self._stage)
-
-
-def _keep_parameters(name: str, module: nn.Module, mesh: TorchMesh) -> None:
-    """``distribute_module``'s partition step: nothing (the parameters are DTensors already)."""
-
-
-def _replicated_inputs(module: nn.Module, inputs: Any, mesh: TorchMesh) -> Any:
-    """A replicated block's plain tensor inputs as DTensors replicated over the model axis."""
-    return tuple(
-        DTensor.from_local(x, mesh, [Replicate()], run_check=False)
-        if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
-        else x
-        for x in inputs
-    )
-
-
-def _local_outputs(module: nn.Module, outputs: Any, mesh: TorchMesh) -> Any:
-    """A replicated block's DTensor outputs as plain tensors (the same on every worker of the axis)."""
-    if isinstance(outputs, DTensor):
-        return outputs.to_local()
-    if isinstance(outputs, tuple | list):
-        return type(outputs)(o.to_local() if isinstance(o, DTensor) else o for o in outputs)
-    return outputs
-
-
-def _whole(value: Any) -> Any:
-    """``value`` (a nest of what a step returned) with every DTensor as its full tensor."""
-    if isinstance(value, DTensor):
-        return value.full_tensor()
-    if isinstance(value, tuple | list):
-        return type(value)(_whole(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
-    return value
+        return gather_padded(tensor, axis, local_sizes, group, self._stage)
 
 
 def _named(root: nn.Module) -> nn.Module:
@@ -481,27 +454,3 @@ def _named(root: nn.Module) -> nn.Module:
     from phalanx.keras.model import Model  # the strategy does not import Keras' surface otherwise
 
     return root.module if isinstance(root, Model) else root
-
-
-def _gather_padded(
-    tensor: torch.Tensor,
-    axis: int,
-    local_sizes: list[int],
-    group: Any,
-    stage: Callable[[torch.Tensor], torch.Tensor],
-) -> tuple[torch.Tensor, list[int]]:
-    """All-gathers ``tensor`` over ``group`` along ``axis``, sizes along it may differ
-    (gathers the sizes, then the tensors padded to the longest, then trims)."""
-    members = dist.get_world_size(group)
-    sizes = stage(torch.tensor(local_sizes, dtype=torch.int64))
-    parts = [torch.empty_like(sizes) for _ in range(members)]
-    dist.all_gather(parts, sizes, group=group)
-    all_sizes = [int(s) for part in parts for s in part]
-    per_member = [int(part.sum()) for part in parts]
-    moved = stage(tensor.movedim(axis, 0))  # (rows, ...)
-    padded = torch.zeros((max(per_member), *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
-    padded[: moved.shape[0]] = moved
-    gathered = [torch.empty_like(padded) for _ in range(members)]
-    dist.all_gather(gathered, padded, group=group)
-    result = torch.cat([g[:n] for g, n in zip(gathered, per_member, strict=True)]).movedim(0, axis)
-    return result.to(tensor.device), all_sizes
