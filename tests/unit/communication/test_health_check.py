@@ -103,7 +103,8 @@ def test_seconds_from_env(monkeypatch):
     assert seconds_from_env("PHALANX_CLOSURE_TIMEOUT_SECONDS", 7.0) == 2.5
     for bad in ("soon", "0", "-3"):
         monkeypatch.setenv("PHALANX_CLOSURE_TIMEOUT_SECONDS", bad)
-        message = rf"PHALANX_CLOSURE_TIMEOUT_SECONDS must be a positive number of seconds. Received: \w+='{bad}'"
+        name = "PHALANX_CLOSURE_TIMEOUT_SECONDS"
+        message = rf"{name} must be a positive number of seconds. Received: \w+='{bad}'"
         with pytest.raises(ValueError, match=message):
             seconds_from_env("PHALANX_CLOSURE_TIMEOUT_SECONDS", 7.0)
 
