@@ -451,6 +451,5 @@ class ModelParallelStrategy(FullyShardedStrategy):
 def _named(root: nn.Module) -> nn.Module:
     """The module whose ``named_parameters()`` names the layout map's keys match: a
     ``phalanx.Model``'s wrapped module (its names, not ``module.``-prefixed ones), else ``root``."""
-    from phalanx.keras.model import Model  # the strategy does not import Keras' surface otherwise
-
-    return root.module if isinstance(root, Model) else root
+    inner = getattr(root, "module", None)  # a Model wraps one and fits it (a DDP wrapper fits nothing)
+    return inner if isinstance(inner, nn.Module) and callable(getattr(root, "fit", None)) else root
