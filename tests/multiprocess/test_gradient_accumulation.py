@@ -159,5 +159,46 @@ def test_accumulating_moves_at_most_0_4x_the_bytes_of_synchronising_every_batch(
     _assert_weights(loud, reference())  # the same numbers: summing every pass sums the same deltas
     for q, w in zip(quiet, loud, strict=True):
         assert w["bytes"] > 0
-        assert q["bytes"] <= 0.4 * w["bytes"], (q, w)
-        assert q["calls"] < w["calls"]
+        assert q["bytes"] <= 0.4 * w["bytes"], (q, w)  # measured: 0.25 (one all-reduce in four)
+
+
+@_MP
+def test_fully_sharded_accumulate_only_passes_skip_their_reduce_scatters(fsdp_2workers):
+    # FSDP2 still all-gathers the parameters for every forward pass: only the gradients' traffic goes
+    quiet = fsdp_2workers.run(custom_loop, MICRO, K)
+    loud = fsdp_2workers.run(custom_loop, MICRO, K, False)
+    for q, w in zip(quiet, loud, strict=True):
+        assert q["calls"] < w["calls"], (q, w)
+        assert q["bytes"] < w["bytes"], (q, w)
+
+
+def early_and_late(strategy: phalanx.Strategy) -> list[torch.Tensor]:
+    """(every worker) One head used by an accumulate-only pass only, the other by the next
+    pass: each replica's gradient of the first head after the synchronised pass."""
+    x = torch.arange(8.0 * strategy.num_replicas_in_sync).reshape(-1, 2) / 10
+    with strategy.scope():
+        torch.manual_seed(0)
+        early, late = nn.Linear(2, 1), nn.Linear(2, 1)
+
+    def step(xb: torch.Tensor, use_early: bool) -> torch.Tensor:
+        (early if use_early else late)(xb).pow(2).sum().backward()
+        return early.weight.grad.clone()
+
+    batches = list(strategy.experimental_distribute_dataset([(x,), (x,)]))
+    with strategy.no_sync():
+        strategy.run(step, args=(*batches[0], True))
+    return list(strategy.experimental_local_results(strategy.run(step, args=(*batches[1], False))))
+
+
+@pytest.mark.parametrize("runner", ["mirrored_2cpu", pytest.param("mwms_2workers", marks=_MP)], indirect=True)
+def test_a_parameter_reached_only_before_the_synchronised_pass_is_summed_by_it(runner):
+    # under MultiWorkerMirrored its bucket gets the pending sum at the end of the pass
+    torch.manual_seed(0)
+    early = nn.Linear(2, 1)
+    results = runner.run(early_and_late)
+    n = len(results) * len(results[0])  # replicas in sync
+    x = torch.arange(8.0 * n).reshape(-1, 2) / 10
+    early(x).pow(2).sum().backward()
+    for grads in results:
+        for grad in grads:
+            torch.testing.assert_close(grad, early.weight.grad)
