@@ -202,3 +202,51 @@ def test_a_parameter_reached_only_before_the_synchronised_pass_is_summed_by_it(r
     for grads in results:
         for grad in grads:
             torch.testing.assert_close(grad, early.weight.grad)
+
+
+def ps_accumulate(strategy: phalanx.Strategy) -> dict:
+    """(chief) Each update is one scheduled function: K micro-batches on one worker, the first
+    K - 1 inside ``no_sync()``, one ``optimizer.step()``; returns the pushes each made."""
+    from phalanx.coordinator import ClusterCoordinator
+
+    coordinator = ClusterCoordinator(strategy)
+    x, y = _arrays()
+    with strategy.scope():
+        model = _net()
+        opt = _optimizer(model.parameters())
+    big = MICRO * K
+
+    def update(u: int) -> int:
+        env = strategy._env  # (on the worker) its connection to the ps tasks
+        apply, pushes = env.ps.apply_gradients, []
+
+        def counted(*args, **kwargs):
+            pushes.append(1)
+            return apply(*args, **kwargs)
+
+        def micro(xb: torch.Tensor, yb: torch.Tensor, last: bool) -> None:
+            (((model(xb) - yb) ** 2).mean(dim=1).sum() / big).backward()
+            if last:
+                opt.step()
+                opt.zero_grad()
+
+        env.ps.apply_gradients = counted
+        try:
+            for i in range(K):
+                rows = slice(u * big + i * MICRO, u * big + (i + 1) * MICRO)
+                with strategy.no_sync() if i < K - 1 else contextlib.nullcontext():
+                    strategy.run(micro, args=(x[rows], y[rows], i == K - 1))
+        finally:
+            env.ps.apply_gradients = apply
+        return len(pushes)
+
+    pushes = [coordinator.schedule(update, args=(u,)).fetch() for u in range(UPDATES)]  # in order
+    coordinator.join()
+    return {"state": {key: v.detach().clone() for key, v in model.state_dict().items()}, "pushes": pushes}
+
+
+@_MP
+def test_a_parameter_server_worker_accumulates_and_pushes_once(ps_2workers_1ps):
+    (result,) = ps_2workers_1ps.run(ps_accumulate)
+    assert result["pushes"] == [1] * UPDATES
+    _assert_weights([result], reference())
