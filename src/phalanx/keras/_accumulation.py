@@ -5,9 +5,9 @@ training step computes its gradients; the model updates every ``k`` steps, with 
 the gradients of the ``k`` steps since the last update. Everything else still counts steps:
 ``fit``'s batch callbacks and logs, ``steps_per_epoch`` and the metrics (each step updates
 them with its own batch), and the count carries across epochs and ``fit`` calls (Keras keeps
-it in the optimizer's iteration counter). What differs: phalanx's optimizers are
-``torch.optim`` optimizers, which step only at updates, so schedules that count optimizer
-steps (a ``torch.optim.lr_scheduler``) count updates.
+it in the optimizer's iteration counter). Learning-rate schedules count updates: phalanx's
+optimizers are ``torch.optim`` optimizers, which step only at updates, so their own step
+count (Adam's bias correction) and a scheduler stepped with them count updates.
 
 The ``k - 1`` steps between updates run inside ``strategy.no_sync()``
 (`phalanx.strategies.accumulation`): their gradients stay on each replica and worker, and
