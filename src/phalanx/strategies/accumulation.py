@@ -25,7 +25,7 @@ every replica: the switch is decided once per ``run`` so all replicas and worker
 Every strategy honours the one switch (`SyncSwitch`) through its gradient paths:
 
 * in-process replicas and MultiWorkerMirrored's buckets: the round engine's accumulate-only
-  rounds (`phalanx.communication._rounds`) keep the deltas local and hand their sum to the
+  rounds (`phalanx.communication.engine.rounds`) keep the deltas local and hand their sum to the
   next synchronised round;
 * FullyShardedStrategy: FSDP2's own ``set_requires_gradient_sync(False)`` on its units;
 * one replica in one process (default, OneDevice) and parameter-server workers: nothing
