@@ -152,9 +152,11 @@ def test_the_reference_moves_when_the_batches_are_not_accumulated():
 
 
 @_MP
-def test_accumulating_moves_at_most_0_4x_the_bytes_of_synchronising_every_batch(mwms_2workers):
-    quiet = mwms_2workers.run(custom_loop, MICRO, K)
-    loud = mwms_2workers.run(custom_loop, MICRO, K, False)
+@pytest.mark.parametrize("devices", [["cpu:0"], ["cpu:0", "cpu:1"]], ids=["buckets", "2replicas"])
+def test_accumulating_moves_at_most_0_4x_the_bytes_of_synchronising_every_batch(mwms_2workers, devices):
+    # one local replica: the gradient buckets; two: the replicas' packed sums across workers
+    quiet = mwms_2workers.run(custom_loop, MICRO, K, strategy_kwargs={"devices": devices})
+    loud = mwms_2workers.run(custom_loop, MICRO, K, False, strategy_kwargs={"devices": devices})
     _assert_weights(quiet, reference())
     _assert_weights(loud, reference())  # the same numbers: summing every pass sums the same deltas
     for q, w in zip(quiet, loud, strict=True):

@@ -146,14 +146,15 @@ class Rounds:
         if leaf is None:
             return
         state.leaves[slot] = leaf
-        held = self._held[index].get(id(cell))
+        pending = self._held[index]
+        held = pending.get(id(cell)) if pending else None  # (none held: the usual pass)
         if held is not None:  # .grad is the pending sum: autograd adds this pass's delta to it
             if state.syncs:
                 state.bases[slot] = held.base
             return
         base = state.bases[slot] = leaf.grad
         if not state.syncs:
-            self._held[index][id(cell)] = _Held(cell, leaf, base)
+            pending[id(cell)] = _Held(cell, leaf, base)
         if base is not None:  # (setting .grad costs more than reading it)
             leaf.grad = None
 
