@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.communication_options import CommunicationOptions
+from phalanx.memory.measure import release_free_memory
 from phalanx.state_views import sharded_state_dicts, sharded_views_open
 from phalanx.strategies._meta_init import MetaInit, post_order
 from phalanx.strategies._sharding_plan import ShardingPlan
@@ -126,7 +127,10 @@ class _ShardedStep:
             owner.adopt(optimizer)
 
     def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
-        """Nothing: each worker updated its own shard."""
+        """Each worker updated its own shard; the layers FSDP2 gathered for the step are free
+        now: their heap goes back to the system (else glibc keeps it, and the process's
+        resident memory counts the gathered layers of every step, fragmented)."""
+        release_free_memory()
 
     def reset_thread(self) -> None:
         """Nothing is kept per thread."""
