@@ -69,11 +69,11 @@ def _phalanx_job(strategy: Any, cfg: dict, marks: dict, meter: Any) -> float:
     marks["built"] = meter.growth()
     strategy.run(lambda: None)  # the first run broadcasts (or shards) the model
     marks["made"] = meter.growth()
-    if os.environ.get("BENCH_TRACE"):
-        _trace(model, meter)
     rank, workers = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
     data, _ = _data(cfg["steps"], cfg["width"], rank, workers)
-    dataset = strategy.experimental_distribute_dataset(data, phalanx.InputOptions(experimental_fetch_to_device=False))
+    dataset = strategy.experimental_distribute_dataset(
+        data, phalanx.InputOptions(experimental_fetch_to_device=False)
+    )
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
         per_example = nn.functional.cross_entropy(model(x), y, reduction="none")
@@ -108,7 +108,10 @@ def _raw_job(cfg: dict, marks: dict, meter: Any) -> float:
     resolver = phalanx.cluster.resolve_cluster()
     host, _, port = resolver.chief_address().rpartition(":")
     dist.init_process_group(
-        "gloo", init_method=f"tcp://{host}:{port}", rank=resolver.worker_index, world_size=resolver.num_workers
+        "gloo",
+        init_method=f"tcp://{host}:{port}",
+        rank=resolver.worker_index,
+        world_size=resolver.num_workers,
     )
     marks["runtime"] = meter.growth()
     model = mlp(cfg["width"], cfg["layers"], "meta" if cfg["meta"] else "cpu")
@@ -135,58 +138,11 @@ def _raw_job(cfg: dict, marks: dict, meter: Any) -> float:
     seconds = time.perf_counter() - start if start is not None else float("nan")
     marks["steps"] = meter.growth()
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(_shared_dir(), "ckpt"))
+    dcp.save(
+        {"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(_shared_dir(), "ckpt")
+    )
     marks["save"] = meter.growth()
     return seconds
-
-
-def _trace(model: nn.Module, meter: Any) -> None:
-    """Prints resident growth now / peak around each layer's forward and backward (debugging)."""
-    def note(what: str) -> Callable[..., None]:
-        def hook(*_: Any) -> None:
-            print(f"[{dist.get_rank()}] {what:<14} now {meter.now() / 2**20:7.1f} peak {meter.growth() / 2**20:7.1f}", flush=True)
-        return hook
-    count = [0]
-
-    def census(*_: Any) -> None:
-        count[0] += 1
-        if count[0] != 3 or dist.get_rank() != 0:
-            return
-        import gc
-        seen: dict[int, tuple[int, str]] = {}
-        for obj in gc.get_objects():
-            if isinstance(obj, torch.Tensor) and not obj.is_meta:
-                try:
-                    st = obj.untyped_storage()
-                except Exception:
-                    continue
-                try:
-                    key = st.data_ptr()
-                except RuntimeError:
-                    continue
-                if key and key not in seen:
-                    refs = [type(r).__name__ for r in gc.get_referrers(obj)][:4]
-                    seen[key] = (st.nbytes(), f"{type(obj).__name__} {tuple(obj.shape)} {refs}")
-        total = sum(n for n, _ in seen.values())
-        print("[census]", open("/proc/self/status").read().split("VmPeak")[1][:600].replace("\n", " | "), flush=True)
-        maps, cur = [], None
-        for line in open("/proc/self/smaps"):
-            parts = line.split()
-            if "-" in parts[0] and not parts[0].endswith(":"):
-                cur = [line.strip()[:90], 0]
-                maps.append(cur)
-            elif parts[0] == "Anonymous:" and cur is not None:
-                cur[1] = int(parts[1])
-        for name, kb in sorted(maps, key=lambda m: -m[1])[:12]:
-            print(f"[census] map {kb / 1024:8.1f} MiB {name}", flush=True)
-        print(f"[census] live tensor storages {total / 2**20:.1f} MiB in {len(seen)}", flush=True)
-        for n, what in sorted(seen.values(), reverse=True)[:25]:
-            print(f"[census] {n / 2**20:8.2f} {what}", flush=True)
-
-    model[0].register_forward_pre_hook(census)
-    for i, block in enumerate(model):
-        block.register_forward_pre_hook(note(f"fwd{i}"))
-        block.register_full_backward_hook(note(f"bwd{i}"))
 
 
 def _shared_dir() -> str:
@@ -228,7 +184,9 @@ def _job(name: str, cfg: dict, result_path: str) -> None:
     marks: dict[str, int] = {}
     make = JOBS[name][1]
     strategy = make() if make is not None else None
-    seconds = _phalanx_job(strategy, cfg, marks, meter) if strategy is not None else _raw_job(cfg, marks, meter)
+    seconds = (
+        _phalanx_job(strategy, cfg, marks, meter) if strategy is not None else _raw_job(cfg, marks, meter)
+    )
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, {"marks": marks, "seconds": seconds, "reset_ok": meter.reset_ok})
     if dist.get_rank() == 0:
@@ -240,17 +198,18 @@ def _job(name: str, cfg: dict, result_path: str) -> None:
         dist.destroy_process_group()
 
 
-def _estimate(kind: str, cfg: dict, workers: int) -> Any:
+def _estimate(job: str, cfg: dict, workers: int) -> Any:
     from phalanx.experimental import estimate_memory
+    from phalanx.memory.estimate import BASE_RUNTIME_BYTES
 
     return estimate_memory(
         mlp(cfg["width"], cfg["layers"], "meta"),
-        optimizer=torch.optim.Adam,
-        strategy=kind,
+        torch.optim.Adam,
+        strategy=JOBS[job][0],
         num_workers=workers,
+        sample_input=(cfg["width"],),
         per_worker_batch=GLOBAL_BATCH // workers,
-        sample_input=(GLOBAL_BATCH // workers, cfg["width"]),
-        save=True,
+        runtime_bytes=BASE_RUNTIME_BYTES if JOBS[job][1] is None else None,  # raw: gloo, no segment
     )
 
 
@@ -269,7 +228,7 @@ def run_job(name: str, cfg: dict, workers: int, malloc: str) -> dict:
             every = json.load(f)
     peak = max(w["marks"]["save"] for w in every)
     seconds = max(w["seconds"] for w in every)
-    estimate = _estimate(JOBS[name][0], cfg, workers)
+    estimate = _estimate(name, cfg, workers)
     return {
         "job": name,
         "workers": workers,
@@ -286,31 +245,44 @@ def run_job(name: str, cfg: dict, workers: int, malloc: str) -> dict:
 
 
 def _print_rows(rows: list[dict]) -> None:
-    print(f"{'job':<22}{'workers':>8}{'malloc':>9}{'width':>7}{'peak MiB':>10}{'estimate':>10}"
-          f"{'est/meas':>9}{'ex/s':>8}{'vs mwms':>9}")
-    base = {(r["workers"], r["malloc"], r.get("width")): r["peak_mib"] for r in rows
-            if r["job"] == "multi_worker_mirrored" and "failed" not in r}
+    """The table: peak per worker, the estimate beside it, memory against MultiWorkerMirrored's
+    and examples per second against raw FSDP2's (same workers, malloc and width)."""
+    print(
+        f"{'job':<22}{'workers':>8}{'malloc':>9}{'width':>7}{'peak MiB':>10}{'estimate':>10}"
+        f"{'est/meas':>9}{'vs mwms':>9}{'ex/s':>8}{'vs raw':>8}"
+    )
+    done = [r for r in rows if "failed" not in r]
+
+    def same(job: str, r: dict) -> dict | None:
+        key = (r["workers"], r["malloc"], r["width"])
+        return next(
+            (o for o in done if o["job"] == job and (o["workers"], o["malloc"], o["width"]) == key), None
+        )
+
     for r in rows:
         if "failed" in r:
             print(f"{r['job']:<22}{r['workers']:>8}{r['malloc']:>9}  failed ({r['failed']})")
             continue
-        mwms = base.get((r["workers"], r["malloc"], r["width"]))
-        versus = f"{r['peak_mib'] / mwms:9.2f}" if mwms else f"{'':>9}"
+        mwms, raw = same("multi_worker_mirrored", r), same("raw_fsdp2", r)
+        memory = f"{r['peak_mib'] / mwms['peak_mib']:9.2f}" if mwms else f"{'':>9}"
+        speed = f"{r['examples_per_s'] / raw['examples_per_s']:8.2f}" if raw else f"{'':>8}"
         print(
             f"{r['job']:<22}{r['workers']:>8}{r['malloc']:>9}{r['width']:>7}{r['peak_mib']:10.1f}"
-            f"{r['estimate_mib']:10.1f}{r['estimate_mib'] / r['peak_mib']:9.3f}{r['examples_per_s']:8.0f}{versus}"
+            f"{r['estimate_mib']:10.1f}{r['estimate_mib'] / r['peak_mib']:9.3f}{memory}"
+            f"{r['examples_per_s']:8.0f}{speed}"
+            + (f"  (cap {r['cap_mib']:.0f} MiB)" if "cap_mib" in r else "")
         )
 
 
-def largest_width(kind: str, cap_bytes: int, workers: int, layers: int) -> int:
+def largest_width(job: str, cap_bytes: int, workers: int, layers: int) -> int:
     """The widest MLP (a multiple of 64) whose estimated peak per worker fits ``cap_bytes``."""
-    low, high = 64, 64
-    while _estimate(kind, {"width": high * 2, "layers": layers}, workers).peak <= cap_bytes:
-        high *= 2
-    high *= 2
+    low = 64
+    while _estimate(job, {"width": low * 2, "layers": layers}, workers).peak <= cap_bytes:
+        low *= 2
+    high = low * 2
     while high - low > 64:
         mid = (low + high) // 2 // 64 * 64
-        fits = _estimate(kind, {"width": mid, "layers": layers}, workers).peak <= cap_bytes
+        fits = _estimate(job, {"width": mid, "layers": layers}, workers).peak <= cap_bytes
         low, high = (mid, high) if fits else (low, mid)
     return low
 
@@ -324,7 +296,9 @@ def main() -> int:
     parser.add_argument("--meta", action="store_true", help="build the model on the meta device")
     parser.add_argument("--malloc", nargs="*", default=["default", "tuned"], choices=["default", "tuned"])
     parser.add_argument("--jobs", nargs="*", default=list(JOBS), choices=list(JOBS))
-    parser.add_argument("--cap-mb", type=float, default=0, help="per-worker cap for the largest model (0: skip)")
+    parser.add_argument(
+        "--cap-mb", type=float, default=0, help="per-worker cap for the largest model (0: skip)"
+    )
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--job", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -344,7 +318,7 @@ def main() -> int:
         cap = int(args.cap_mb * 2**20)
         for workers in args.workers:
             for name in args.jobs:
-                width = largest_width(JOBS[name][0], cap, workers, args.layers)
+                width = largest_width(name, cap, workers, args.layers)
                 row = run_job(name, {**cfg, "width": width}, workers, args.malloc[0])
                 row["cap_mib"] = args.cap_mb
                 rows.append(row)
