@@ -11,26 +11,29 @@ The rule (docs/big_models.md, "Memory per worker"), with ``P`` the model's param
 
 * ``multi_worker_mirrored``: every worker holds ``P`` parameters, ``P`` gradients (in their
   all-reduce buckets), the optimizer state (Adam: ``2P``), the optimizer step's temporaries
-  (Adam's ``foreach`` kernels: ``P``) and the reduction's staged copy of the gradients (``P``).
+  (Adam's ``foreach`` kernels: ``P``) and the gradient engine's staged buckets (``0.75P`` at
+  the peak: fitted, `REDUCTION_SHARE`).
 * ``fully_sharded``: each worker holds ``1/W`` of the parameters, gradients, optimizer state
-  and step temporaries, plus the units FSDP2 has gathered at the peak of backward: the unit
-  being computed and the one prefetched (``2U``), the unit's unsharded gradients and the
-  reduce-scatter's input (``2U``) and the last reduce-scatter's input, held until its work is
-  let go (``U``). Mixed precision gathers parameters in ``param_dtype``.
+  and step temporaries, plus two units gathered at the peak of backward (``2U``: the unit
+  computed and the one prefetched, or a unit's unsharded gradients and the reduce-scatter's
+  input). Mixed precision gathers parameters in ``param_dtype``.
 * ``model_parallel`` (mesh ``(batch, model)``): as ``fully_sharded`` over ``batch x model``
-  workers for the state, with units gathered only along the batch axis (``5U / model``, none
+  workers for the state, with units gathered only along the batch axis (``2U / model``, none
   when ``batch`` is 1); the rule assumes the layout splits every large weight along the model
   axis, and counts the activations unsplit (an upper bound: tensor parallelism splits some).
   Not yet validated against measured peaks.
-* every kind: the runtime (phalanx's same-host transport maps a shared-memory segment of
-  ``2 x W x 4 MiB`` once ``W > 1``, and a few MiB of threads and buffers) and the activations
+* every kind: the runtime (`BASE_RUNTIME_BYTES`: threads, modules imported at first use, the
+  step's Python objects; and phalanx's same-host transport maps a shared-memory segment of
+  ``2 x W x 4 MiB`` once ``W > 1``) and the activations
   the forward keeps for backward (measured by running the forward on the meta device with
   `torch.autograd.graph.saved_tensors_hooks`, plus the largest of them again for backward's
   transient gradient).
 
-The rule was fitted to `benchmarks/bench_memory.py`'s measurements (CPU, glibc, FullySharded
-with its default ``release_memory``); it is a model of phalanx's engines as they are, and a
-change to them (bucket sizes, retained works, the transport's segments) changes the figures.
+The constants were fitted to `benchmarks/bench_memory.py`'s measurements (CPU, glibc's default
+malloc settings, FullySharded with its default ``release_memory``, MLPs of 66k to 17M
+parameters): a model of phalanx's engines as they are; a change to them (bucket sizes,
+retained works, the transport's segments) changes the figures, and the benchmark shows by how
+much (its estimate/measured column).
 """
 
 from __future__ import annotations
@@ -54,8 +57,15 @@ __all__ = [
 
 STRATEGY_KINDS = ("multi_worker_mirrored", "fully_sharded", "model_parallel")
 MiB = 1 << 20
-# what a strategy adds once made, before any model: threads, control blocks (measured: ~2 MiB)
-BASE_RUNTIME_BYTES = 2 * MiB
+# what a worker adds from the strategy's creation whatever the model: threads, the modules
+# torch and phalanx import at first use (scope hooks, DTensor, the optimizer's kernels), the
+# Python objects of the step (measured with a 66k-parameter model: 44-48 MiB per worker)
+BASE_RUNTIME_BYTES = 44 * MiB
+# units FSDP2 holds gathered at the peak of backward (the unit computed and the one prefetched,
+# or the unit's unsharded gradients and the reduce-scatter's input)
+GATHERED_UNITS = 2
+# MultiWorkerMirrored's gradient engine: buckets staged for their all-reduce at the peak (fitted)
+REDUCTION_SHARE = 0.75
 # phalanx's shared-memory transport: 2 buffer sets x W slots x 4 MiB (communication/shared_memory.py)
 SHM_SLOT_BYTES = 4 * MiB
 _PARTS = (
@@ -344,8 +354,8 @@ def estimate_memory(
         "gradients": trained // share,
         "optimizer_state": int(state * trained) // share,
         "optimizer_step": int(step * trained) // share,
-        "reduction": 0 if sharded or workers == 1 else trained,
-        "gathered_units": 5 * unit,
+        "reduction": 0 if sharded or workers == 1 else int(REDUCTION_SHARE * trained),
+        "gathered_units": GATHERED_UNITS * unit,
         "activations": _activations(model, sample_input, per_worker_batch, param_dtype),
     }
     return MemoryEstimate(strategy, workers, {name: int(parts[name]) for name in _PARTS})

@@ -182,7 +182,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             strategy's creation), and the heap's free memory is returned after each optimizer
             step. Without it glibc keeps the layers FSDP2 gathers each step in its heap, and
             a worker's peak resident memory counts them (docs/big_models.md, Memory per
-            worker). False leaves the C allocator as it is.
+            worker). False, and one worker (nothing is gathered), leave the C allocator as
+            it is.
 
     Raises:
         ValueError: ``shard`` is not one of `SHARD_MODES`, more than one device is given, or
@@ -224,8 +225,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             self._buckets.close()
             self._buckets = None
         self._sharded_step = _ShardedStep(self)
-        self._release_memory = release_memory
-        if release_memory:  # before the model: its tensors are the first to be mapped
+        self._release_memory = release_memory and self._num_workers > 1  # one worker gathers nothing
+        if self._release_memory:  # before the model: its tensors are the first to be mapped
             map_large_allocations()
         self._shard = shard
         self._mp_policy = mixed_precision if mixed_precision is not None else MixedPrecisionPolicy()

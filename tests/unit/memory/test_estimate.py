@@ -11,7 +11,14 @@ from torch import nn
 
 from phalanx.cli import main
 from phalanx.experimental import estimate_memory, plan_memory
-from phalanx.memory.estimate import BASE_RUNTIME_BYTES, SHM_SLOT_BYTES, activation_bytes, optimizer_factors
+from phalanx.memory.estimate import (
+    BASE_RUNTIME_BYTES,
+    GATHERED_UNITS,
+    REDUCTION_SHARE,
+    SHM_SLOT_BYTES,
+    activation_bytes,
+    optimizer_factors,
+)
 
 MiB = 1 << 20
 WIDTH, LAYERS = 256, 3
@@ -30,7 +37,7 @@ def test_multi_worker_mirrored_holds_the_whole_state_on_every_worker():
     assert est.parts["gradients"] == P
     assert est.parts["optimizer_state"] == 2 * P  # Adam's two moments
     assert est.parts["optimizer_step"] == P
-    assert est.parts["reduction"] == P  # the gradients' staged copy
+    assert est.parts["reduction"] == int(REDUCTION_SHARE * P)  # the gradients' staged buckets
     assert est.parts["gathered_units"] == 0
     assert est.parts["runtime"] == BASE_RUNTIME_BYTES + 2 * 2 * SHM_SLOT_BYTES
     assert est.peak == sum(est.parts.values())
@@ -43,7 +50,7 @@ def test_fully_sharded_keeps_a_share_of_the_state_plus_the_gathered_units(worker
     assert est.parts["gradients"] == P // workers
     assert est.parts["optimizer_state"] == 2 * P // workers
     assert est.parts["reduction"] == 0
-    assert est.parts["gathered_units"] == 5 * U
+    assert est.parts["gathered_units"] == GATHERED_UNITS * U
 
 
 def test_one_worker_gathers_nothing_and_reduces_nothing():
@@ -64,7 +71,7 @@ def test_model_parallel_splits_the_state_over_the_mesh_and_gathers_along_the_bat
     est = estimate_memory(_mlp(), torch.optim.Adam, strategy="model_parallel", mesh_shape=(2, 2))
     assert est.num_workers == 4
     assert est.parts["parameters"] == P // 4
-    assert est.parts["gathered_units"] == 5 * (U // 2)
+    assert est.parts["gathered_units"] == GATHERED_UNITS * (U // 2)
     tensor_parallel = estimate_memory(_mlp(), torch.optim.Adam, strategy="model_parallel", mesh_shape=(4,))
     assert tensor_parallel.parts["gathered_units"] == 0
 
