@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -95,6 +96,7 @@ def _phalanx_job(strategy: Any, cfg: dict, marks: dict, meter: Any) -> float:
     directory = _shared_dir()
     phalanx.train.Checkpoint(model=model, optimizer=optimizer).save(os.path.join(directory, "ckpt"))
     marks["save"] = meter.growth()
+    _remove(directory)
     return seconds
 
 
@@ -149,6 +151,13 @@ def _shared_dir() -> str:
     shared = [tempfile.mkdtemp(prefix="bench_memory_") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(shared, src=0)
     return str(shared[0])
+
+
+def _remove(directory: str) -> None:
+    """Worker 0 removes the job's checkpoint once every worker has written its part."""
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _make_mwms() -> Any:

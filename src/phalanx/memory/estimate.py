@@ -11,14 +11,15 @@ The rule (docs/big_models.md, "Memory per worker"), with ``P`` the model's param
 
 * ``multi_worker_mirrored``: every worker holds ``P`` parameters, ``P`` gradients (in their
   all-reduce buckets), the optimizer state (Adam: ``2P``), the optimizer step's temporaries
-  (Adam's ``foreach`` kernels: ``P``) and the gradient engine's staged buckets (``0.75P`` at
+  (Adam's ``foreach`` kernels: ``P``) and the gradient engine's staged buckets (``0.6P`` at
   the peak: fitted, `REDUCTION_SHARE`).
 * ``fully_sharded``: each worker holds ``1/W`` of the parameters, gradients, optimizer state
-  and step temporaries, plus two units gathered at the peak of backward (``2U``: the unit
-  computed and the one prefetched, or a unit's unsharded gradients and the reduce-scatter's
-  input). Mixed precision gathers parameters in ``param_dtype``.
+  and step temporaries, plus the units gathered at the peak of backward (``2.5U``, fitted,
+  `GATHERED_UNITS`: the unit computed and the one prefetched, and part of the time a unit's
+  unsharded gradients or the reduce-scatter's input). Mixed precision gathers parameters in
+  ``param_dtype``.
 * ``model_parallel`` (mesh ``(batch, model)``): as ``fully_sharded`` over ``batch x model``
-  workers for the state, with units gathered only along the batch axis (``2U / model``, none
+  workers for the state, with units gathered only along the batch axis (``2.5U / model``, none
   when ``batch`` is 1); the rule assumes the layout splits every large weight along the model
   axis, and counts the activations unsplit (an upper bound: tensor parallelism splits some).
   Not yet validated against measured peaks.
@@ -61,11 +62,11 @@ MiB = 1 << 20
 # torch and phalanx import at first use (scope hooks, DTensor, the optimizer's kernels), the
 # Python objects of the step (measured with a 66k-parameter model: 44-48 MiB per worker)
 BASE_RUNTIME_BYTES = 44 * MiB
-# units FSDP2 holds gathered at the peak of backward (the unit computed and the one prefetched,
-# or the unit's unsharded gradients and the reduce-scatter's input)
-GATHERED_UNITS = 2
+# units FSDP2 holds gathered at the peak of backward: between 2 (the unit computed and the one
+# prefetched) and 3 (with a unit's unsharded gradients or the reduce-scatter's input); fitted
+GATHERED_UNITS = 2.5
 # MultiWorkerMirrored's gradient engine: buckets staged for their all-reduce at the peak (fitted)
-REDUCTION_SHARE = 0.75
+REDUCTION_SHARE = 0.6
 # phalanx's shared-memory transport: 2 buffer sets x W slots x 4 MiB (communication/shared_memory.py)
 SHM_SLOT_BYTES = 4 * MiB
 _PARTS = (
@@ -355,7 +356,7 @@ def estimate_memory(
         "optimizer_state": int(state * trained) // share,
         "optimizer_step": int(step * trained) // share,
         "reduction": 0 if sharded or workers == 1 else int(REDUCTION_SHARE * trained),
-        "gathered_units": GATHERED_UNITS * unit,
+        "gathered_units": int(GATHERED_UNITS * unit),
         "activations": _activations(model, sample_input, per_worker_batch, param_dtype),
     }
     return MemoryEstimate(strategy, workers, {name: int(parts[name]) for name in _PARTS})

@@ -50,7 +50,7 @@ def test_fully_sharded_keeps_a_share_of_the_state_plus_the_gathered_units(worker
     assert est.parts["gradients"] == P // workers
     assert est.parts["optimizer_state"] == 2 * P // workers
     assert est.parts["reduction"] == 0
-    assert est.parts["gathered_units"] == GATHERED_UNITS * U
+    assert est.parts["gathered_units"] == int(GATHERED_UNITS * U)
 
 
 def test_one_worker_gathers_nothing_and_reduces_nothing():
@@ -63,7 +63,7 @@ def test_one_worker_gathers_nothing_and_reduces_nothing():
 def test_mixed_precision_gathers_the_units_in_the_half_dtype():
     full = estimate_memory(_mlp(), None, strategy="fully_sharded", num_workers=2)
     half = estimate_memory(_mlp(), None, strategy="fully_sharded", num_workers=2, mixed_precision="bfloat16")
-    assert half.parts["gathered_units"] * 2 == full.parts["gathered_units"]
+    assert abs(half.parts["gathered_units"] * 2 - full.parts["gathered_units"]) <= 1
     assert half.parts["parameters"] == full.parts["parameters"]  # the shards stay float32
 
 
@@ -71,7 +71,7 @@ def test_model_parallel_splits_the_state_over_the_mesh_and_gathers_along_the_bat
     est = estimate_memory(_mlp(), torch.optim.Adam, strategy="model_parallel", mesh_shape=(2, 2))
     assert est.num_workers == 4
     assert est.parts["parameters"] == P // 4
-    assert est.parts["gathered_units"] == GATHERED_UNITS * (U // 2)
+    assert est.parts["gathered_units"] == int(GATHERED_UNITS * (U // 2))
     tensor_parallel = estimate_memory(_mlp(), torch.optim.Adam, strategy="model_parallel", mesh_shape=(4,))
     assert tensor_parallel.parts["gathered_units"] == 0
 
