@@ -67,7 +67,7 @@ BASE_RUNTIME_BYTES = 44 * MiB
 GATHERED_UNITS = 2.5
 # MultiWorkerMirrored's gradient engine: buckets staged for their all-reduce at the peak (fitted)
 REDUCTION_SHARE = 0.6
-# phalanx's shared-memory transport: 2 buffer sets x W slots x 4 MiB (communication/shared_memory.py)
+# phalanx's same-host transport: 2 buffer sets x W slots x 4 MiB (transports/shm/shared_memory.py)
 SHM_SLOT_BYTES = 4 * MiB
 _PARTS = (
     "runtime",
