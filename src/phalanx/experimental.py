@@ -11,6 +11,9 @@ The rest of tf.distribute.experimental: ``ValueContext``, the preemption handlin
 (``PreemptionCheckpointHandler``, ``TerminationConfig``, ``PreemptionWatcher``), and the
 submodules ``coordinator`` (`phalanx.coordinator`), ``partitioners``
 (`phalanx.partitioners`) and ``rpc`` (`phalanx.rpc`).
+
+phalanx's own: ``estimate_memory`` and ``plan_memory`` (`phalanx.memory`: each worker's peak
+memory under a strategy, before anything is allocated).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from phalanx.checkpoint.failure_handling import (
 )
 from phalanx.communication.local.options import CommunicationImplementation, CommunicationOptions
 from phalanx.distribution import DeviceMesh, LayoutMap, TensorLayout
+from phalanx.memory.estimate import estimate_memory, plan_memory
 from phalanx.strategies import CentralStorageStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy
 from phalanx.strategies.fully_sharded import FullyShardedStrategy
 from phalanx.strategies.model_parallel import ModelParallelStrategy
@@ -52,7 +56,9 @@ __all__ = [
     "TerminationConfig",
     "ValueContext",
     "coordinator",
+    "estimate_memory",
     "partitioners",
+    "plan_memory",
     "rpc",
 ]
 

@@ -47,6 +47,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "phalanx.security",  # the cluster token, its TLS certificates, secure gRPC channels
             "phalanx.status",  # the live status page: what tasks report, the page that shows it
             "phalanx.distribution",  # Keras 3's DeviceMesh, TensorLayout, LayoutMap (plain data)
+            "phalanx.memory",  # what a worker holds: the estimate and the measure (torch only)
             # where each worker writes (TF's distributed_file_utils)
             "phalanx.strategies.workers.distributed_files",
         ),

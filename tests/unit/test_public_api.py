@@ -132,6 +132,8 @@ def test_experimental_names_are_frozen():
         "TerminationConfig",
         "ValueContext",
         "coordinator",
+        "estimate_memory",
         "partitioners",
+        "plan_memory",
         "rpc",
     ]

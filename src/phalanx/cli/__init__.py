@@ -1,4 +1,4 @@
-"""The `phalanx` command: `phalanx demo` and `phalanx launch`.
+"""The `phalanx` command: `phalanx demo`, `phalanx launch` and `phalanx estimate-memory`.
 
 Building the parser imports neither torch nor any strategy (nor the launcher, unless the
 command line says ``launch``): ``phalanx --help`` answers at once, and each subcommand
@@ -94,19 +94,36 @@ def _add_launch(sub: argparse._SubParsersAction, with_arguments: bool) -> None:
         launch.set_defaults(func=run_launch)
 
 
-def _parser(with_launch_arguments: bool = True) -> argparse.ArgumentParser:
-    """The command's parser; without the launch arguments it imports nothing beyond argparse."""
+def _add_estimate_memory(sub: argparse._SubParsersAction, with_arguments: bool) -> None:
+    estimate = sub.add_parser(
+        "estimate-memory", help="each worker's peak memory under each strategy, before training"
+    )
+    if with_arguments:  # phalanx.memory imports torch: only when the line names the command
+        from phalanx.memory.command import add_arguments
+
+        add_arguments(estimate)
+
+
+def _parser(
+    with_launch_arguments: bool = True, with_estimate_arguments: bool = False
+) -> argparse.ArgumentParser:
+    """The command's parser; without the launch and estimate arguments it imports nothing
+    beyond argparse."""
     parser = argparse.ArgumentParser(prog="phalanx", description="tf.distribute's strategies for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
     _add_launch(sub, with_launch_arguments)
+    _add_estimate_memory(sub, with_estimate_arguments)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``phalanx`` command."""
     arguments = list(sys.argv[1:] if argv is None else argv)
-    args = _parser(with_launch_arguments="launch" in arguments).parse_args(arguments)
+    parser = _parser(
+        with_launch_arguments="launch" in arguments, with_estimate_arguments="estimate-memory" in arguments
+    )
+    args = parser.parse_args(arguments)
     return int(args.func(args))
 
 

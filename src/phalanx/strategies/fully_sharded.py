@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.local.options import CommunicationOptions
+from phalanx.memory.measure import map_large_allocations, release_free_memory
 from phalanx.state_views import sharded_state_dicts, sharded_views_open
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from phalanx.strategies.sharding.meta_init import MetaInit, post_order
@@ -126,7 +127,11 @@ class _ShardedStep:
             owner.adopt(optimizer)
 
     def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
-        """Nothing: each worker updated its own shard."""
+        """Each worker updated its own shard; the layers FSDP2 gathered for the step are free
+        now: with ``release_memory``, the C heap's free memory goes back to the system."""
+        owner = self._owner()
+        if owner is not None and owner._release_memory:
+            release_free_memory()
 
     def reset_thread(self) -> None:
         """Nothing is kept per thread."""
@@ -171,6 +176,14 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         join_timeout: As for `MultiWorkerMirroredStrategy`.
         heartbeat_timeout: As for `MultiWorkerMirroredStrategy`.
         sync_batch_norm: As for `MultiWorkerMirroredStrategy`.
+        release_memory: Keep the process's resident memory near what it holds (default):
+            glibc maps every allocation of 1 MiB or more on its own and returns it when freed
+            (`phalanx.memory.map_large_allocations`, set for the whole process at the
+            strategy's creation), and the heap's free memory is returned after each optimizer
+            step. Without it glibc keeps the layers FSDP2 gathers each step in its heap, and
+            a worker's peak resident memory counts them (docs/big_models.md, Memory per
+            worker). False, and one worker (nothing is gathered), leave the C allocator as
+            it is.
 
     Raises:
         ValueError: ``shard`` is not one of `SHARD_MODES`, more than one device is given, or
@@ -189,6 +202,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         join_timeout: float | None = None,
         heartbeat_timeout: float | None = None,
         sync_batch_norm: bool = False,
+        release_memory: bool = True,
     ) -> None:
         if shard not in SHARD_MODES:
             raise ValueError(f"shard must be one of {SHARD_MODES}. Received: {shard!r}.")
@@ -211,6 +225,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             self._buckets.close()
             self._buckets = None
         self._sharded_step = _ShardedStep(self)
+        self._release_memory = release_memory and self._num_workers > 1  # one worker gathers nothing
+        if self._release_memory:  # before the model: its tensors are the first to be mapped
+            map_large_allocations()
         self._shard = shard
         self._mp_policy = mixed_precision if mixed_precision is not None else MixedPrecisionPolicy()
         self._plan = ShardingPlan()

@@ -117,7 +117,7 @@ result["reduce_sum"] = strategy.reduce("sum", torch.tensor([rank + 1.0]), axis=N
 result["broadcast"] = group.broadcast(torch.full((3,), float(rank)), src=1).tolist()
 result["all_gather"] = [int(t) for t in group.all_gather(torch.tensor([rank * 10]))]
 
-token = group._shm._token if group._shm is not None else None
+token = group._transport.engine._token if group.transport_name == "shm" else None
 strategy.close()
 result["left_in_dev_shm"] = sorted(f for f in os.listdir("/dev/shm") if token and token in f)
 # close() tore the process groups down: no gloo thread is left to free a tensor (it would

@@ -25,7 +25,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 group = strategy._group
 result = {"backend": dist.get_backend(), "uses_tls": group.uses_tls, "uses_shm": group.uses_shared_memory}
 
-ring = group._ring
+ring = group._transport.ring if group.transport_name == "tls" else None
 carried_before = ring._count if ring is not None else 0
 x = torch.full((5,), float(rank + 1))
 dist.all_reduce(x)

@@ -1,0 +1,342 @@
+"""Peak memory per worker: MultiWorkerMirrored, FullySharded and raw FSDP2, measured and estimated.
+
+Run: python benchmarks/bench_memory.py [--workers 2 4] [--width 2048] [--layers 4] [--steps 6]
+     [--malloc default tuned] [--cap-mb 400] [--json out.json]
+
+Each job trains an MLP (``--layers`` x ``Linear(width, width)`` + ReLU; 16.8M parameters at
+the defaults) with Adam on the CPU, 1 intra-op thread per worker, global batch 64, through
+``--steps`` steps and a checkpoint save, and measures each worker's peak resident memory growth
+from just before the strategy is made (`phalanx.memory.PeakMeter`: VmHWM less the resident
+memory then). The figure of a job is its largest worker's. Beside it:
+`phalanx.experimental.estimate_memory`'s estimate of the same peak and their ratio (goal:
+within 10 %), and examples per second against raw FSDP2's.
+
+``--malloc default`` runs each worker with glibc's default malloc settings, as a user's process
+runs; ``tuned`` sets ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` (large freed blocks
+go back to the system at once). ``--cap-mb``: the largest width of the MLP each strategy trains
+under that per-worker cap, by the estimate, then measured at that width.
+
+Adding a strategy: one entry in ``JOBS`` (how to make it) and, for the estimate, its kind in
+`phalanx.memory.estimate.STRATEGY_KINDS` (``model_parallel`` is estimated already; its job is
+written where ModelParallelStrategy lives).
+
+Nothing is asserted: worker 0 of each job writes its figures; this process prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+GLOBAL_BATCH = 64
+TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "1048576"}
+
+
+def mlp(width: int, layers: int, device: str = "cpu") -> nn.Module:
+    """The benchmark's model (seeded: every strategy starts from the same values)."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
+
+
+def _data(steps: int, width: int, rank: int, workers: int) -> tuple[list, list]:
+    g = torch.Generator().manual_seed(1)
+    data = [
+        (torch.randn(GLOBAL_BATCH, width, generator=g), torch.randint(0, width, (GLOBAL_BATCH,), generator=g))
+        for _ in range(steps)
+    ]
+    per = GLOBAL_BATCH // workers
+    return data, [(x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]) for x, y in data]
+
+
+def _phalanx_job(strategy: Any, cfg: dict, marks: dict, meter: Any) -> float:
+    import phalanx
+
+    marks["runtime"] = meter.growth()
+    with strategy.scope():
+        model = mlp(cfg["width"], cfg["layers"], "meta" if cfg["meta"] else "cpu")
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    marks["built"] = meter.growth()
+    strategy.run(lambda: None)  # the first run broadcasts (or shards) the model
+    marks["made"] = meter.growth()
+    rank, workers = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
+    data, _ = _data(cfg["steps"], cfg["width"], rank, workers)
+    dataset = strategy.experimental_distribute_dataset(
+        data, phalanx.InputOptions(experimental_fetch_to_device=False)
+    )
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        per_example = nn.functional.cross_entropy(model(x), y, reduction="none")
+        phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    start = None
+    for i, (x, y) in enumerate(dataset):
+        if i == 1:
+            dist.barrier()
+            start = time.perf_counter()
+        strategy.run(step, args=(x, y))
+        if i == 0:
+            marks["first_step"] = meter.growth()
+    dist.barrier()
+    seconds = time.perf_counter() - start if start is not None else float("nan")
+    marks["steps"] = meter.growth()
+    directory = _shared_dir()
+    phalanx.train.Checkpoint(model=model, optimizer=optimizer).save(os.path.join(directory, "ckpt"))
+    marks["save"] = meter.growth()
+    _remove(directory)
+    return seconds
+
+
+def _raw_job(cfg: dict, marks: dict, meter: Any) -> float:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    import phalanx
+
+    resolver = phalanx.cluster.resolve_cluster()
+    host, _, port = resolver.chief_address().rpartition(":")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{host}:{port}",
+        rank=resolver.worker_index,
+        world_size=resolver.num_workers,
+    )
+    marks["runtime"] = meter.growth()
+    model = mlp(cfg["width"], cfg["layers"], "meta" if cfg["meta"] else "cpu")
+    for block in model:
+        fully_shard(block[0])
+    fully_shard(model)
+    if cfg["meta"]:
+        model.to_empty(device="cpu")
+        for block in model:
+            block[0].reset_parameters()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    _, mine = _data(cfg["steps"], cfg["width"], dist.get_rank(), dist.get_world_size())
+    start = None
+    for i, (x, y) in enumerate(mine):
+        if i == 1:
+            dist.barrier()
+            start = time.perf_counter()
+        nn.functional.cross_entropy(model(x), y).backward()  # FSDP2 averages
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if i == 0:
+            marks["first_step"] = meter.growth()
+    dist.barrier()
+    seconds = time.perf_counter() - start if start is not None else float("nan")
+    marks["steps"] = meter.growth()
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save(
+        {"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(_shared_dir(), "ckpt")
+    )
+    marks["save"] = meter.growth()
+    return seconds
+
+
+def _shared_dir() -> str:
+    shared = [tempfile.mkdtemp(prefix="bench_memory_") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    return str(shared[0])
+
+
+def _remove(directory: str) -> None:
+    """Worker 0 removes the job's checkpoint once every worker has written its part."""
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _make_mwms() -> Any:
+    import phalanx
+
+    return phalanx.MultiWorkerMirroredStrategy()
+
+
+def _make_fully_sharded() -> Any:
+    from phalanx.experimental import FullyShardedStrategy
+
+    return FullyShardedStrategy()
+
+
+# job name -> (estimate kind, how to make the strategy; None: raw torch)
+JOBS: dict[str, tuple[str, Callable[[], Any] | None]] = {
+    "multi_worker_mirrored": ("multi_worker_mirrored", _make_mwms),
+    "fully_sharded": ("fully_sharded", _make_fully_sharded),
+    "raw_fsdp2": ("fully_sharded", None),
+}
+
+
+def _job(name: str, cfg: dict, result_path: str) -> None:
+    """One job (every worker): trains, saves, and worker 0 writes the largest worker's figures."""
+    import torch.distributed.checkpoint  # noqa: F401  # what the job imports, before the meter:
+    import torch.distributed.fsdp  # noqa: F401  # a user's process has imported it before
+
+    import phalanx.experimental  # noqa: F401
+    from phalanx.memory import PeakMeter
+
+    torch.set_num_threads(1)
+    meter = PeakMeter()
+    marks: dict[str, int] = {}
+    make = JOBS[name][1]
+    strategy = make() if make is not None else None
+    seconds = (
+        _phalanx_job(strategy, cfg, marks, meter) if strategy is not None else _raw_job(cfg, marks, meter)
+    )
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, {"marks": marks, "seconds": seconds, "reset_ok": meter.reset_ok})
+    if dist.get_rank() == 0:
+        with open(result_path, "w") as f:
+            json.dump(every, f)
+    if strategy is not None:
+        strategy.close()
+    else:
+        dist.destroy_process_group()
+
+
+def _estimate(job: str, cfg: dict, workers: int) -> Any:
+    from phalanx.experimental import estimate_memory
+    from phalanx.memory.estimate import BASE_RUNTIME_BYTES
+
+    return estimate_memory(
+        mlp(cfg["width"], cfg["layers"], "meta"),
+        torch.optim.Adam,
+        strategy=JOBS[job][0],
+        num_workers=workers,
+        sample_input=(cfg["width"],),
+        per_worker_batch=GLOBAL_BATCH // workers,
+        runtime_bytes=BASE_RUNTIME_BYTES if JOBS[job][1] is None else None,  # raw: gloo, no segment
+    )
+
+
+def run_job(name: str, cfg: dict, workers: int, malloc: str) -> dict:
+    """Launches one job on ``workers`` local processes; returns its figures and the estimate."""
+    from phalanx.cluster import launch
+
+    env = dict(TUNED_MALLOC) if malloc == "tuned" else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "result.json")
+        args = ["--job", name, "--config", json.dumps(cfg), "--result", path]
+        status = launch(os.path.abspath(__file__), workers=workers, args=args, env=env, timeout=1800)
+        if status != 0:
+            return {"job": name, "workers": workers, "malloc": malloc, "failed": status}
+        with open(path) as f:
+            every = json.load(f)
+    peak = max(w["marks"]["save"] for w in every)
+    seconds = max(w["seconds"] for w in every)
+    estimate = _estimate(name, cfg, workers)
+    return {
+        "job": name,
+        "workers": workers,
+        "malloc": malloc,
+        "width": cfg["width"],
+        "peak_mib": peak / 2**20,
+        "by_worker_mib": [w["marks"]["save"] / 2**20 for w in every],
+        "marks_mib": {k: max(w["marks"][k] for w in every) / 2**20 for k in every[0]["marks"]},
+        "estimate_mib": estimate.peak / 2**20,
+        "estimate": estimate.breakdown_mib(),
+        "examples_per_s": GLOBAL_BATCH * (cfg["steps"] - 1) / seconds,
+        "vmhwm_reset": all(w["reset_ok"] for w in every),
+    }
+
+
+def _print_rows(rows: list[dict]) -> None:
+    """The table: peak per worker, the estimate beside it, memory against MultiWorkerMirrored's
+    and examples per second against raw FSDP2's (same workers, malloc and width)."""
+    print(
+        f"{'job':<22}{'workers':>8}{'malloc':>9}{'width':>7}{'peak MiB':>10}{'estimate':>10}"
+        f"{'est/meas':>9}{'vs mwms':>9}{'ex/s':>8}{'vs raw':>8}"
+    )
+    done = [r for r in rows if "failed" not in r]
+
+    def same(job: str, r: dict) -> dict | None:
+        key = (r["workers"], r["malloc"], r["width"])
+        return next(
+            (o for o in done if o["job"] == job and (o["workers"], o["malloc"], o["width"]) == key), None
+        )
+
+    for r in rows:
+        if "failed" in r:
+            print(f"{r['job']:<22}{r['workers']:>8}{r['malloc']:>9}  failed ({r['failed']})")
+            continue
+        mwms, raw = same("multi_worker_mirrored", r), same("raw_fsdp2", r)
+        memory = f"{r['peak_mib'] / mwms['peak_mib']:9.2f}" if mwms else f"{'':>9}"
+        speed = f"{r['examples_per_s'] / raw['examples_per_s']:8.2f}" if raw else f"{'':>8}"
+        print(
+            f"{r['job']:<22}{r['workers']:>8}{r['malloc']:>9}{r['width']:>7}{r['peak_mib']:10.1f}"
+            f"{r['estimate_mib']:10.1f}{r['estimate_mib'] / r['peak_mib']:9.3f}{memory}"
+            f"{r['examples_per_s']:8.0f}{speed}"
+            + (f"  (cap {r['cap_mib']:.0f} MiB)" if "cap_mib" in r else "")
+        )
+
+
+def largest_width(job: str, cap_bytes: int, workers: int, layers: int) -> int:
+    """The widest MLP (a multiple of 64) whose estimated peak per worker fits ``cap_bytes``."""
+    low = 64
+    while _estimate(job, {"width": low * 2, "layers": layers}, workers).peak <= cap_bytes:
+        low *= 2
+    high = low * 2
+    while high - low > 64:
+        mid = (low + high) // 2 // 64 * 64
+        fits = _estimate(job, {"width": mid, "layers": layers}, workers).peak <= cap_bytes
+        low, high = (mid, high) if fits else (low, mid)
+    return low
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, nargs="*", default=[2, 4])
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--meta", action="store_true", help="build the model on the meta device")
+    parser.add_argument("--malloc", nargs="*", default=["default", "tuned"], choices=["default", "tuned"])
+    parser.add_argument("--jobs", nargs="*", default=list(JOBS), choices=list(JOBS))
+    parser.add_argument(
+        "--cap-mb", type=float, default=0, help="per-worker cap for the largest model (0: skip)"
+    )
+    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.job:
+        _job(args.job, json.loads(args.config), args.result)
+        return 0
+    cfg = {"width": args.width, "layers": args.layers, "steps": args.steps, "meta": args.meta}
+    rows = [
+        run_job(name, cfg, workers, malloc)
+        for malloc in args.malloc
+        for workers in args.workers
+        for name in args.jobs
+    ]
+    if args.cap_mb:
+        cap = int(args.cap_mb * 2**20)
+        for workers in args.workers:
+            for name in args.jobs:
+                width = largest_width(name, cap, workers, args.layers)
+                row = run_job(name, {**cfg, "width": width}, workers, args.malloc[0])
+                row["cap_mib"] = args.cap_mb
+                rows.append(row)
+    _print_rows(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if all("failed" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""What each worker of a strategy will hold at its peak, before anything is allocated.
+
+`estimate_memory` takes a model (built on the meta device is enough: only shapes and dtypes
+are read), an optimizer (its class, or an instance), a strategy kind and its size, and gives
+each worker's peak resident memory growth from the strategy's creation, broken down by what
+holds it; `plan_memory` does it for every kind and says which fit a per-worker budget. Called
+on any one process (nothing communicates).
+
+The rule (docs/big_models.md, "Memory per worker"), with ``P`` the model's parameter bytes,
+``W`` the workers and ``U`` the bytes of the largest FSDP2 unit (a module's own parameters):
+
+* ``multi_worker_mirrored``: every worker holds ``P`` parameters, ``P`` gradients (in their
+  all-reduce buckets), the optimizer state (Adam: ``2P``), the optimizer step's temporaries
+  (Adam's ``foreach`` kernels: ``P``) and the gradient engine's staged buckets (``0.6P`` at
+  the peak: fitted, `REDUCTION_SHARE`).
+* ``fully_sharded``: each worker holds ``1/W`` of the parameters, gradients, optimizer state
+  and step temporaries, plus the units gathered at the peak of backward (``2.5U``, fitted,
+  `GATHERED_UNITS`: the unit computed and the one prefetched, and part of the time a unit's
+  unsharded gradients or the reduce-scatter's input). Mixed precision gathers parameters in
+  ``param_dtype``.
+* ``model_parallel`` (mesh ``(batch, model)``): as ``fully_sharded`` over ``batch x model``
+  workers for the state, with units gathered only along the batch axis (``2.5U / model``, none
+  when ``batch`` is 1); the rule assumes the layout splits every large weight along the model
+  axis, and counts the activations unsplit (an upper bound: tensor parallelism splits some).
+  Not yet validated against measured peaks.
+* every kind: the runtime (`BASE_RUNTIME_BYTES`: threads, modules imported at first use, the
+  step's Python objects; and phalanx's same-host transport maps a shared-memory segment of
+  ``2 x W x 4 MiB`` once ``W > 1``) and the activations
+  the forward keeps for backward (measured by running the forward on the meta device with
+  `torch.autograd.graph.saved_tensors_hooks`, plus the largest of them again for backward's
+  transient gradient).
+
+The constants were fitted to `benchmarks/bench_memory.py`'s measurements (CPU, glibc's default
+malloc settings, FullySharded with its default ``release_memory``, MLPs of 66k to 17M
+parameters): a model of phalanx's engines as they are; a change to them (bucket sizes,
+retained works, the transport's segments) changes the figures, and the benchmark shows by how
+much (its estimate/measured column).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "STRATEGY_KINDS",
+    "MemoryEstimate",
+    "MemoryPlan",
+    "activation_bytes",
+    "estimate_memory",
+    "optimizer_factors",
+    "plan_memory",
+]
+
+STRATEGY_KINDS = ("multi_worker_mirrored", "fully_sharded", "model_parallel")
+MiB = 1 << 20
+# what a worker adds from the strategy's creation whatever the model: threads, the modules
+# torch and phalanx import at first use (scope hooks, DTensor, the optimizer's kernels), the
+# Python objects of the step (measured with a 66k-parameter model: 44-48 MiB per worker)
+BASE_RUNTIME_BYTES = 44 * MiB
+# units FSDP2 holds gathered at the peak of backward: between 2 (the unit computed and the one
+# prefetched) and 3 (with a unit's unsharded gradients or the reduce-scatter's input); fitted
+GATHERED_UNITS = 2.5
+# MultiWorkerMirrored's gradient engine: buckets staged for their all-reduce at the peak (fitted)
+REDUCTION_SHARE = 0.6
+# phalanx's same-host transport: 2 buffer sets x W slots x 4 MiB (transports/shm/shared_memory.py)
+SHM_SLOT_BYTES = 4 * MiB
+_PARTS = (
+    "runtime",
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "optimizer_step",
+    "reduction",
+    "gathered_units",
+    "activations",
+)
+
+# optimizer class name -> (state tensors per parameter, temporaries of the step per parameter)
+_OPTIMIZERS: dict[str, tuple[float, float]] = {
+    "Adam": (2, 1),
+    "AdamW": (2, 1),
+    "NAdam": (2, 1),
+    "RAdam": (2, 1),
+    "Adamax": (2, 1),
+    "Adagrad": (1, 1),
+    "Adadelta": (2, 1),
+    "RMSprop": (1, 1),
+    "SGD": (0, 0),
+}
+
+
+def optimizer_factors(optimizer: Any) -> tuple[float, float]:
+    """(optimizer state, step temporaries) in parameter-sized tensors, for a torch optimizer
+    class or instance: Adam keeps two moments (2) and its step makes one parameter-sized
+    temporary (1); SGD keeps a momentum buffer only with ``momentum`` (1, else 0); RMSprop adds
+    one with ``momentum`` and one when ``centered``.
+
+    Raises:
+        ValueError: An optimizer this rule does not know (it names the ones it knows).
+    """
+    cls = optimizer if isinstance(optimizer, type) else type(optimizer)
+    defaults: Mapping[str, Any] = (
+        getattr(optimizer, "defaults", {}) if not isinstance(optimizer, type) else {}
+    )
+    known = next((c.__name__ for c in cls.__mro__ if c.__name__ in _OPTIMIZERS), None)
+    if known is None:
+        raise ValueError(
+            "estimate_memory knows the state of torch's optimizers "
+            f"({', '.join(sorted(_OPTIMIZERS))}). Received: {cls.__name__}. HINT: pass "
+            "optimizer=(state, step) in parameter-sized tensors, e.g. (2, 1) for an Adam-like one."
+        )
+    state, step = _OPTIMIZERS[known]
+    if known == "SGD" and defaults.get("momentum", 0):
+        state = 1
+    if known == "RMSprop":
+        state += int(bool(defaults.get("momentum", 0))) + int(bool(defaults.get("centered", False)))
+    return float(state), float(step)
+
+
+def _meta_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        name: torch.empty_like(p, device="meta").requires_grad_(p.requires_grad)
+        for name, p in model.named_parameters()
+    }
+
+
+def activation_bytes(model: nn.Module, sample_input: Any, dtype: torch.dtype | None = None) -> int:
+    """Bytes the forward of ``model`` on ``sample_input`` keeps for backward, plus the largest
+    kept tensor once more (backward's gradient of it). The forward runs on the meta device:
+    nothing is computed or allocated, and the model's own parameters are not touched.
+
+    Args:
+        model: Any module (on the meta device or not).
+        sample_input: One worker's input: a tensor, a shape (a tuple of ints: a float32
+            tensor), or a tuple of those (the forward's positional arguments).
+        dtype: The compute dtype under mixed precision (floating tensors are counted at its
+            size); None counts them as they are.
+    """
+    from torch.func import functional_call
+
+    args = (
+        sample_input if isinstance(sample_input, tuple) and not _is_shape(sample_input) else (sample_input,)
+    )
+    meta_args = tuple(_meta_input(a) for a in args)
+    params = _meta_parameters(model)
+    skip = {p.untyped_storage()._cdata for p in params.values()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = t.untyped_storage()._cdata
+        if key not in skip:
+            size = t.untyped_storage().nbytes()
+            if dtype is not None and t.is_floating_point():
+                size = size // t.element_size() * torch.empty((), dtype=dtype).element_size()
+            saved[key] = size
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        functional_call(model, params, meta_args)
+    return sum(saved.values()) + max(saved.values(), default=0)
+
+
+def _is_shape(value: Any) -> bool:
+    return isinstance(value, tuple | torch.Size) and all(isinstance(d, int) for d in value)
+
+
+def _meta_input(value: Any) -> Any:
+    if _is_shape(value):
+        return torch.empty(tuple(value), device="meta")
+    if isinstance(value, torch.Tensor):
+        return torch.empty_like(value, device="meta")
+    return value
+
+
+def _unit_bytes(model: nn.Module, dtype: torch.dtype | None) -> int:
+    """The largest FSDP2 unit: a module's own parameters (FullyShardedStrategy's units)."""
+    largest = 0
+    for module in model.modules():
+        own = 0
+        for p in module.parameters(recurse=False):
+            size = p.element_size() if dtype is None or not p.is_floating_point() else _itemsize(dtype)
+            own += p.numel() * size
+        largest = max(largest, own)
+    return largest
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """One worker's estimated peak resident memory growth under one strategy (bytes by part).
+
+    Attributes:
+        strategy: The strategy kind (one of `STRATEGY_KINDS`).
+        num_workers: Workers in the job.
+        parts: Bytes by what holds them: runtime, parameters, gradients, optimizer_state,
+            optimizer_step (the step's temporaries), reduction (staged gradients),
+            gathered_units (FSDP2's gathered layers), activations.
+    """
+
+    strategy: str
+    num_workers: int
+    parts: Mapping[str, int]
+
+    @property
+    def peak(self) -> int:
+        """The worker's estimated peak, in bytes: the sum of the parts."""
+        return sum(self.parts.values())
+
+    def fits(self, budget_bytes: float) -> bool:
+        """Whether the peak is within ``budget_bytes`` per worker."""
+        return self.peak <= budget_bytes
+
+    def breakdown_mib(self) -> dict[str, float]:
+        """The parts in MiB (rounded to 0.1), the peak as ``"peak"``."""
+        return {**{k: round(v / MiB, 1) for k, v in self.parts.items()}, "peak": round(self.peak / MiB, 1)}
+
+    def __str__(self) -> str:
+        rows = [f"{self.strategy} ({self.num_workers} workers): peak {self.peak / MiB:.1f} MiB per worker"]
+        rows += [f"  {name:<16}{size / MiB:10.1f} MiB" for name, size in self.parts.items() if size]
+        return "\n".join(rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Estimates for several strategies and which fit a per-worker budget.
+
+    Attributes:
+        estimates: One `MemoryEstimate` per strategy kind.
+        budget_bytes: The per-worker budget (None: none given).
+    """
+
+    estimates: Mapping[str, MemoryEstimate]
+    budget_bytes: float | None = None
+
+    @property
+    def fitting(self) -> list[str]:
+        """The kinds whose peak fits the budget (every kind when there is none)."""
+        budget = self.budget_bytes
+        return [kind for kind, e in self.estimates.items() if budget is None or e.fits(budget)]
+
+    def __str__(self) -> str:
+        text = "\n".join(str(e) for e in self.estimates.values())
+        if self.budget_bytes is not None:
+            fits = ", ".join(self.fitting) or "none"
+            text += f"\nfits {self.budget_bytes / MiB:.0f} MiB per worker: {fits}"
+        return text
+
+
+def _mixed_dtype(mixed_precision: Any) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """(param_dtype, reduce_dtype) from None, a dtype, its name or FSDP2's MixedPrecisionPolicy."""
+    if mixed_precision is None:
+        return None, None
+    if isinstance(mixed_precision, str):
+        dtype = getattr(torch, mixed_precision.removeprefix("mixed_"), None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(
+                "mixed_precision names a floating dtype ('bfloat16', 'float16', 'mixed_bfloat16'). "
+                f"Received: {mixed_precision!r}. HINT: or pass a torch.dtype or a MixedPrecisionPolicy."
+            )
+        return dtype, dtype
+    if isinstance(mixed_precision, torch.dtype):
+        return mixed_precision, mixed_precision
+    param = getattr(mixed_precision, "param_dtype", None)
+    return param, getattr(mixed_precision, "reduce_dtype", None) or param
+
+
+def _shares(strategy: str, num_workers: int | None, mesh_shape: Sequence[int] | None) -> tuple[int, int, int]:
+    """(workers, state share divisor, gather divisor) for a kind and its size; the divisor is 0
+    where nothing is gathered (replicas, or tensor parallelism alone)."""
+    if strategy not in STRATEGY_KINDS:
+        raise ValueError(f"strategy must be one of {STRATEGY_KINDS}. Received: {strategy!r}.")
+    if strategy == "model_parallel":
+        if mesh_shape is None or len(mesh_shape) not in (1, 2) or any(int(d) < 1 for d in mesh_shape):
+            raise ValueError(
+                "model_parallel needs mesh_shape=(model,) or (batch, model), positive sizes. "
+                f"Received: mesh_shape={mesh_shape!r}. HINT: e.g. mesh_shape=(2, 2) for 4 workers."
+            )
+        batch, model = (
+            (1, int(mesh_shape[0])) if len(mesh_shape) == 1 else (int(mesh_shape[0]), int(mesh_shape[1]))
+        )
+        workers = batch * model
+        if num_workers is not None and num_workers != workers:
+            raise ValueError(
+                f"mesh_shape {tuple(mesh_shape)} has {workers} workers, but num_workers={num_workers}. "
+                "HINT: give the mesh only, or a mesh whose sizes multiply to num_workers."
+            )
+        return workers, workers, model if batch > 1 else 0
+    if num_workers is None or num_workers < 1:
+        raise ValueError(f"{strategy} needs num_workers >= 1. Received: num_workers={num_workers!r}.")
+    if strategy == "fully_sharded":
+        return num_workers, num_workers, 1 if num_workers > 1 else 0
+    return num_workers, 1, 0
+
+
+def estimate_memory(
+    model: nn.Module,
+    optimizer: Any = torch.optim.Adam,
+    *,
+    strategy: str = "fully_sharded",
+    num_workers: int | None = None,
+    mesh_shape: Sequence[int] | None = None,
+    sample_input: Any = None,
+    per_worker_batch: int | None = None,
+    mixed_precision: Any = None,
+    runtime_bytes: int | None = None,
+) -> MemoryEstimate:
+    """One worker's peak resident memory growth under ``strategy``, broken down (any process).
+
+    Args:
+        model: The model; built on the meta device is enough.
+        optimizer: A torch optimizer class or instance, or ``(state, step)`` in
+            parameter-sized tensors (see `optimizer_factors`); None: no optimizer.
+        strategy: ``"multi_worker_mirrored"``, ``"fully_sharded"`` or ``"model_parallel"``.
+        num_workers: Workers in the job (``model_parallel``: implied by ``mesh_shape``).
+        mesh_shape: ``model_parallel`` only: ``(model,)`` or ``(batch, model)``.
+        sample_input: One worker's batch: a tensor (meta is enough), a shape, or a tuple of
+            them (the forward's arguments); None counts no activations.
+        per_worker_batch: With it, ``sample_input`` is one example (no batch dimension) and
+            each input gets this batch dimension in front; None: ``sample_input`` is the batch.
+        mixed_precision: None, a dtype (or its name, ``"bfloat16"``), or FSDP2's
+            ``MixedPrecisionPolicy``: parameters are gathered and activations kept in it.
+        runtime_bytes: What the strategy holds before any model (default: phalanx's
+            transport and threads, see the module docstring).
+
+    Returns:
+        The `MemoryEstimate` (its ``peak`` and ``parts``).
+
+    Raises:
+        ValueError: An unknown strategy or optimizer, a missing or contradicting size, or a
+            bad ``mixed_precision`` (each says what to pass).
+    """
+    workers, share, gather_split = _shares(strategy, num_workers, mesh_shape)
+    param_dtype, _ = _mixed_dtype(mixed_precision)
+    if optimizer is None:
+        state, step = 0.0, 0.0
+    else:
+        state, step = optimizer if isinstance(optimizer, tuple) else optimizer_factors(optimizer)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    if runtime_bytes is None:
+        runtime_bytes = BASE_RUNTIME_BYTES + (2 * workers * SHM_SLOT_BYTES if workers > 1 else 0)
+    sharded = strategy != "multi_worker_mirrored"
+    unit = _unit_bytes(model, param_dtype) // gather_split if gather_split else 0
+    parts = {
+        "runtime": runtime_bytes,
+        "parameters": params // share,
+        "gradients": trained // share,
+        "optimizer_state": int(state * trained) // share,
+        "optimizer_step": int(step * trained) // share,
+        "reduction": 0 if sharded or workers == 1 else int(REDUCTION_SHARE * trained),
+        "gathered_units": int(GATHERED_UNITS * unit),
+        "activations": _activations(model, sample_input, per_worker_batch, param_dtype),
+    }
+    return MemoryEstimate(strategy, workers, {name: int(parts[name]) for name in _PARTS})
+
+
+def _activations(model: nn.Module, sample: Any, batch: int | None, dtype: torch.dtype | None) -> int:
+    if sample is None:
+        return 0
+    if batch is not None:
+        args = sample if isinstance(sample, tuple) and not _is_shape(sample) else (sample,)
+        shapes = [
+            tuple(a) if _is_shape(a) else tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args
+        ]
+        sample = tuple((batch, *s) if isinstance(s, tuple) else s for s in shapes)
+        sample = sample if len(sample) > 1 else sample[0]
+    return activation_bytes(model, sample, dtype)
+
+
+def plan_memory(
+    model: nn.Module,
+    optimizer: Any = torch.optim.Adam,
+    *,
+    num_workers: int,
+    budget_bytes: float | None = None,
+    mesh_shape: Sequence[int] | None = None,
+    **kwargs: Any,
+) -> MemoryPlan:
+    """`estimate_memory` for every strategy kind on ``num_workers`` workers, and which fit
+    ``budget_bytes`` per worker (``model_parallel`` with ``mesh_shape``, default
+    ``(1, num_workers)``: the model split over every worker). Any process; nothing communicates.
+
+    Raises:
+        ValueError: As `estimate_memory`.
+    """
+    estimate: Callable[..., MemoryEstimate] = estimate_memory
+    mesh = tuple(mesh_shape) if mesh_shape is not None else (1, num_workers)
+    estimates = {
+        kind: estimate(
+            model,
+            optimizer,
+            strategy=kind,
+            num_workers=num_workers,
+            mesh_shape=mesh if kind == "model_parallel" else None,
+            **kwargs,
+        )
+        for kind in STRATEGY_KINDS
+    }
+    return MemoryPlan(estimates, budget_bytes)
