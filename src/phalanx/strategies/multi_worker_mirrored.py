@@ -23,15 +23,14 @@ from phalanx.communication.group.worker_group import (
 )
 from phalanx.communication.local.options import CommunicationImplementation, CommunicationOptions
 from phalanx.communication.membership.membership import ElasticSettings, Membership
-from phalanx.communication.transports.gloo.sockets import GroupSockets
 from phalanx.communication.transports.gloo.transport import DataFlag
 from phalanx.protocols import StepSync
 from phalanx.status.counters import COUNTERS
 from phalanx.status.taking_part import join_status
 from phalanx.strategies.run_options import RunOptions
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
-from phalanx.strategies.workers import elastic_groups as _elastic_groups
 from phalanx.strategies.workers.bucket_sync import BucketSync, group_buckets
+from phalanx.strategies.workers.elastic_groups import ElasticGroups
 from phalanx.strategies.workers.setup import deprecated_communication, local_devices, task_name
 from phalanx.values import ReduceOp
 from phalanx.variables import DistributedVariable
@@ -132,8 +131,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._group: WorkerGroup | None = None
         self._buckets: GradientBuckets | None = None
         self._bucket_sync: BucketSync | None = None
-        self._membership: Membership | None = None
-        self._group_sockets: GroupSockets | None = None  # an elastic group's connections
+        self._elastic: ElasticGroups | None = None  # an elastic job's groups and membership
         self._status = join_status(self._status_name(), resolver.is_chief, self._membership_epoch)
         if self._num_workers > 1:
             self._group = self._joined(join_timeout, heartbeat_timeout)
@@ -158,7 +156,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         return f"{job}:{index}" if job is not None and index is not None else f"worker:{self._worker_index}"
 
     def _membership_epoch(self) -> int | None:
-        return self._membership.epoch if self._membership is not None else None
+        return self._elastic.membership.epoch if self._elastic is not None else None
 
     @property
     def step_sync(self) -> StepSync:
@@ -175,11 +173,13 @@ class MultiWorkerMirroredStrategy(Strategy):
             names = task_name(self._resolver)
             return self._new_group(host, int(port), self._worker_index, self._num_workers, names, join)
         # an elastic job: the membership decides who trains, and the ranks
-        self._membership = Membership(
-            settings, self._worker_index, self._num_workers, task_name(self._resolver), join
-        )
-        self._membership.start()
-        return _elastic_groups.make_group(self)
+        names = task_name(self._resolver)
+        membership = Membership(settings, self._worker_index, self._num_workers, names, join)
+        membership.start()
+        self._elastic = ElasticGroups(membership, self._new_group, join)
+        group = self._elastic.make()
+        self._num_workers, self._worker_index = self._elastic.size, self._elastic.rank
+        return group
 
     def _new_group(
         self,
@@ -216,7 +216,7 @@ class MultiWorkerMirroredStrategy(Strategy):
     @property
     def membership(self) -> Membership | None:
         """The elastic membership (``PHALANX_MIN_WORKERS`` set, several workers), else None."""
-        return self._membership
+        return self._elastic.membership if self._elastic is not None else None
 
     def reform(self, admit: bool = True) -> None:
         """Drops the current group and makes the next membership epoch's: after a lost worker,
@@ -231,7 +231,23 @@ class MultiWorkerMirroredStrategy(Strategy):
             BelowMinimumWorkersError: Fewer workers are left than the job's minimum.
             PeerUnavailableError: This worker was left out, or the new group failed 5 times.
         """
-        _elastic_groups.reform(self, admit)
+        if self._elastic is None:
+            raise RuntimeError(
+                f"{self!r} is not elastic. HINT: set PHALANX_MIN_WORKERS (phalanx launch --min-workers)."
+            )
+        if self._buckets is not None:
+            self._buckets.release()
+        self._group = None  # the elastic groups drop it
+        self._group = self._elastic.reform(admit)
+        self._num_workers, self._worker_index = self._elastic.size, self._elastic.rank
+        params = [p for p in (ref() for ref in self._plain.values()) if isinstance(p, torch.nn.Parameter)]
+        for param in params:  # a step cut short left partial sums in .grad: drop them
+            param.grad = None
+        if self._num_local_replicas == 1:
+            self._buckets = group_buckets(self, self._group)
+            for param in params:  # in creation order, as on every member
+                self._buckets.add(param)
+            self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
 
     def handed_over(self) -> None:
         """Records that every member took the chief's state (an elastic job, after a re-form):
@@ -275,7 +291,7 @@ class MultiWorkerMirroredStrategy(Strategy):
     def is_chief(self) -> bool:
         """Whether this worker is the chief (``chief:0``, else ``worker:0``; in an elastic job,
         rank 0 of the current membership: the lowest live task)."""
-        if self._membership is not None:
+        if self._elastic is not None:
             return self._worker_index == 0
         return self._resolver.is_chief
 
@@ -507,6 +523,6 @@ class MultiWorkerMirroredStrategy(Strategy):
         finally:
             if self._group is not None:
                 self._group.close()
-            if self._membership is not None:
-                _elastic_groups.close_elastic(self)
+            if self._elastic is not None:
+                self._elastic.close()
             self._threads.close()

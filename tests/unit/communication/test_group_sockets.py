@@ -100,7 +100,7 @@ class _Work:
 
 
 def test_a_groups_in_flight_works_are_those_not_completed():
-    """`WorkerGroup.in_flight`: what dropping a group waits for (`_elastic_groups.drop_group`)."""
+    """`WorkerGroup.in_flight`: what dropping a group waits for (`ElasticGroups.drop`)."""
     group = WorkerGroup.__new__(WorkerGroup)  # no process group: only its held works matter
     group._works = RecentWorks()
     assert group.in_flight() == []
