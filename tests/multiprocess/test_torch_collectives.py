@@ -33,6 +33,9 @@ def test_user_collectives_ddp_dcp_and_fsdp2_run_on_the_jobs_group(tmp_path, tran
         assert result["all_reduce"] == [3.0] * 5
         assert result["all_reduce_max"] == 2.0
         assert result["all_gather"] == [[0, 0], [1, 10]]
+        assert result["all_gather_coalesced_2"] == [[0.0, 1.0], [10.0, 11.0]]  # [rank][i]
+        assert result["all_gather_coalesced_3"] == [[0.0, 1.0, 2.0], [10.0, 11.0, 12.0]]
+        assert "one list of 1 output tensors per worker (2)" in result["all_gather_coalesced_error"]
         assert result["all_gather_into_tensor"] == [0.5, -0.5, 1.5, -1.5]
         assert result["reduce_scatter_tensor"] == [[1.0, 3.0], [5.0, 7.0]][rank]  # (0..3) + (1..4)
         assert result["broadcast"] == [1.0, 7.0]

@@ -36,6 +36,16 @@ result["all_reduce_max"] = y.item()
 parts = [torch.empty(2, dtype=torch.int64) for _ in range(world)]
 dist.all_gather(parts, torch.tensor([rank, 10 * rank]))
 result["all_gather"] = [p.tolist() for p in parts]
+# all_gather_coalesced: outputs[rank][i] is worker rank's input i (torch's layout), with as
+# many inputs as workers (a transposed result would look alike) and with one more
+for count in (world, world + 1):
+    lists = [[torch.zeros(1) for _ in range(count)] for _ in range(world)]
+    dist.all_gather_coalesced(lists, [torch.tensor([10.0 * rank + i]) for i in range(count)])
+    result[f"all_gather_coalesced_{count}"] = [[t.item() for t in row] for row in lists]
+try:
+    dist.all_gather_coalesced([[torch.zeros(1)]], [torch.zeros(1)])
+except ValueError as exc:
+    result["all_gather_coalesced_error"] = str(exc)
 flat = torch.empty(2 * world)
 dist.all_gather_into_tensor(flat, torch.tensor([rank + 0.5, -rank - 0.5]))
 result["all_gather_into_tensor"] = flat.tolist()

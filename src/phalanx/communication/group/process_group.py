@@ -12,7 +12,8 @@ engine of its own that signs its collectives the same way (`phalanx.communicatio
 
 How each torch collective is carried (W workers, r this one):
 
-* ``allreduce``, ``allreduce_coalesced``: one all-reduce of the tensors laid end to end.
+* ``allreduce``, ``allreduce_coalesced``: one all-reduce of the tensors laid end to end; a
+  sparse tensor (SUM only): all-gathers of its entries, summed (`group.sparse_all_reduce`).
 * ``broadcast``; ``allgather`` (all its forms), ``gather``: all-gathers (gather keeps the root's).
 * ``reduce_scatter_tensor`` and one-output ``reduce_scatter`` (FSDP2's): on shared memory a
   true reduce-scatter (each worker sums only its part of every peer's slot); elsewhere, and
@@ -51,6 +52,7 @@ from phalanx.communication.group.pg_work import (
     op_of,
     unflatten_into,
 )
+from phalanx.communication.group.sparse_all_reduce import check_sparse, sparse_all_reduce
 from phalanx.communication.transports.gloo.groups import make_gloo_group
 
 __all__ = ["BACKEND", "PhalanxProcessGroup", "register_backend"]
@@ -97,6 +99,9 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         self, tensors: Sequence[torch.Tensor], op: Any, what: str, keep: Callable[[torch.Tensor], None]
     ) -> Work:
         check_cpu(tensors, what)
+        # the transports write with out= and in place, which autograd refuses on a tensor that
+        # requires grad (DDP's buckets under backward(create_graph=True)): the same memory, detached
+        tensors = [t.detach() for t in tensors]
         flat = end_to_end(tensors)
         mean = op == dist.ReduceOp.AVG  # FSDP2's reduce-scatter: a sum, divided here
         if mean and not flat.is_floating_point():
@@ -130,10 +135,14 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     # ---------------------------------------------------------------- all-reduce
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         op = op_of(opts)
+        if check_sparse(tensors, op, "all_reduce"):
+            check_cpu(tensors, "all_reduce")
+            return sparse_all_reduce(self._engine, tensors[0])
         return self._all_reduce(tensors, op, "all_reduce", lambda flat: unflatten_into(flat, tensors))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         op = op_of(opts)
+        check_sparse(tensors, op, "all_reduce_coalesced")
         return self._all_reduce(
             tensors, op, "all_reduce_coalesced", lambda flat: unflatten_into(flat, tensors)
         )
@@ -210,6 +219,7 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         root = 0 if opts is None else opts.rootRank
         check_cpu(tensors, "broadcast")
+        tensors = [t.detach() for t in tensors]  # written in place, as in `_all_reduce`
         flat = end_to_end(tensors)  # a view of a lone contiguous tensor, else a copy
         inner = self._engine.broadcast_async(flat, root)
 
@@ -222,8 +232,9 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     def allgather(  # type: ignore[override]
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> Work:
-        if len(inputs) != 1:
-            return self.allgather_coalesced(outputs, inputs, opts)
+        if len(inputs) != 1:  # torch's per-device form: outputs[i][rank] for input i
+            by_rank = [list(row) for row in zip(*outputs, strict=True)]
+            return self._all_gather_lists(by_rank, inputs, "all_gather")
         targets = outputs[0]
 
         def keep(parts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -236,15 +247,29 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> Work:
+        """``all_gather_coalesced``: ``outputs[rank][i]`` receives worker ``rank``'s ``inputs[i]``."""
+        return self._all_gather_lists(outputs, inputs, "all_gather_coalesced")
+
+    def _all_gather_lists(
+        self, by_rank: list[list[torch.Tensor]], inputs: list[torch.Tensor], what: str
+    ) -> Work:
+        """One all-gather of ``inputs`` laid end to end; ``by_rank[rank][i]`` gets worker
+        ``rank``'s ``inputs[i]`` (W lists of ``len(inputs)`` tensors)."""
+        if len(by_rank) != self.size() or any(len(row) != len(inputs) for row in by_rank):
+            raise ValueError(
+                f"{what} needs one list of {len(inputs)} output tensors per worker ({self.size()}), as "
+                f"output_tensor_lists[rank][i]. Received: {[len(row) for row in by_rank]} tensors per "
+                "list. HINT: pass [[torch.empty_like(t) for t in inputs] for _ in range(world_size)]."
+            )
         sizes = [t.numel() for t in inputs]
 
         def keep(parts: list[torch.Tensor]) -> list[torch.Tensor]:
-            for rank, part in enumerate(parts):
-                for out_list, piece in zip(outputs, part.split(sizes), strict=True):
-                    out_list[rank].copy_(piece.view_as(out_list[rank]))
-            return [t for out_list in outputs for t in out_list]
+            for row, part in zip(by_rank, parts, strict=True):  # part: (sum(sizes),) of one worker
+                for target, piece in zip(row, part.split(sizes), strict=True):
+                    target.copy_(piece.view_as(target))
+            return [t for row in by_rank for t in row]
 
-        return self._all_gather(end_to_end(inputs), "all_gather_coalesced", keep)
+        return self._all_gather(end_to_end(inputs), what, keep)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
         check_cpu([input, output], "all_gather_into_tensor")
