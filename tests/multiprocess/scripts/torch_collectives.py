@@ -46,6 +46,14 @@ try:
     dist.all_gather_coalesced([[torch.zeros(1)]], [torch.zeros(1)])
 except ValueError as exc:
     result["all_gather_coalesced_error"] = str(exc)
+swapped = torch.empty(world)  # all_to_all: worker j gets every worker's element j
+dist.all_to_all_single(swapped, torch.tensor([10.0 * rank + j for j in range(world)]))
+result["all_to_all_single"] = swapped.tolist()
+if group.uses_tls:  # carried by the ring's all-gathers: splits that disagree fail on every worker
+    try:
+        dist.all_to_all_single(torch.empty(3), torch.zeros(2), [2, 1], [1, 1])
+    except ValueError as exc:
+        result["all_to_all_error"] = str(exc)
 flat = torch.empty(2 * world)
 dist.all_gather_into_tensor(flat, torch.tensor([rank + 0.5, -rank - 0.5]))
 result["all_gather_into_tensor"] = flat.tolist()

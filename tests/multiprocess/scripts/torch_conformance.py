@@ -11,7 +11,8 @@ environment picks, or with ``CONFORMANCE_BACKEND=gloo`` torch's plain gloo, the 
 
 Writes ``conformance-<rank>.json`` to OUT_DIR: ``{test: "passed" | "skipped: ..." | "failed: ..."}``.
 
-usage: torch_conformance.py OUT_DIR TEST_NAME...
+usage: torch_conformance.py OUT_DIR TEST_NAME...  (or OUT_DIR --list: every test's name
+to OUT_DIR/names.json)
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
 )
 
 import phalanx  # noqa: E402
+
+if names == ["--list"]:  # the names only (the chief writes them), no group
+    if rank == 0:
+        every = [n for n in dir(DistributedTest._DistTestBase) if n.startswith("test_")]
+        (out_dir / "names.json").write_text(json.dumps(every))
+    sys.exit(0)
 
 if os.environ.get("CONFORMANCE_BACKEND", "phalanx") == "gloo":
     dist.init_process_group(

@@ -20,8 +20,10 @@ How each torch collective is carried (W workers, r this one):
   for the coalesced forms and ``reduce``, an all-reduce of the input of which this worker
   keeps its part (W times the bytes of a true reduce-scatter).
 * ``scatter``: a broadcast from the root of every part; ``barrier``: an all-reduce of one number.
-* ``alltoall``, ``send``, ``recv``: the gloo group underneath (no signature check); refused
-  under TLS, where gloo would carry them in plaintext between machines.
+* ``alltoall`` (both forms): the gloo group underneath (no signature check); under TLS two
+  all-gathers over the ring (`group.all_to_all`), never plaintext gloo.
+* ``send``, ``recv``: the gloo group underneath; refused under TLS, where gloo would carry
+  them in plaintext between machines.
 
 Ops that torch's C++ code sends to the group's registered device backend without asking the
 Python object reach that gloo group too; under TLS no gloo is registered, so such a path
@@ -43,6 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.communication.group.all_to_all import all_to_all_by_gather
 from phalanx.communication.group.pg_work import (
     Engine,
     Work,
@@ -327,9 +330,12 @@ class PhalanxProcessGroup(dist.ProcessGroup):
 
         return Work(self._engine, inner, "scatter", finish)
 
-    # ---------------------------------------------------------------- gloo only (never under TLS)
+    # ---------------------------------------------------------------- all-to-all
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._gloo_only("all_to_all").alltoall(outputs, inputs)
+        if self._engine.uses_tls:  # no plaintext gloo: all-gathers over the ring
+            check_cpu([*outputs, *inputs], "all_to_all")
+            return all_to_all_by_gather(self._engine, [t.detach() for t in inputs], outputs, "all_to_all")
+        return self.gloo.alltoall(outputs, inputs)
 
     def alltoall_base(
         self,
@@ -339,12 +345,19 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         in_splits: list[int],
         opts: Any = None,
     ) -> Any:
-        return self._gloo_only("all_to_all_single").alltoall_base(output, input, out_splits, in_splits)
+        if not self._engine.uses_tls:
+            return self.gloo.alltoall_base(output, input, out_splits, in_splits)
+        check_cpu([output, input], "all_to_all_single")
+        world = self.size()
+        sends = list(input.detach().split(list(in_splits) or input.shape[0] // world))
+        receives = list(output.split(list(out_splits) or output.shape[0] // world))
+        return all_to_all_by_gather(self._engine, sends, receives, "all_to_all_single")
 
     def all_to_all_single(self, *args: Any) -> Any:
         """torch's other name of `alltoall_base`."""
         return self.alltoall_base(*args)
 
+    # ---------------------------------------------------------------- gloo only (never under TLS)
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
         return self._gloo_only("send").send(tensors, dst, tag)
 
