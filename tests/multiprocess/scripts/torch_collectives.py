@@ -54,6 +54,16 @@ if group.uses_tls:  # carried by the ring's all-gathers: splits that disagree fa
         dist.all_to_all_single(torch.empty(3), torch.zeros(2), [2, 1], [1, 1])
     except ValueError as exc:
         result["all_to_all_error"] = str(exc)
+everyone = dist.new_group()  # every worker: its own engine, or under TLS the job's ring
+summed = torch.tensor([rank + 1.0])
+dist.all_reduce(summed, group=everyone)
+result["new_group_all_reduce"] = summed.item()
+if group.uses_tls:
+    try:  # some workers: refused (only the members build a group with local synchronisation)
+        if rank == 0:
+            dist.new_group([0], use_local_synchronization=True)
+    except RuntimeError as exc:
+        result["new_group_error"] = str(exc)
 flat = torch.empty(2 * world)
 dist.all_gather_into_tensor(flat, torch.tensor([rank + 0.5, -rank - 0.5]))
 result["all_gather_into_tensor"] = flat.tolist()

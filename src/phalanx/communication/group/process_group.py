@@ -8,7 +8,8 @@ same deadlines, the same signature check and the same stall-inspector naming as 
 own collectives (`phalanx.communication.group.worker_group.WorkerGroup` is the engine underneath:
 every collective here is one of its all-reduces, broadcasts or all-gathers). A group made with
 ``torch.distributed.new_group()`` without ``backend=`` is a `PhalanxProcessGroup` too, on an
-engine of its own that signs its collectives the same way (`phalanx.communication.group.subgroups`).
+engine of its own that signs its collectives the same way (`phalanx.communication.group.subgroups`);
+under TLS a group of every worker rides the job's ring and a group of some is refused.
 
 How each torch collective is carried (W workers, r this one):
 
@@ -413,15 +414,29 @@ def _create(options: Any, engine: Engine | None) -> Any:
     if not isinstance(default, PhalanxProcessGroup):  # no job of phalanx's: plain gloo, as torch's
         return dist.ProcessGroupGloo(store, rank, size, timeout)
     if default._engine.uses_tls:
-        raise RuntimeError(
-            "A new group on the phalanx backend would be plain gloo, in plaintext between machines, and "
-            "this job's collectives use TLS. Received: torch.distributed.new_group(...) without "
-            "backend=. HINT: use the default group (every worker), or pass backend='gloo' knowingly."
-        )
+        return _tls_subgroup(store, rank, size, timeout, default)
     gloo = _gloo_under(store, rank, size, timeout)
     members = list(getattr(options, "global_ranks_in_group", []))
     return PhalanxProcessGroup(
         store, rank, size, timeout, default._engine.subgroup(gloo, store, rank, size, members), gloo
+    )
+
+
+def _tls_subgroup(store: Any, rank: int, size: int, timeout: timedelta, default: PhalanxProcessGroup) -> Any:
+    """A ``new_group()`` under TLS: a group of every worker (a 1-D DeviceMesh, FSDP2's or a
+    pipeline's group of all stages) rides the job's ring, in the order every worker issues its
+    collectives; a group of some workers has no ring of its own, and gloo would be plaintext.
+
+    Raises:
+        RuntimeError: The group leaves some workers out.
+    """
+    if size == default.size():
+        return _TlsProcessGroup(store, rank, size, timeout, default._engine)
+    raise RuntimeError(
+        "Under TLS a new group on the phalanx backend must hold every worker: its collectives ride "
+        f"the job's ring, and gloo would carry them in plaintext between machines. Received: "
+        f"torch.distributed.new_group(...) of {size} of the {default.size()} workers. HINT: use a group "
+        "of every worker (new_group() with no ranks), or pass backend='gloo' knowingly."
     )
 
 
