@@ -23,7 +23,7 @@ from phalanx.communication.checks.collective_watch import CollectiveWatch
 from phalanx.communication.checks.health import HEARTBEAT_INTERVAL, HealthCheck, PeerUnavailableError
 from phalanx.communication.checks.stall_inspector import CollectiveMismatchError
 from phalanx.communication.group.work import PeerGoneError
-from phalanx.communication.transports.tls.ring import CollectivesDifferError
+from phalanx.communication.transports.base import CollectivesDifferError
 
 __all__ = ["POLL_SECONDS", "GroupFailures"]
 

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from phalanx import settings
 from phalanx.communication.checks.health import PeerUnavailableError
 from phalanx.communication.membership.beacons import STORE_CALL_SECONDS, Beacons, Member, Wait
 from phalanx.communication.membership.named_store import NamedStore, store_unavailable
@@ -103,10 +104,11 @@ class ElasticSettings:
         Raises:
             ValueError: A malformed value, or no store that outlives the workers.
         """
-        minimum = os.environ.get(MIN_WORKERS_ENV, "").strip()
+        knobs = settings.current()
+        minimum = knobs.text(MIN_WORKERS_ENV)
         if not minimum:
             return None
-        address = os.environ.get(ELASTIC_STORE_ENV, "").strip()
+        address = knobs.text(ELASTIC_STORE_ENV)
         if not address and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
             address = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
         host, _, port = address.rpartition(":")
@@ -117,8 +119,8 @@ class ElasticSettings:
                 f"{minimum!r}, {ELASTIC_STORE_ENV}={address!r}. HINT: `phalanx launch --min-workers M` "
                 "sets both (docs/multi_worker.md, Elastic training)."
             )
-        dead_after = float(os.environ.get(DEAD_AFTER_ENV, "") or DEFAULT_DEAD_AFTER)
-        incarnation = int(os.environ.get(INCARNATION_ENV, "0") or 0)
+        dead_after = knobs.seconds(DEAD_AFTER_ENV, DEFAULT_DEAD_AFTER)
+        incarnation = int(knobs.text(INCARNATION_ENV))
         return cls((host.strip("[]"), int(port)), int(minimum), incarnation, dead_after)
 
 

@@ -10,7 +10,7 @@ A ps task serves its variables and the optimizers that update them (a
 `phalanx.ps.variable_store.store.VariableStore`); a worker task runs the functions the coordinator schedules
 (a `phalanx.ps.worker.environment.WorkerEnvironment`). Both listen on their address in the
 cluster spec and accept only peers that prove, in a mutual TLS handshake, that they hold
-``PHALANX_CLUSTER_TOKEN`` (`phalanx.ps.channel_security`; docs/security.md).
+``PHALANX_CLUSTER_TOKEN`` (`phalanx.security.channels`; docs/security.md).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from phalanx.cluster._token import cluster_token
 from phalanx.cluster.cluster_def import ServerDef
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.ps.coordinator.fencing import Fences, TaggedRpcClient
@@ -29,6 +28,8 @@ from phalanx.ps.variable_store.store import VariableStore
 from phalanx.ps.variables import PSClient
 from phalanx.ps.worker.environment import WorkerEnvironment
 from phalanx.ps.worker.running import RunningClosure
+from phalanx.security.token import cluster_token
+from phalanx.strategies.parameter_server_worker import WorkerStrategy
 
 __all__ = ["Server"]
 
@@ -106,7 +107,10 @@ class Server:
         for i in range(self._spec.num_tasks("ps")):
             address = self._spec.task_address("ps", i)
             clients.append(TaggedRpcClient(address, token, name=f"ps:{i} ({address})", tag=current.tag))
-        return WorkerEnvironment(PSClient(clients), self._index, self._spec.num_tasks("worker"), current)
+        workers = self._spec.num_tasks("worker")
+        return WorkerEnvironment(
+            PSClient(clients), self._index, workers, current, make_strategy=WorkerStrategy
+        )
 
     @staticmethod
     def create_local_server(config: Any = None, start: bool = True) -> Server:
