@@ -31,6 +31,7 @@ os.environ.update(BACKEND="gloo", WORLD_SIZE=str(world), TEMP_DIR=str(out_dir / 
 os.environ.setdefault("PYTORCH_PRINT_REPRO_ON_FAILURE", "0")
 
 import torch.distributed as dist  # noqa: E402
+from torch.testing._internal import common_utils  # noqa: E402
 from torch.testing._internal.common_distributed import TEST_SKIPS  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest,
@@ -61,6 +62,7 @@ class TestPhalanx(TestDistBackend, DistributedTest._DistTestBase):
 def run(name: str) -> str:
     case = TestPhalanx(name)
     case.rank, case.file_name = rank, str(out_dir / "torch-temp" / "init")
+    common_utils.set_rng_seed()  # as the harness seeds each spawned worker
     try:
         getattr(case, name)()
     except unittest.SkipTest as exc:

@@ -390,6 +390,20 @@ class _TlsProcessGroup(PhalanxProcessGroup):
         return self._names["desc"]
 
 
+class _GroupDeadline:
+    """The job's engine with a group's own deadline: a ``new_group(timeout=...)`` under TLS
+    rides the job's ring, and its waits end after its timeout, as a gloo group's do."""
+
+    def __init__(self, engine: Engine, timeout: timedelta) -> None:
+        self._engine, self._seconds = engine, timeout.total_seconds()
+
+    def wait(self, work: Any, what: str, timeout: float | None = None) -> None:
+        self._engine.wait(work, what, self._seconds if timeout is None else timeout)
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the job's engine
+        return getattr(self._engine, name)
+
+
 def _gloo_under(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
     """The plain gloo group under a phalanx group (its own keys in the group's store)."""
     return make_gloo_group(dist.PrefixStore("gloo/", store), rank, size, timeout)
@@ -431,7 +445,7 @@ def _tls_subgroup(store: Any, rank: int, size: int, timeout: timedelta, default:
         RuntimeError: The group leaves some workers out.
     """
     if size == default.size():
-        return _TlsProcessGroup(store, rank, size, timeout, default._engine)
+        return _TlsProcessGroup(store, rank, size, timeout, _GroupDeadline(default._engine, timeout))
     raise RuntimeError(
         "Under TLS a new group on the phalanx backend must hold every worker: its collectives ride "
         f"the job's ring, and gloo would carry them in plaintext between machines. Received: "
