@@ -38,6 +38,8 @@ def test_user_collectives_ddp_dcp_and_fsdp2_run_on_the_jobs_group(tmp_path, tran
         assert "one list of 1 output tensors per worker (2)" in result["all_gather_coalesced_error"]
         assert result["all_to_all_single"] == [float(rank), 10.0 + rank]
         assert result["new_group_all_reduce"] == 3.0
+        assert result["sparse_all_reduce"] == [1.0, 1.0, 30.0]
+        assert "with ReduceOp.SUM. Received: all_reduce of 1 tensor(s), op" in result["sparse_error"]
         assert result["all_gather_into_tensor"] == [0.5, -0.5, 1.5, -1.5]
         assert result["reduce_scatter_tensor"] == [[1.0, 3.0], [5.0, 7.0]][rank]  # (0..3) + (1..4)
         assert result["broadcast"] == [1.0, 7.0]

@@ -25,7 +25,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 group = strategy._group
 result = {"backend": dist.get_backend(), "uses_tls": group.uses_tls, "uses_shm": group.uses_shared_memory}
 
-ring = group._ring
+ring = group._transport.ring if group.uses_tls else None
 carried_before = ring._count if ring is not None else 0
 x = torch.full((5,), float(rank + 1))
 dist.all_reduce(x)
@@ -64,6 +64,13 @@ if group.uses_tls:
             dist.new_group([0], use_local_synchronization=True)
     except RuntimeError as exc:
         result["new_group_error"] = str(exc)
+sparse = torch.sparse_coo_tensor([[rank, 2]], [1.0, 10.0 * (rank + 1)], (3,))  # entries differ per worker
+dist.all_reduce(sparse)
+result["sparse_all_reduce"] = sparse.to_dense().tolist()
+try:
+    dist.all_reduce(sparse, op=dist.ReduceOp.MAX)
+except ValueError as exc:
+    result["sparse_error"] = str(exc)
 flat = torch.empty(2 * world)
 dist.all_gather_into_tensor(flat, torch.tensor([rank + 0.5, -rank - 0.5]))
 result["all_gather_into_tensor"] = flat.tolist()
