@@ -154,5 +154,5 @@ def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     for tensor in tensors:
         n = tensor.numel()
         if flat.data_ptr() != tensor.data_ptr() or n != flat.numel():
-            tensor.copy_(flat[offset : offset + n].view_as(tensor))
+            tensor.detach().copy_(flat[offset : offset + n].view_as(tensor))  # as the transports write
         offset += n

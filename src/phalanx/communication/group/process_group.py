@@ -105,8 +105,7 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         check_cpu(tensors, what)
         # the transports write with out= and in place, which autograd refuses on a tensor that
         # requires grad (DDP's buckets under backward(create_graph=True)): the same memory, detached
-        tensors = [t.detach() for t in tensors]
-        flat = end_to_end(tensors)
+        flat = end_to_end([t.detach() for t in tensors])
         mean = op == dist.ReduceOp.AVG  # FSDP2's reduce-scatter: a sum, divided here
         if mean and not flat.is_floating_point():
             raise ValueError(f"AVG needs a floating-point tensor. Received: {what} of {flat.dtype}.")
@@ -223,8 +222,7 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         root = 0 if opts is None else opts.rootRank
         check_cpu(tensors, "broadcast")
-        tensors = [t.detach() for t in tensors]  # written in place, as in `_all_reduce`
-        flat = end_to_end(tensors)  # a view of a lone contiguous tensor, else a copy
+        flat = end_to_end([t.detach() for t in tensors])  # a view of a lone contiguous tensor, else a copy
         inner = self._engine.broadcast_async(flat, root)
 
         def finish() -> list[torch.Tensor]:
