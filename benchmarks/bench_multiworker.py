@@ -11,7 +11,7 @@ Run: python benchmarks/bench_multiworker.py [--quick]
    strategy.run, compute_average_loss, gradient buckets) against DistributedDataParallel
    (gloo) on the same per-worker batches. ratio = phalanx / DDP examples per second (goal >= 1.0).
    A round is several epochs of 25 steps (100 steps, 40 with ``--quick``): long enough that what
-   builds up over seconds of training shows (2 s of gloo works held, session 10, cost 25 % of a
+   builds up over seconds of training shows (2 s of gloo works held cost 25 % of a
    sustained step and none of a 25-step round). Printed: the best round of each side and, in
    brackets, the ratio of the median rounds.
 3. The gradient engines alone, in a plain torch loop of that MLP (no ``run``, no iterator):

@@ -92,7 +92,12 @@ class DistributionStrategy(Protocol):
     `_step_outside_run` (an ``optimizer.step()`` in the scope outside ``run``);
     `_fetch_devices`, `_any_worker_has_data` (the input pipeline); `_cross_worker_all_reduce`,
     `_cross_worker_all_gather` (reductions that cross processes).
+
+    `_sync_switch` (`phalanx.strategies.accumulation.SyncSwitch`): whether backward passes sum
+    now (``no_sync()``); the torch hooks refuse an ``optimizer.step()`` inside ``no_sync()``.
     """
+
+    _sync_switch: Any
 
     @property
     def is_default(self) -> bool:

@@ -29,6 +29,8 @@ from phalanx.ps.variables import PSClient
 from phalanx.ps.worker.environment import WorkerEnvironment
 from phalanx.ps.worker.running import RunningClosure
 from phalanx.security.token import cluster_token
+from phalanx.status.counters import COUNTERS
+from phalanx.status.taking_part import TaskStatus, join_status
 from phalanx.strategies.parameter_server_worker import WorkerStrategy
 
 __all__ = ["Server"]
@@ -90,13 +92,16 @@ class Server:
         )
         self._stopped = threading.Event()
         self._started = False
+        self._status: TaskStatus | None = None
         if start:
             self.start()
 
     def _handlers(self) -> dict[str, Any]:
         if self._job == "ps":
-            return Fences(self.name).guard(VariableStore(self.name).handlers())
-        return self._worker_environment().handlers()
+            handlers = Fences(self.name).guard(VariableStore(self.name).handlers())
+        else:
+            handlers = self._worker_environment().handlers()
+        return {method: _counted(handler) for method, handler in handlers.items()}
 
     def _worker_environment(self) -> WorkerEnvironment:
         if "ps" not in self._spec.jobs:
@@ -146,10 +151,13 @@ class Server:
         return f"grpc://{self._spec.task_address(self._job, self._index)}"
 
     def start(self) -> None:
-        """Starts serving (idempotent)."""
+        """Starts serving (idempotent), and reporting to the status page when it is on."""
         if not self._started:
             self._server.start()
             self._started = True
+            self._status = join_status(f"{self._job}:{self._index}", is_chief=False)
+            if self._status is not None:
+                self._status.running()
 
     def join(self, timeout: float | None = None) -> bool:
         """Blocks until the server is stopped (`stop`, or the task is terminated); False
@@ -160,3 +168,15 @@ class Server:
         """Stops serving; `join` returns."""
         self._server.stop()
         self._stopped.set()
+        if self._status is not None:
+            self._status.close()
+
+
+def _counted(handler: Any) -> Any:
+    """``handler``, counting each request it serves (the status page's ps load)."""
+
+    def served(header: Any, tensors: Any) -> Any:
+        COUNTERS.served()
+        return handler(header, tensors)
+
+    return served

@@ -102,6 +102,17 @@ KNOBS: tuple[Knob, ...] = (
     Knob("PHALANX_PS_CALL_TIMEOUT_SECONDS", "60", "one call to a ps task (read, write, push)"),
     Knob("PHALANX_PS_DATA_PATH", "auto", "auto (data path, shared memory on one machine), stream or grpc"),
     Knob("PHALANX_PS_PICKLE_CACHE", "1", "0: pickle every scheduled function again (for A/B measurements)"),
+    # watching a job (docs/status_page.md)
+    Knob(
+        "PHALANX_STATUS_ADDRESS",
+        "",
+        "HOST:PORT where the chief serves the status page; every task reports there",
+    ),
+    Knob(
+        "PHALANX_STATUS_SERVED_BY",
+        "chief",
+        "chief, or launcher (phalanx launch --status sets it: it serves the page)",
+    ),
     # tracing
     Knob("PHALANX_TIMELINE", "", "write a Chrome trace of every task to this path (one file per task)"),
     Knob(

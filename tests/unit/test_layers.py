@@ -45,6 +45,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "phalanx.input.input_options",
             "phalanx.input.splitting",
             "phalanx.security",  # the cluster token, its TLS certificates, secure gRPC channels
+            "phalanx.status",  # the live status page: what tasks report, the page that shows it
+            "phalanx.distribution",  # Keras 3's DeviceMesh, TensorLayout, LayoutMap (plain data)
             # where each worker writes (TF's distributed_file_utils)
             "phalanx.strategies.workers.distributed_files",
         ),

@@ -30,6 +30,7 @@ from phalanx.strategies._batches import BatchLedger
 from phalanx.strategies._input_members import StrategyInput, ValueContext
 from phalanx.strategies._run_checks import check_gpus_exist, check_run_call, device_scope
 from phalanx.strategies._tf_members import TFStrategyMembers
+from phalanx.strategies.accumulation import SyncSwitch
 from phalanx.strategies.replica_context import ReplicaContext
 from phalanx.strategies.replicas.gradients import GradientSync
 from phalanx.strategies.replicas.reduction import CrossReplicaReduction
@@ -101,6 +102,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
         self._batches = BatchLedger()
         self._run_count = 0
         self._variable_policy = self._make_variable_policy()
+        self._sync_switch = SyncSwitch(type(self).__name__)
         self._reduction = CrossReplicaReduction(self, self._cross_device_ops)
         # The in-process gradient path: sums at the end of backward passes inside `run`
         # (prepared before each run); also the default `step_sync`.
@@ -122,6 +124,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
             policy=self._variable_policy,
             num_workers=lambda: self._num_workers,
             cross_worker_sparse_sum=self._cross_worker_sparse_sum,
+            syncing=self._sync_switch.syncing,
         )
 
     # ------------------------------------------------------------------ identity
@@ -230,6 +233,20 @@ class Strategy(StrategyInput, TFStrategyMembers):
         """Notes a distributed iterator's batch (its global example count and each replica's
         first example offset) for the `run` it is given to (called by the input pipeline)."""
         self._batches.remember(batch, global_count, offsets)
+
+    # ------------------------------------------------------------------ gradient accumulation
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """Marks the ``run`` calls inside as accumulate-only (all workers, around ``run``).
+
+        Their backward passes add to each replica's local gradients and nothing moves
+        between replicas or workers; the next backward pass outside sums everything
+        accumulated since the last sum, once (DDP's ``no_sync()``, FSDP2's
+        ``set_requires_gradient_sync(False)``). See `phalanx.strategies.accumulation`.
+
+        Raises:
+            RuntimeError: Entered inside ``run``; or ``optimizer.step()`` ran inside it.
+        """
+        return self._sync_switch.no_sync(context.current_replica() is not None)
 
     # ------------------------------------------------------------------ scope
     @contextlib.contextmanager

@@ -98,6 +98,8 @@ class GradientBuckets:
         wait_at_end: ``wait`` for the end of a backward pass, which waits inside the backward
             call that issued the all-reduces (the group names the issuing site as where it
             waits: no second walk of the stack). Default: ``wait``.
+        syncing: Whether a pass opening now all-reduces (False: it only accumulates locally
+            and the next pass that syncs sums it, `phalanx.communication.engine.rounds`).
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class GradientBuckets:
         announce: Announce | None = None,
         announce_tail: int = 1,
         wait_at_end: Wait | None = None,
+        syncing: Callable[[], bool] = lambda: True,
     ) -> None:
         self._launch, self._wait, self._is_active = launch, wait, is_active
         self._wait_at_end = wait_at_end or wait
@@ -139,7 +142,7 @@ class GradientBuckets:
         self._lock = threading.RLock()
         # the round engine of every strategy's gradient sum; a parameter's slot is its id
         self._rounds = Rounds(
-            1, self._end_round, is_active, on_open=self._start_round, on_delta=self._on_grad
+            1, self._end_round, is_active, on_open=self._start_round, on_delta=self._on_grad, syncing=syncing
         )
 
     # ---------------------------------------------------------------- registration
@@ -179,6 +182,10 @@ class GradientBuckets:
                 elif p is not None:
                     still.append(ref)
             self._frozen = still
+
+    def holds(self) -> bool:
+        """Whether accumulate-only passes left deltas no pass has all-reduced yet."""
+        return self._rounds.holds(0)
 
     def tracks(self, param: torch.Tensor) -> bool:
         """Whether ``param`` was added (created in the strategy's scope)."""

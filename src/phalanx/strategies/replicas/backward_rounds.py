@@ -48,10 +48,16 @@ class BackwardRounds:
             stay the same whatever each garbage collector did, so a dead variable keeps its
             slot, as zeros of its shape, until it died on every worker; slots are forgotten
             when new variables are tracked (model after model in one process).
+        syncing: Whether a pass opening now sums (False inside the strategy's ``no_sync()``:
+            the pass only accumulates, `phalanx.communication.engine.rounds`).
     """
 
     def __init__(
-        self, num_replicas: int, merge: Merge, alive_anywhere: Callable[[list[bool]], list[bool]]
+        self,
+        num_replicas: int,
+        merge: Merge,
+        alive_anywhere: Callable[[list[bool]], list[bool]],
+        syncing: Callable[[], bool] = lambda: True,
     ) -> None:
         self._n = num_replicas
         self._merge = merge
@@ -62,9 +68,13 @@ class BackwardRounds:
         self._slot_of: dict[int, int] = {}  # id(variable) -> slot (check: ids of dead ones are reused)
         # slots whose every replica leaf is hooked: `track` skips them (leaves never change)
         self._complete: set[int] = set()
-        self._rounds = Rounds(num_replicas, self._end_round, lambda: self.active)
+        self._rounds = Rounds(num_replicas, self._end_round, lambda: self.active, syncing=syncing)
         self._completed = [0] * num_replicas
         self.active = False
+
+    def holds(self, index: int) -> bool:
+        """Whether accumulate-only passes left replica ``index`` deltas not summed yet."""
+        return self._rounds.holds(index)
 
     def completed(self, index: int) -> int:
         """How many rounds replica ``index`` has merged (the step compares it with its last)."""

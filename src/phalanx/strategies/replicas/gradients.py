@@ -35,6 +35,7 @@ import torch
 
 from phalanx.communication.local.packing import pack, spec_of, unpack
 from phalanx.communication.local.sparse import SPARSE, kind, plus, sum_sparse
+from phalanx.strategies.accumulation import pending_error
 from phalanx.strategies.replicas.backward_rounds import BackwardRounds
 from phalanx.strategies.replicas.optimizer_state import PerReplicaState
 from phalanx.values import ReduceOp
@@ -66,6 +67,8 @@ class GradientSync:
             installs the sums as the replicas' gradients.
         num_workers: The number of workers taking part in each step, read at the first
             step (a multi-worker strategy knows it only after this object is made).
+        syncing: Whether a backward pass opening now sums (False inside the strategy's
+            ``no_sync()``; `phalanx.strategies.accumulation`).
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class GradientSync:
         policy: VariablePolicy,
         num_workers: Callable[[], int],
         cross_worker_sparse_sum: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+        syncing: Callable[[], bool] = lambda: True,
     ) -> None:
         self._devices = tuple(devices)
         self._rendezvous = rendezvous
@@ -90,7 +94,7 @@ class GradientSync:
         # (replicas in sync, whether they sum in place): fixed once the first step runs, as
         # the devices, the ops and the workers are; decided then, not at every step.
         self._layout: tuple[int, bool] | None = None
-        self._rounds = BackwardRounds(len(self._devices), self._merge, self._alive_anywhere)
+        self._rounds = BackwardRounds(len(self._devices), self._merge, self._alive_anywhere, syncing)
         # optimizer -> per replica, the rounds completed at its last step
         self._last_step: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[int]] = (
             weakref.WeakKeyDictionary()
@@ -299,6 +303,8 @@ class GradientSync:
         params = self._distributed_params(optimizer)
         if not params:
             return
+        if self._rounds.holds(index):
+            raise pending_error(repr(self._owner))
         leaves = [p.replica_leaf(index) for p in params]
         if self._summed_since_last_step(optimizer, index):
             if not isinstance(optimizer.state, PerReplicaState):  # the first step: all replicas

@@ -60,6 +60,11 @@ class ShardingPlan:
         """Whether parameters wait to be sharded."""
         return any(entry[0]() is not None for entry in self._owners.values())
 
+    def roots(self) -> list[nn.Module]:
+        """The top modules of what waits to be sharded (ModelParallelStrategy checks their layouts)."""
+        owners, _ = self._live_owners()
+        return list({id(r): r for r in (self.root_of(m) for m in owners.values())}.values())
+
     def root_of(self, module: nn.Module) -> nn.Module:
         """The top module above ``module`` (itself if it has no recorded parent)."""
         seen = {id(module)}

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from phalanx.communication.engine.bucketing import GradientBuckets
+from phalanx.strategies.accumulation import pending_error
 from phalanx.strategies.replicas.gradients import GradientSync
 from phalanx.variables import DistributedVariable
 
@@ -35,6 +36,7 @@ def group_buckets(strategy: Any, group: Any) -> GradientBuckets:
         announce=lambda specs: group.announce_all_reduces(specs, tail=group.announced_tail),
         announce_tail=group.announced_tail,
         wait_at_end=lambda work, what: group.wait(work, what, where_issued=True),
+        syncing=strategy._sync_switch.syncing,
     )
 
 
@@ -61,6 +63,8 @@ class BucketSync:
     def before_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:
         """Checks the parameters; hands the summed gradients to the update (all workers)."""
         self._check_params(optimizer)
+        if self._buckets.holds():
+            raise pending_error(repr(self._owner))
         self._gradients.before_step(optimizer, replica_index)
 
     def after_step(self, optimizer: torch.optim.Optimizer, replica_index: int) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 __all__ = ["DEMO_STRATEGIES", "main"]
 
-# The names of phalanx.demo.STRATEGIES, spelled here so that the parser needs no torch
+# The names of phalanx.cli.demo.STRATEGIES, spelled here so that the parser needs no torch
 # (tests/examples/test_demo.py checks that both lists agree).
 DEMO_STRATEGIES = (
     "central_storage",
@@ -33,7 +33,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.strategy in _CLUSTER_DEMOS and "TF_CONFIG" not in os.environ:
         return _launch_demo_cluster(args)
-    from phalanx.demo import run_demo
+    from phalanx.cli.demo import run_demo
 
     accuracy = run_demo(args.strategy, epochs=args.epochs, batch_size=args.batch_size)
     return 0 if accuracy > 0 else 1
@@ -45,11 +45,10 @@ def _launch_demo_cluster(args: argparse.Namespace) -> int:
     task_args = [str(args.epochs), str(args.batch_size)]
     if args.strategy == "parameter_server":
         print(f"starting a chief, {args.workers} workers and 1 ps task on 127.0.0.1 (phalanx launch)")
-        return launch(
-            "phalanx.demo:parameter_server_task_main", chief=True, workers=args.workers, ps=1, args=task_args
-        )
+        entry = "phalanx.cli.demo:parameter_server_task_main"
+        return launch(entry, chief=True, workers=args.workers, ps=1, args=task_args)
     print(f"starting {args.workers} worker processes on 127.0.0.1 (phalanx launch)")
-    return launch("phalanx.demo:worker_main", workers=args.workers, args=task_args)
+    return launch("phalanx.cli.demo:worker_main", workers=args.workers, args=task_args)
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
