@@ -33,6 +33,13 @@ def test_user_collectives_ddp_dcp_and_fsdp2_run_on_the_jobs_group(tmp_path, tran
         assert result["all_reduce"] == [3.0] * 5
         assert result["all_reduce_max"] == 2.0
         assert result["all_gather"] == [[0, 0], [1, 10]]
+        assert result["all_gather_coalesced_2"] == [[0.0, 1.0], [10.0, 11.0]]  # [rank][i]
+        assert result["all_gather_coalesced_3"] == [[0.0, 1.0, 2.0], [10.0, 11.0, 12.0]]
+        assert "one list of 1 output tensors per worker (2)" in result["all_gather_coalesced_error"]
+        assert result["all_to_all_single"] == [float(rank), 10.0 + rank]
+        assert result["new_group_all_reduce"] == 3.0
+        assert result["sparse_all_reduce"] == [1.0, 1.0, 30.0]
+        assert "with ReduceOp.SUM. Received: all_reduce of 1 tensor(s), op" in result["sparse_error"]
         assert result["all_gather_into_tensor"] == [0.5, -0.5, 1.5, -1.5]
         assert result["reduce_scatter_tensor"] == [[1.0, 3.0], [5.0, 7.0]][rank]  # (0..3) + (1..4)
         assert result["broadcast"] == [1.0, 7.0]
@@ -40,6 +47,10 @@ def test_user_collectives_ddp_dcp_and_fsdp2_run_on_the_jobs_group(tmp_path, tran
         assert result["future"] == [2.0, 2.0, 2.0]
         assert result["dcp"] == [3.0] * 4  # a replicated tensor: the chief's copy is saved
         if transport == "tls":  # every one of the user's collectives went around the TLS ring
+            assert "worker 0 sends 1 elements to worker 0, which expects 2" in result["all_to_all_error"]
+            if rank == 0:
+                assert "must hold every worker" in result["new_group_error"]
+                assert "new_group(...) of 1 of the 2 workers" in result["new_group_error"]
             assert result["ring_carried"] >= 10, result
             assert (
                 "cannot carry send over its TLS ring" in result["p2p"] or "cannot carry recv" in result["p2p"]

@@ -129,12 +129,85 @@ def test_under_tls_what_only_gloo_could_carry_is_refused():
     for call in (
         lambda: group.send([torch.zeros(1)], 0, 0),
         lambda: group.recv([torch.zeros(1)], 0, 0),
-        lambda: group.alltoall([torch.zeros(1)], [torch.zeros(1)]),
     ):
         with pytest.raises(RuntimeError, match="plaintext between machines"):
             call()
     with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
         group._get_backend(torch.device("cpu"))  # torch's C++ paths find no gloo behind it
+
+
+def test_under_tls_all_to_all_is_carried_by_all_gathers_on_the_engine():
+    group, engine = _group(uses_tls=True)
+    out = torch.zeros(2)
+    group.alltoall([out], [torch.tensor([1.0, 2.0])]).wait()
+    single = torch.zeros(3)
+    group.alltoall_base(single, torch.tensor([4.0, 5.0, 6.0]), [], []).wait()
+    assert out.tolist() == [1, 2]
+    assert single.tolist() == [4, 5, 6]
+    assert engine.issued == ["all_gather"] * 4  # the sizes, then the parts, each time
+    with pytest.raises(ValueError, match="worker 0 sends 2 elements to worker 0, which expects 3"):
+        group.alltoall_base(torch.zeros(3), torch.zeros(2), [], [])
+
+
+class _TwoWorkers(_OneWorker):
+    """Worker 0 of two: the peer's part of every all-gather is this worker's plus 100."""
+
+    world_size = 2
+
+    def all_gather_async(self, tensor):
+        peer = tensor + 100 if tensor.dtype != torch.uint8 else tensor.clone()
+        return self._done("all_gather"), [tensor.clone(), peer]
+
+
+def _pair():
+    engine = _TwoWorkers(uses_tls=True)  # no gloo device backend to register beneath it
+    return PhalanxProcessGroup(dist.HashStore(), 0, 2, timedelta(seconds=10), engine, gloo=object())
+
+
+def test_all_gather_coalesced_fills_torchs_rank_major_lists():
+    group = _pair()
+    for count in (2, 3):  # as many inputs as workers (a transposed result looks alike), and more
+        lists = [[torch.zeros(1) for _ in range(count)] for _ in range(2)]
+        group.allgather_coalesced(lists, [torch.tensor([float(i)]) for i in range(count)]).wait()
+        assert [[t.item() for t in row] for row in lists] == [
+            [float(i) for i in range(count)],
+            [100.0 + i for i in range(count)],
+        ]  # lists[rank][i]: worker rank's input i
+    with pytest.raises(ValueError, match=r"one list of 1 output tensors per worker \(2\)"):
+        group.allgather_coalesced([[torch.zeros(1)]], [torch.zeros(1)])
+
+
+def test_a_sparse_all_reduce_sums_the_workers_entries_and_refuses_other_ops():
+    group = _pair()  # the peer's entries: the same bytes (a uint8 payload is passed as is)
+    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 5.0], (3,))
+    group.allreduce([sparse]).wait()
+    assert sparse.to_dense().tolist() == [2.0, 0.0, 10.0]
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.MAX
+    with pytest.raises(ValueError, match="sums a sparse tensor with all_reduce.*HINT"):
+        group.allreduce([sparse], options)
+    with pytest.raises(ValueError, match="Received: all_reduce_coalesced of 2 tensor"):
+        group.allreduce_coalesced([sparse, torch.zeros(1)])
+
+
+def test_a_failed_collective_fails_the_future_torchs_cpp_callers_read():
+    group, engine = _group()
+    failed = QueuedWork("all_reduce")
+    engine.all_reduce_async = lambda tensor, op=None: failed
+    work = group.allreduce([torch.zeros(2)])
+    failed.finish(RuntimeError("peer gone"))
+    chained = work.get_future().then(lambda f: f.value())  # what DDP's reducer chains on
+    with pytest.raises(RuntimeError, match="peer gone"):
+        chained.wait()
+    assert not work.is_success()
+
+
+def test_a_tensor_that_requires_grad_is_reduced_through_a_detached_view():
+    group, _ = _group()
+    grad = torch.ones(3, requires_grad=True) * 2  # DDP's bucket under backward(create_graph=True)
+    work = group.allreduce([grad])
+    work.wait()
+    assert work.get_future().wait()[0] is grad
 
 
 class _Opts:
@@ -149,13 +222,18 @@ class _Opts:
         )
 
 
-def test_a_subgroup_is_plain_gloo_without_a_job_and_refused_when_the_job_uses_tls(monkeypatch):
+def test_a_subgroup_is_plain_gloo_without_a_job_and_under_tls_rides_the_ring_with_every_worker(
+    monkeypatch,
+):
     assert isinstance(_create(_Opts(), None), dist.ProcessGroupGloo)  # no phalanx default group
-    tls_group, _ = _group(uses_tls=True)
+    tls_group, engine = _group(uses_tls=True)
     monkeypatch.setattr(process_group, "_default_group", lambda: tls_group)
-    with pytest.raises(
-        RuntimeError, match="in plaintext between machines, and this job's collectives use TLS"
-    ):
+    everyone = _create(_Opts(), None)  # every worker (1 of 1): the job's engine, its own deadline
+    everyone.allreduce([torch.ones(1)]).wait()
+    assert engine.issued == ["all_reduce"]
+    pair = _pair()
+    monkeypatch.setattr(process_group, "_default_group", lambda: pair)
+    with pytest.raises(RuntimeError, match=r"must hold every worker.*new_group\(...\) of 1 of the 2 workers"):
         _create(_Opts(), None)
 
 

@@ -51,17 +51,21 @@ class Work(dist.Work):
     ) -> None:
         super().__init__()
         self._engine, self._inner, self._what, self._finish = engine, inner, what, finish
-        self._future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        self._source: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        # What callers see: chained, so that a failure is an error of the C++ future too. A
+        # Python ``set_exception`` alone is a value to C++ readers (DDP's reducer takes its
+        # first tensor: a crash), while a raising ``then`` callback sets the C++ error.
+        self._future: torch.futures.Future[list[torch.Tensor]] = self._source.then(_value_of)
         _on_done(inner, self._complete)
 
     def _complete(self, error: BaseException | None) -> None:
         if error is None:
             try:
-                self._future.set_result(self._finish())
-            except BaseException as exc:  # a failed copy fails the collective
-                self._future.set_exception(exc)  # type: ignore[arg-type]
+                self._source.set_result(self._finish())
+            except Exception as exc:  # a failed copy fails the collective
+                self._source.set_exception(exc)  # type: ignore[arg-type]
         else:
-            self._future.set_exception(error)  # type: ignore[arg-type]
+            self._source.set_exception(_as_exception(error))  # type: ignore[arg-type]
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         seconds = None if timeout is None or timeout.total_seconds() <= 0 else timeout.total_seconds()
@@ -86,6 +90,19 @@ class Work(dist.Work):
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         return self._future
+
+
+def _value_of(future: torch.futures.Future[list[torch.Tensor]]) -> list[torch.Tensor]:
+    return future.value()  # raises the collective's error: the chained future's C++ error
+
+
+def _as_exception(error: BaseException) -> Exception:
+    """``error`` as an Exception (what a future can hold); a bare BaseException is wrapped."""
+    if isinstance(error, Exception):
+        return error
+    wrapped = RuntimeError(f"{type(error).__name__}: {error}")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def _on_done(work: Any, callback: Callable[[BaseException | None], None]) -> None:
@@ -137,5 +154,5 @@ def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     for tensor in tensors:
         n = tensor.numel()
         if flat.data_ptr() != tensor.data_ptr() or n != flat.numel():
-            tensor.copy_(flat[offset : offset + n].view_as(tensor))
+            tensor.detach().copy_(flat[offset : offset + n].view_as(tensor))  # as the transports write
         offset += n

@@ -8,19 +8,23 @@ same deadlines, the same signature check and the same stall-inspector naming as 
 own collectives (`phalanx.communication.group.worker_group.WorkerGroup` is the engine underneath:
 every collective here is one of its all-reduces, broadcasts or all-gathers). A group made with
 ``torch.distributed.new_group()`` without ``backend=`` is a `PhalanxProcessGroup` too, on an
-engine of its own that signs its collectives the same way (`phalanx.communication.group.subgroups`).
+engine of its own that signs its collectives the same way (`phalanx.communication.group.subgroups`);
+under TLS a group of every worker rides the job's ring and a group of some is refused.
 
 How each torch collective is carried (W workers, r this one):
 
-* ``allreduce``, ``allreduce_coalesced``: one all-reduce of the tensors laid end to end.
+* ``allreduce``, ``allreduce_coalesced``: one all-reduce of the tensors laid end to end; a
+  sparse tensor (SUM only): all-gathers of its entries, summed (`group.sparse_all_reduce`).
 * ``broadcast``; ``allgather`` (all its forms), ``gather``: all-gathers (gather keeps the root's).
 * ``reduce_scatter_tensor`` and one-output ``reduce_scatter`` (FSDP2's): on shared memory a
   true reduce-scatter (each worker sums only its part of every peer's slot); elsewhere, and
   for the coalesced forms and ``reduce``, an all-reduce of the input of which this worker
   keeps its part (W times the bytes of a true reduce-scatter).
 * ``scatter``: a broadcast from the root of every part; ``barrier``: an all-reduce of one number.
-* ``alltoall``, ``send``, ``recv``: the gloo group underneath (no signature check); refused
-  under TLS, where gloo would carry them in plaintext between machines.
+* ``alltoall`` (both forms): the gloo group underneath (no signature check); under TLS two
+  all-gathers over the ring (`group.all_to_all`), never plaintext gloo.
+* ``send``, ``recv``: the gloo group underneath; refused under TLS, where gloo would carry
+  them in plaintext between machines.
 
 Ops that torch's C++ code sends to the group's registered device backend without asking the
 Python object reach that gloo group too; under TLS no gloo is registered, so such a path
@@ -42,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.communication.group.all_to_all import all_to_all_by_gather
 from phalanx.communication.group.pg_work import (
     Engine,
     Work,
@@ -51,6 +56,7 @@ from phalanx.communication.group.pg_work import (
     op_of,
     unflatten_into,
 )
+from phalanx.communication.group.sparse_all_reduce import check_sparse, sparse_all_reduce
 from phalanx.communication.transports.gloo.groups import make_gloo_group
 
 __all__ = ["BACKEND", "PhalanxProcessGroup", "register_backend"]
@@ -97,7 +103,9 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         self, tensors: Sequence[torch.Tensor], op: Any, what: str, keep: Callable[[torch.Tensor], None]
     ) -> Work:
         check_cpu(tensors, what)
-        flat = end_to_end(tensors)
+        # the transports write with out= and in place, which autograd refuses on a tensor that
+        # requires grad (DDP's buckets under backward(create_graph=True)): the same memory, detached
+        flat = end_to_end([t.detach() for t in tensors])
         mean = op == dist.ReduceOp.AVG  # FSDP2's reduce-scatter: a sum, divided here
         if mean and not flat.is_floating_point():
             raise ValueError(f"AVG needs a floating-point tensor. Received: {what} of {flat.dtype}.")
@@ -130,10 +138,14 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     # ---------------------------------------------------------------- all-reduce
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         op = op_of(opts)
+        if check_sparse(tensors, op, "all_reduce"):
+            check_cpu(tensors, "all_reduce")
+            return sparse_all_reduce(self._engine, tensors[0])
         return self._all_reduce(tensors, op, "all_reduce", lambda flat: unflatten_into(flat, tensors))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         op = op_of(opts)
+        check_sparse(tensors, op, "all_reduce_coalesced")
         return self._all_reduce(
             tensors, op, "all_reduce_coalesced", lambda flat: unflatten_into(flat, tensors)
         )
@@ -210,7 +222,7 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         root = 0 if opts is None else opts.rootRank
         check_cpu(tensors, "broadcast")
-        flat = end_to_end(tensors)  # a view of a lone contiguous tensor, else a copy
+        flat = end_to_end([t.detach() for t in tensors])  # a view of a lone contiguous tensor, else a copy
         inner = self._engine.broadcast_async(flat, root)
 
         def finish() -> list[torch.Tensor]:
@@ -222,8 +234,9 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     def allgather(  # type: ignore[override]
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> Work:
-        if len(inputs) != 1:
-            return self.allgather_coalesced(outputs, inputs, opts)
+        if len(inputs) != 1:  # torch's per-device form: outputs[i][rank] for input i
+            by_rank = [list(row) for row in zip(*outputs, strict=True)]
+            return self._all_gather_lists(by_rank, inputs, "all_gather")
         targets = outputs[0]
 
         def keep(parts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -236,15 +249,29 @@ class PhalanxProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> Work:
+        """``all_gather_coalesced``: ``outputs[rank][i]`` receives worker ``rank``'s ``inputs[i]``."""
+        return self._all_gather_lists(outputs, inputs, "all_gather_coalesced")
+
+    def _all_gather_lists(
+        self, by_rank: list[list[torch.Tensor]], inputs: list[torch.Tensor], what: str
+    ) -> Work:
+        """One all-gather of ``inputs`` laid end to end; ``by_rank[rank][i]`` gets worker
+        ``rank``'s ``inputs[i]`` (W lists of ``len(inputs)`` tensors)."""
+        if len(by_rank) != self.size() or any(len(row) != len(inputs) for row in by_rank):
+            raise ValueError(
+                f"{what} needs one list of {len(inputs)} output tensors per worker ({self.size()}), as "
+                f"output_tensor_lists[rank][i]. Received: {[len(row) for row in by_rank]} tensors per "
+                "list. HINT: pass [[torch.empty_like(t) for t in inputs] for _ in range(world_size)]."
+            )
         sizes = [t.numel() for t in inputs]
 
         def keep(parts: list[torch.Tensor]) -> list[torch.Tensor]:
-            for rank, part in enumerate(parts):
-                for out_list, piece in zip(outputs, part.split(sizes), strict=True):
-                    out_list[rank].copy_(piece.view_as(out_list[rank]))
-            return [t for out_list in outputs for t in out_list]
+            for row, part in zip(by_rank, parts, strict=True):  # part: (sum(sizes),) of one worker
+                for target, piece in zip(row, part.split(sizes), strict=True):
+                    target.copy_(piece.view_as(target))
+            return [t for row in by_rank for t in row]
 
-        return self._all_gather(end_to_end(inputs), "all_gather_coalesced", keep)
+        return self._all_gather(end_to_end(inputs), what, keep)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
         check_cpu([input, output], "all_gather_into_tensor")
@@ -302,9 +329,12 @@ class PhalanxProcessGroup(dist.ProcessGroup):
 
         return Work(self._engine, inner, "scatter", finish)
 
-    # ---------------------------------------------------------------- gloo only (never under TLS)
+    # ---------------------------------------------------------------- all-to-all
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._gloo_only("all_to_all").alltoall(outputs, inputs)
+        if self._engine.uses_tls:  # no plaintext gloo: all-gathers over the ring
+            check_cpu([*outputs, *inputs], "all_to_all")
+            return all_to_all_by_gather(self._engine, [t.detach() for t in inputs], outputs, "all_to_all")
+        return self.gloo.alltoall(outputs, inputs)
 
     def alltoall_base(
         self,
@@ -314,12 +344,19 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         in_splits: list[int],
         opts: Any = None,
     ) -> Any:
-        return self._gloo_only("all_to_all_single").alltoall_base(output, input, out_splits, in_splits)
+        if not self._engine.uses_tls:
+            return self.gloo.alltoall_base(output, input, out_splits, in_splits)
+        check_cpu([output, input], "all_to_all_single")
+        world = self.size()
+        sends = list(input.detach().split(list(in_splits) or input.shape[0] // world))
+        receives = list(output.split(list(out_splits) or output.shape[0] // world))
+        return all_to_all_by_gather(self._engine, sends, receives, "all_to_all_single")
 
     def all_to_all_single(self, *args: Any) -> Any:
         """torch's other name of `alltoall_base`."""
         return self.alltoall_base(*args)
 
+    # ---------------------------------------------------------------- gloo only (never under TLS)
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
         return self._gloo_only("send").send(tensors, dst, tag)
 
@@ -351,6 +388,20 @@ class _TlsProcessGroup(PhalanxProcessGroup):
         return self._names["desc"]
 
 
+class _GroupDeadline:
+    """The job's engine with a group's own deadline: a ``new_group(timeout=...)`` under TLS
+    rides the job's ring, and its waits end after its timeout, as a gloo group's do."""
+
+    def __init__(self, engine: Engine, timeout: timedelta) -> None:
+        self._engine, self._seconds = engine, timeout.total_seconds()
+
+    def wait(self, work: Any, what: str, timeout: float | None = None) -> None:
+        self._engine.wait(work, what, self._seconds if timeout is None else timeout)
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the job's engine
+        return getattr(self._engine, name)
+
+
 def _gloo_under(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
     """The plain gloo group under a phalanx group (its own keys in the group's store)."""
     return make_gloo_group(dist.PrefixStore("gloo/", store), rank, size, timeout)
@@ -375,15 +426,29 @@ def _create(options: Any, engine: Engine | None) -> Any:
     if not isinstance(default, PhalanxProcessGroup):  # no job of phalanx's: plain gloo, as torch's
         return dist.ProcessGroupGloo(store, rank, size, timeout)
     if default._engine.uses_tls:
-        raise RuntimeError(
-            "A new group on the phalanx backend would be plain gloo, in plaintext between machines, and "
-            "this job's collectives use TLS. Received: torch.distributed.new_group(...) without "
-            "backend=. HINT: use the default group (every worker), or pass backend='gloo' knowingly."
-        )
+        return _tls_subgroup(store, rank, size, timeout, default)
     gloo = _gloo_under(store, rank, size, timeout)
     members = list(getattr(options, "global_ranks_in_group", []))
     return PhalanxProcessGroup(
         store, rank, size, timeout, default._engine.subgroup(gloo, store, rank, size, members), gloo
+    )
+
+
+def _tls_subgroup(store: Any, rank: int, size: int, timeout: timedelta, default: PhalanxProcessGroup) -> Any:
+    """A ``new_group()`` under TLS: a group of every worker (a 1-D DeviceMesh, FSDP2's or a
+    pipeline's group of all stages) rides the job's ring, in the order every worker issues its
+    collectives; a group of some workers has no ring of its own, and gloo would be plaintext.
+
+    Raises:
+        RuntimeError: The group leaves some workers out.
+    """
+    if size == default.size():
+        return _TlsProcessGroup(store, rank, size, timeout, _GroupDeadline(default._engine, timeout))
+    raise RuntimeError(
+        "Under TLS a new group on the phalanx backend must hold every worker: its collectives ride "
+        f"the job's ring, and gloo would carry them in plaintext between machines. Received: "
+        f"torch.distributed.new_group(...) of {size} of the {default.size()} workers. HINT: use a group "
+        "of every worker (new_group() with no ranks), or pass backend='gloo' knowingly."
     )
 
 
