@@ -11,6 +11,8 @@ The rest of tf.distribute.experimental: ``ValueContext``, the preemption handlin
 (``PreemptionCheckpointHandler``, ``TerminationConfig``, ``PreemptionWatcher``), and the
 submodules ``coordinator`` (`phalanx.coordinator`), ``partitioners``
 (`phalanx.partitioners`) and ``rpc`` (`phalanx.rpc`).
+
+phalanx's own: `PowerSGD`, a gradient compression for ``CommunicationOptions(compression=...)``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from phalanx.checkpoint.failure_handling import (
     TerminationConfig,
 )
 from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
+from phalanx.communication.compression import PowerSGD
 from phalanx.strategies import CentralStorageStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy
 from phalanx.strategies.fully_sharded import FullyShardedStrategy
 from phalanx.strategies.strategy import ValueContext
@@ -40,6 +43,7 @@ __all__ = [
     "FullyShardedStrategy",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
+    "PowerSGD",
     # tfsurface: the rest of tf.distribute.experimental
     "PreemptionCheckpointHandler",
     "PreemptionWatcher",

@@ -123,6 +123,7 @@ def test_experimental_names_are_frozen():
         "FullyShardedStrategy",
         "MultiWorkerMirroredStrategy",
         "ParameterServerStrategy",
+        "PowerSGD",
         "PreemptionCheckpointHandler",
         "PreemptionWatcher",
         "TerminationConfig",

@@ -171,6 +171,7 @@ class Checkpoint:
                 continue  # TF's slot variables are the optimizer's state
             load_into(obj, saved[name], name)
         self.save_counter.assign(payload.get("save_counter", 0))
+        _restored()
         return self
 
     def _read_sharded(self, save_path: str) -> Checkpoint:
@@ -194,6 +195,7 @@ class Checkpoint:
             if "Missing key" not in str(exc) and not isinstance(exc, KeyError):
                 raise
             raise ValueError(f"Checkpoint {save_path!r} lacks state for these objects: {exc}") from exc
+        strategy._checkpoint_restored()
         return self
 
     def restore(self, save_path: str | None, options: CheckpointOptions | None = None) -> Checkpoint:
@@ -206,3 +208,11 @@ class Checkpoint:
                 raise FileNotFoundError(f"No checkpoint in directory {save_path!r}.")
             save_path = latest
         return self.read(save_path, options)
+
+
+def _restored() -> None:
+    """Tells the current strategy a checkpoint was restored (it drops state such as the
+    gradient compression's error feedback; `Strategy._checkpoint_restored`)."""
+    from phalanx.strategies.default import get_strategy  # here: serving imports no strategy
+
+    get_strategy()._checkpoint_restored()

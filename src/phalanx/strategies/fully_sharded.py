@@ -4,6 +4,7 @@ state sharded across workers by torch's FSDP2 (``fully_shard``) over a device me
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import weakref
@@ -19,6 +20,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.communication_options import CommunicationOptions
+from phalanx.communication.compression import HALF_PRECISION
 from phalanx.state_views import sharded_state_dicts, sharded_views_open
 from phalanx.strategies._meta_init import MetaInit, post_order
 from phalanx.strategies._sharding_plan import ShardingPlan
@@ -159,7 +161,11 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
 
     Args:
         cluster_resolver: Where the workers are; default ``phalanx.cluster.resolve_cluster()``.
-        communication_options: As for `MultiWorkerMirroredStrategy`.
+        communication_options: As for `MultiWorkerMirroredStrategy`; its ``compression`` may be
+            ``"fp16"`` or ``"bf16"``: FSDP2's ``reduce_dtype`` (gradients are reduce-scattered
+            in that dtype, summed in it on the wire, and the shard is cast back to the
+            parameter's dtype). `phalanx.experimental.PowerSGD` needs each worker's whole
+            gradient matrix, which a reduce-scatter of shards never has: it is refused.
         shard: ``"full"`` (ZeRO-3: parameters gathered per layer for forward, freed, gathered
             again for backward) or ``"optimizer_and_gradients"`` (parameters gathered once per
             step and kept until the end of backward: less traffic, more memory; ZeRO-2's).
@@ -173,8 +179,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         sync_batch_norm: As for `MultiWorkerMirroredStrategy`.
 
     Raises:
-        ValueError: ``shard`` is not one of `SHARD_MODES`, more than one device is given, or
-            any reason `MultiWorkerMirroredStrategy` gives.
+        ValueError: ``shard`` is not one of `SHARD_MODES`, more than one device is given,
+            PowerSGD compression, a compression that contradicts ``mixed_precision``'s
+            ``reduce_dtype``, or any reason `MultiWorkerMirroredStrategy` gives.
     """
 
     materializes_meta_tensors = True  # a layer at a time on the chief (_meta_init)
@@ -198,6 +205,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 f"workers). Received: devices={list(devices)}. HINT: start one worker per device "
                 "(torchrun --nproc-per-node, phalanx launch)."
             )
+        mixed_precision = _reduce_in(communication_options, mixed_precision)
         resolver = cluster_resolver if cluster_resolver is not None else resolve_cluster()
         super().__init__(
             resolver,
@@ -221,6 +229,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         self._own_group = False  # this strategy initialised torch.distributed (one worker)
         self._sharded: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]] = {}
         self._adopted: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+
+    def _check_compression(self, options: CommunicationOptions) -> None:
+        """Checked by `_reduce_in` before joining (FSDP2 does the reducing, not the buckets)."""
 
     @property
     def step_sync(self) -> StepSync:
@@ -459,3 +470,31 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             if self._own_group and dist.is_initialized():
                 dist.destroy_process_group()
             self._own_group = False
+
+
+def _reduce_in(options: CommunicationOptions | None, policy: MixedPrecisionPolicy | None) -> MixedPrecisionPolicy | None:
+    """``policy`` with the compression's ``reduce_dtype`` (``"fp16"``/``"bf16"``); FSDP2 has no
+    hook for a low-rank compression of its reduce-scatter.
+
+    Raises:
+        ValueError: PowerSGD, or a ``reduce_dtype`` in ``policy`` that differs.
+    """
+    compression = options.compression if options is not None else None
+    if compression is None:
+        return policy
+    if not isinstance(compression, str):
+        raise ValueError(
+            "FullyShardedStrategy reduce-scatters gradient shards; PowerSGD needs every worker's "
+            f"whole gradient matrix. Received: compression={compression!r}. HINT: use "
+            "compression='bf16' or 'fp16' (FSDP2's reduce_dtype), or MultiWorkerMirroredStrategy "
+            "for PowerSGD."
+        )
+    wire = HALF_PRECISION[compression]
+    policy = policy if policy is not None else MixedPrecisionPolicy()
+    if policy.reduce_dtype is not None and policy.reduce_dtype != wire:
+        raise ValueError(
+            "compression and mixed_precision both say how FSDP2 reduces gradients and disagree. "
+            f"Received: compression={compression!r}, mixed_precision.reduce_dtype={policy.reduce_dtype}. "
+            "HINT: give one of them."
+        )
+    return dataclasses.replace(policy, reduce_dtype=wire)
