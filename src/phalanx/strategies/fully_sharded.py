@@ -472,7 +472,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             self._own_group = False
 
 
-def _reduce_in(options: CommunicationOptions | None, policy: MixedPrecisionPolicy | None) -> MixedPrecisionPolicy | None:
+def _reduce_in(
+    options: CommunicationOptions | None, policy: MixedPrecisionPolicy | None
+) -> MixedPrecisionPolicy | None:
     """``policy`` with the compression's ``reduce_dtype`` (``"fp16"``/``"bf16"``); FSDP2 has no
     hook for a low-rank compression of its reduce-scatter.
 

@@ -142,13 +142,6 @@ class MultiWorkerMirroredStrategy(Strategy):
                 self._buckets = group_buckets(self, self._group)
                 self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
 
-    def _checkpoint_restored(self) -> None:
-        """Resets the compression's error feedback and warm starts: they were accumulated
-        against the weights before the restore (every worker restores, so every worker resets;
-        the state is never saved: it differs on every worker)."""
-        if self._buckets is not None:
-            self._buckets.reset_compression()
-
     def _check_compression(self, options: CommunicationOptions) -> None:
         """Compression runs in the gradient buckets, which exist with one device per worker."""
         if options.compression is not None and self._num_local_replicas > 1:

@@ -390,11 +390,6 @@ class Strategy(StrategyInput, TFStrategyMembers):
         """Whether any worker still has input this step (a collective across workers)."""
         return has_data
 
-    def _checkpoint_restored(self) -> None:
-        """A checkpoint was just restored in scope (every worker restores it): state that
-        belongs to the trajectory before it, not to the restored values, is dropped here
-        (nothing in one process; the gradient compression's error feedback across workers)."""
-
     # ------------------------------------------------------------------ cross-worker (overridden)
     def _cross_worker_all_reduce(
         self, tensor: torch.Tensor, op: Any, options: CommunicationOptions | None = None

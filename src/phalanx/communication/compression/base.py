@@ -17,12 +17,13 @@ the TLS ring, gloo, NCCL), so the collective signature check signs its own dtype
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CompressedAllReduce", "Compressor", "Launch", "Started", "Wait", "nbytes"]
+__all__ = ["CompressedAllReduce", "Compressor", "Launch", "Started", "Wait", "checkpoint_restored", "nbytes"]
 
 Launch = Callable[[torch.Tensor], Any]  # starts an async in-place SUM all-reduce, returns its work
 Wait = Callable[[Any, str], None]  # waits for that work (raises on failure)
@@ -54,7 +55,9 @@ class Compressor(Protocol):
     def begin_round(self) -> None:
         """A backward pass starts (all workers alike): counts iterations."""
 
-    def start(self, key: Hashable, flat: torch.Tensor, views: Sequence[torch.Tensor], launch: Launch) -> Started:
+    def start(
+        self, key: Hashable, flat: torch.Tensor, views: Sequence[torch.Tensor], launch: Launch
+    ) -> Started:
         """Starts the compressed sum of one bucket (all workers, same order).
 
         Args:
@@ -94,6 +97,8 @@ class CompressedAllReduce:
         self._launch, self.compressor = launch, compressor
         self.bytes_sent = 0
         self.bytes_uncompressed = 0
+        if compressor is not None:
+            _LIVE.add(self)
 
     def _counted(self, tensor: torch.Tensor) -> Any:
         self.bytes_sent += nbytes(tensor)
@@ -118,3 +123,19 @@ class CompressedAllReduce:
         """Forgets the compressor's state (error feedback, warm starts)."""
         if self.compressor is not None:
             self.compressor.reset()
+
+
+_LIVE: weakref.WeakSet[CompressedAllReduce] = weakref.WeakSet()  # this process's engines that compress
+
+
+def checkpoint_restored() -> None:
+    """Resets the compression state of every gradient engine of this process (a checkpoint
+    was restored; every worker restores it, so every worker resets at the same point).
+
+    Error feedback and warm starts were accumulated against the weights before the restore and
+    describe that trajectory, not the restored one; they are never saved (they differ on every
+    worker, and a checkpoint holds what the workers agree on). Called by
+    `phalanx.checkpoint.Checkpoint.read`, in scope or not.
+    """
+    for engine in list(_LIVE):
+        engine.reset()

@@ -44,7 +44,9 @@ class HalfPrecision:
     def begin_round(self) -> None:
         pass
 
-    def start(self, key: Hashable, flat: torch.Tensor, views: Sequence[torch.Tensor], launch: Launch) -> Started:
+    def start(
+        self, key: Hashable, flat: torch.Tensor, views: Sequence[torch.Tensor], launch: Launch
+    ) -> Started:
         narrow = flat.div(self._scale).to(self.wire) if self._scale != 1.0 else flat.to(self.wire)
         return _Cast(flat, narrow, self._scale, launch(narrow))
 

@@ -75,7 +75,11 @@ class PowerSGD:
                 f"PowerSGD rank must be an integer >= 1. Received: rank={self.rank!r}. HINT: rank=1 "
                 "or 2 compresses most; raise it if accuracy suffers."
             )
-        if isinstance(self.start_iteration, bool) or not isinstance(self.start_iteration, int) or self.start_iteration < 0:
+        if (
+            isinstance(self.start_iteration, bool)
+            or not isinstance(self.start_iteration, int)
+            or self.start_iteration < 0
+        ):
             raise ValueError(
                 f"PowerSGD start_iteration must be an integer >= 0. Received: {self.start_iteration!r}."
             )
@@ -129,7 +133,9 @@ class PowerSGDCompressor:
         r = min(self.config.rank, rows, cols)
         return r * (rows + cols) * self.config.min_compression_rate < rows * cols
 
-    def start(self, key: Hashable, flat: torch.Tensor, views: Sequence[torch.Tensor], launch: Launch) -> Started:
+    def start(
+        self, key: Hashable, flat: torch.Tensor, views: Sequence[torch.Tensor], launch: Launch
+    ) -> Started:
         matrices = {j: v.reshape(v.shape[0], -1) for j, v in enumerate(views) if self._compressed(v)}
         if self.rounds <= self.config.start_iteration or not matrices:
             return _Plain(flat, launch(flat))
@@ -186,7 +192,7 @@ class _LowRank:
             v.copy_(self._first[at : at + v.numel()].view_as(v))
             at += v.numel()
         ps, qs = [], []
-        for (j, m), p in zip(self._matrices.items(), self._ps, strict=True):
+        for m, p in zip(self._matrices.values(), self._ps, strict=True):
             p = self._first[at : at + p.numel()].view_as(p)  # the summed P
             at += p.numel()
             p = torch.linalg.qr(p, mode="reduced").Q  # (rows, r), orthonormal columns

@@ -24,7 +24,9 @@ def test_names_and_powersgd_are_accepted():
 
 @pytest.mark.parametrize("bad", ["int8", "topk", 16, object()])
 def test_an_unknown_compression_is_refused(bad):
-    with pytest.raises(ValueError, match="compression must be None, 'fp16', 'bf16' or phalanx.experimental.PowerSGD"):
+    with pytest.raises(
+        ValueError, match="compression must be None, 'fp16', 'bf16' or phalanx.experimental.PowerSGD"
+    ):
         CommunicationOptions(compression=bad)
 
 
@@ -36,7 +38,9 @@ def test_several_devices_per_worker_cannot_compress():
 
 def test_fully_sharded_refuses_powersgd():
     options = CommunicationOptions(compression=PowerSGD(rank=2))
-    with pytest.raises(ValueError, match="reduce-scatters gradient shards; PowerSGD.*HINT: use compression='bf16'"):
+    with pytest.raises(
+        ValueError, match="reduce-scatters gradient shards; PowerSGD.*HINT: use compression='bf16'"
+    ):
         FullyShardedStrategy(communication_options=options)
 
 
@@ -45,7 +49,9 @@ def test_fully_sharded_refuses_a_compression_its_mixed_precision_contradicts():
 
     options = CommunicationOptions(compression="fp16")
     policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="disagree.*compression='fp16', mixed_precision.reduce_dtype=torch.bfloat16"):
+    with pytest.raises(
+        ValueError, match="disagree.*compression='fp16', mixed_precision.reduce_dtype=torch.bfloat16"
+    ):
         FullyShardedStrategy(communication_options=options, mixed_precision=policy)
 
 
