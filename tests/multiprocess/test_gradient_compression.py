@@ -9,15 +9,15 @@ its all-reduces, against what the same rounds hand over uncompressed).
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch import nn
 
 import phalanx
+from phalanx.communication.compression.powersgd import PowerSGDCompressor
 from phalanx.demo import load_digits_split
 from phalanx.experimental import CommunicationOptions, PowerSGD
+from phalanx.strategies._bucket_sync import group_buckets
 
 pytestmark = pytest.mark.multiprocess
 
@@ -75,6 +75,7 @@ def train(strategy, folder, epochs):
         "sent": traffic.bytes_sent,
         "uncompressed": traffic.bytes_uncompressed,
         "restore_resets": _restore_resets(strategy, model, folder),
+        "reform_starts_afresh": _reform_starts_afresh(strategy),
     }
     with pytest.raises(ValueError, match="a single collective cannot ask for it") as refused:
         strategy.run(
@@ -89,13 +90,27 @@ def train(strategy, folder, epochs):
 def _restore_resets(strategy, model, folder):
     """Whether a checkpoint restore empties the error feedback (PowerSGD), else None."""
     compressor = strategy._buckets.traffic.compressor
-    if not isinstance(compressor.config if hasattr(compressor, "config") else None, PowerSGD):
+    if not isinstance(compressor, PowerSGDCompressor):
         return None
     held = compressor.memory(0) is not None and bool(compressor.memory(0).errors)
-    checkpoint = phalanx.train.Checkpoint(model=copy.copy(model))
+    checkpoint = phalanx.train.Checkpoint(model=model)
     path = checkpoint.write(f"{folder}/worker-{strategy.cluster_resolver.task_id}/ckpt")
     checkpoint.read(path)
     return held and compressor.memory(0) is None
+
+
+def _reform_starts_afresh(strategy):
+    """Whether the engine an elastic re-form makes (`_elastic_groups.reform` calls
+    `group_buckets` on the new group) compresses with a new, empty state."""
+    old = strategy._buckets.traffic.compressor
+    fresh = group_buckets(strategy, strategy._group)
+    try:
+        new = fresh.traffic.compressor
+        if not isinstance(new, PowerSGDCompressor):
+            return new is not old and type(new) is type(old)
+        return new is not old and new.rounds == 0 and new.memory(0) is None and old.memory(0) is not None
+    finally:
+        fresh.release()
 
 
 def _relative(a, b):
@@ -118,6 +133,7 @@ def test_fp16_halves_the_bytes_and_keeps_the_weights(mwms_2workers, transport, t
         for name, ref in result["reference"].items():
             assert _relative(result["weights"][name], ref) < 1e-2, name
         assert "HINT: give it to MultiWorkerMirroredStrategy(communication_options=...)" in result["per_call"]
+        assert result["reform_starts_afresh"] is True
     for name, w in results[0]["weights"].items():
         torch.testing.assert_close(w, results[1]["weights"][name], rtol=0, atol=0)  # same bits
 
@@ -138,5 +154,6 @@ def test_powersgd_rank_2_moves_a_seventh_and_learns_as_well(mwms_2workers, trans
         assert result["sent"] <= 0.15 * result["uncompressed"], result
         assert result["accuracy"] >= result["reference_accuracy"] - 0.03, result
         assert result["restore_resets"] is True
+        assert result["reform_starts_afresh"] is True
     for name, w in results[0]["weights"].items():
         torch.testing.assert_close(w, results[1]["weights"][name], rtol=0, atol=0)
