@@ -40,8 +40,8 @@ def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return (model(x).argmax(1) == y).float().mean().item()
 
 
-def train(strategy, folder, epochs):
-    """Trains under ``strategy`` and, alone, the uncompressed reference; what the test checks."""
+def _fit(strategy, epochs):
+    """Trains under ``strategy`` and, alone, the uncompressed reference: both models and the test set."""
     xs, ys, xt, yt = (torch.from_numpy(a) for a in load_digits_split())
     xs, xt = xs.flatten(1), xt.flatten(1)
     reference = _mlp()
@@ -66,6 +66,22 @@ def train(strategy, folder, epochs):
             nn.functional.cross_entropy(reference(x), y).backward()
             ref_optimizer.step()
             ref_optimizer.zero_grad()
+    return model, reference, xt, yt
+
+
+def train_sharded(strategy, epochs):
+    """FullyShardedStrategy's weights (full tensors) and the reference's."""
+    model, reference, _, _ = _fit(strategy, epochs)
+    return {
+        "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "reference": {k: v.clone() for k, v in reference.state_dict().items()},
+        "reduce_dtype": str(strategy._mp_policy.reduce_dtype),
+    }
+
+
+def train(strategy, folder, epochs):
+    """Trains under MultiWorkerMirroredStrategy and the uncompressed reference; what the test checks."""
+    model, reference, xt, yt = _fit(strategy, epochs)
     traffic = strategy._buckets.traffic
     out = {
         "weights": {k: v.clone() for k, v in model.state_dict().items()},
@@ -157,3 +173,14 @@ def test_powersgd_rank_2_moves_a_seventh_and_learns_as_well(mwms_2workers, trans
         assert result["reform_starts_afresh"] is True
     for name, w in results[0]["weights"].items():
         torch.testing.assert_close(w, results[1]["weights"][name], rtol=0, atol=0)
+
+
+def test_fully_sharded_reduces_in_fp16_and_keeps_the_weights(fsdp_2workers):
+    options = CommunicationOptions(compression="fp16")
+    results = fsdp_2workers.run(
+        train_sharded, 3, strategy_kwargs={"communication_options": options}, timeout=300
+    )
+    for result in results:
+        assert result["reduce_dtype"] == "torch.float16"
+        for name, ref in result["reference"].items():
+            assert _relative(result["weights"][name], ref) < 1e-2, name
