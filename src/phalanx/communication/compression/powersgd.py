@@ -151,7 +151,7 @@ class PowerSGDCompressor:
             q = memory.qs.get(j) if self.config.warm_start else None
             if q is None:
                 r = min(self.config.rank, *m.shape)
-                q = torch.randn(m.shape[1], r, generator=self._generator, dtype=torch.float64).to(m.dtype)
+                q = torch.randn(m.shape[1], r, generator=self._generator, dtype=torch.float64).to(m.device, m.dtype)
             memory.qs[j] = q  # (cols, r)
             ps.append(m @ q)  # (rows, r)
         first = torch.cat([*(v.reshape(-1) for v in rest), *(p.reshape(-1) for p in ps)])
