@@ -125,7 +125,7 @@ class GradientBuckets:
         self._traffic = CompressedAllReduce(launch, compressor)
         self._wait_at_end = wait_at_end or wait
         self._announce = announce if compressor is None else None
-        self._tail = announce_tail if announce is not None else 0
+        self._tail = announce_tail if self._announce is not None else 0
         self._rebuilt = False  # since the last pass (tell `announce` at the next)
         self._sum_sparse = sum_sparse
         self._workers = workers

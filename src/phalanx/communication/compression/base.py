@@ -23,7 +23,16 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CompressedAllReduce", "Compressor", "Launch", "Started", "Wait", "checkpoint_restored", "nbytes"]
+__all__ = [
+    "CompressedAllReduce",
+    "Compressor",
+    "Launch",
+    "PlainAllReduce",
+    "Started",
+    "Wait",
+    "checkpoint_restored",
+    "nbytes",
+]
 
 Launch = Callable[[torch.Tensor], Any]  # starts an async in-place SUM all-reduce, returns its work
 Wait = Callable[[Any, str], None]  # waits for that work (raises on failure)
@@ -71,7 +80,7 @@ class Compressor(Protocol):
         """Forgets error feedback and warm starts (a checkpoint restore, rebuilt buckets)."""
 
 
-class _Plain:
+class PlainAllReduce:
     """An uncompressed all-reduce in flight."""
 
     def __init__(self, work: Any) -> None:
@@ -116,7 +125,7 @@ class CompressedAllReduce:
         flag bucket. Pass what it returns to ``finish``."""
         self.bytes_uncompressed += nbytes(flat)
         if self.compressor is None or not compressible or not self.compressor.applies(flat.dtype):
-            return _Plain(self._counted(flat))
+            return PlainAllReduce(self._counted(flat))
         return self.compressor.start(key, flat, views, self._counted)
 
     def reset(self) -> None:

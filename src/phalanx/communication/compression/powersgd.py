@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from phalanx.communication.compression.base import WHAT, Launch, Started, Wait
+from phalanx.communication.compression.base import WHAT, Launch, PlainAllReduce, Started, Wait
 
 __all__ = ["PowerSGD", "PowerSGDCompressor"]
 
@@ -138,7 +138,7 @@ class PowerSGDCompressor:
     ) -> Started:
         matrices = {j: v.reshape(v.shape[0], -1) for j, v in enumerate(views) if self._compressed(v)}
         if self.rounds <= self.config.start_iteration or not matrices:
-            return _Plain(flat, launch(flat))
+            return PlainAllReduce(launch(flat))
         memory = self._memory.setdefault(key, _Memory())
         rest = [v for j, v in enumerate(views) if j not in matrices]
         locals_: dict[int, torch.Tensor] = {}
@@ -151,19 +151,13 @@ class PowerSGDCompressor:
             q = memory.qs.get(j) if self.config.warm_start else None
             if q is None:
                 r = min(self.config.rank, *m.shape)
-                q = torch.randn(m.shape[1], r, generator=self._generator, dtype=torch.float64).to(m.device, m.dtype)
+                q = torch.randn(m.shape[1], r, generator=self._generator, dtype=torch.float64).to(
+                    m.device, m.dtype
+                )
             memory.qs[j] = q  # (cols, r)
             ps.append(m @ q)  # (rows, r)
         first = torch.cat([*(v.reshape(-1) for v in rest), *(p.reshape(-1) for p in ps)])
         return _LowRank(self, memory, matrices, rest, ps, locals_, first, launch)
-
-
-class _Plain:
-    def __init__(self, flat: torch.Tensor, work: object) -> None:
-        self._work = work
-
-    def finish(self, wait: Wait) -> None:
-        wait(self._work, WHAT)
 
 
 class _LowRank:
