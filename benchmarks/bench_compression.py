@@ -11,8 +11,9 @@ fp16, PowerSGD rank 2), two hosts (network namespaces on a private bridge) run o
 * step time: MLP 784-1024-1024-10 at global batch 256, a phalanx custom loop
   (experimental_distribute_dataset, strategy.run, compute_average_loss, compressed gradient
   buckets) against DistributedDataParallel on the same per-worker batches with the matching
-  hook (none, ``fp16_compress_hook``, ``powerSGD_hook`` at rank 2), alternating rounds; the
-  best round of each counts;
+  hook (none, ``fp16_compress_hook``, ``powerSGD_hook`` at rank 2; DDP then keeps one bucket,
+  since torch's hook deadlocks over gloo with two), alternating rounds; the best round of
+  each counts;
 * bytes per step: what this host sent on its link during those rounds (``/proc/net/dev`` of the
   host's network namespace, every interface but lo), per step;
 * accuracy after a fixed budget on the digits demo (`phalanx.demo.DigitsCNN`, the same steps
@@ -78,7 +79,10 @@ def _ddp(model: nn.Module, name: str, group: Any) -> nn.parallel.DistributedData
     """DDP over ``group`` with the hook that matches ``name``."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    ddp = nn.parallel.DistributedDataParallel(model, process_group=group)
+    # torch's powerSGD_hook waits for its second all-reduce inside a future's callback, on one of
+    # gloo's two run-loop threads: with two buckets both wait and the job hangs. One bucket.
+    one_bucket = {"bucket_cap_mb": 1024} if name == "powersgd" else {}
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=group, **one_bucket)
     if name == "fp16":
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
     elif name == "powersgd":
