@@ -124,7 +124,7 @@ def _reform_starts_afresh(strategy):
         new = fresh.traffic.compressor
         if not isinstance(new, PowerSGDCompressor):
             return new is not old and type(new) is type(old)
-        return new is not old and new.rounds == 0 and new.memory(0) is None and old.memory(0) is not None
+        return new is not old and old.rounds > 0 and new.rounds == 0 and new.memory(0) is None
     finally:
         fresh.release()
 
@@ -154,6 +154,7 @@ def test_fp16_halves_the_bytes_and_keeps_the_weights(mwms_2workers, transport, t
         torch.testing.assert_close(w, results[1]["weights"][name], rtol=0, atol=0)  # same bits
 
 
+@pytest.mark.timeout(900)  # 10 epochs on two processes of a loaded machine
 @pytest.mark.parametrize("transport", list(TRANSPORTS))
 def test_powersgd_rank_2_moves_a_seventh_and_learns_as_well(mwms_2workers, transport, tmp_path):
     # 10 epochs: 3 leave even the uncompressed model short of what it learns (about 0.91)
@@ -164,7 +165,7 @@ def test_powersgd_rank_2_moves_a_seventh_and_learns_as_well(mwms_2workers, trans
         10,
         strategy_kwargs={"communication_options": options},
         env=TRANSPORTS[transport],
-        timeout=300,
+        timeout=800,
     )
     for result in results:
         assert result["sent"] <= 0.15 * result["uncompressed"], result
