@@ -26,8 +26,8 @@ from phalanx.checkpoint.failure_handling import (
     PreemptionWatcher,
     TerminationConfig,
 )
-from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
 from phalanx.communication.compression import PowerSGD
+from phalanx.communication.local.options import CommunicationImplementation, CommunicationOptions
 from phalanx.strategies import CentralStorageStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy
 from phalanx.strategies.fully_sharded import FullyShardedStrategy
 from phalanx.strategies.strategy import ValueContext

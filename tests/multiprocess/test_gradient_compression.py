@@ -17,7 +17,7 @@ import phalanx
 from phalanx.communication.compression.powersgd import PowerSGDCompressor
 from phalanx.demo import load_digits_split
 from phalanx.experimental import CommunicationOptions, PowerSGD
-from phalanx.strategies._bucket_sync import group_buckets
+from phalanx.strategies.workers.bucket_sync import group_buckets
 
 pytestmark = pytest.mark.multiprocess
 

@@ -29,18 +29,18 @@ Example::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from phalanx import settings
 from phalanx.cluster._ports import free_ports
 from phalanx.cluster._processes import run_tasks
 from phalanx.cluster._target import Target, build_command
 from phalanx.cluster._tasks import NodeTasks, cluster_from, local_cluster, plan_tasks, select_node_tasks
-from phalanx.cluster._token import TOKEN_ENV, check_token, missing_token_error, new_token
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.cluster.elastic import ElasticLaunch
+from phalanx.security.token import TOKEN_ENV, check_token, missing_token_error, new_token
 
 __all__ = [
     "add_launch_arguments",
@@ -238,7 +238,7 @@ def node_environments(
 
 
 def _given_token(env: Mapping[str, str] | None) -> str | None:
-    token = (env or {}).get(TOKEN_ENV, os.environ.get(TOKEN_ENV))
+    token = (env or {}).get(TOKEN_ENV, settings.current().cluster_token or None)
     return token or None
 
 

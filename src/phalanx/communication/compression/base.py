@@ -2,14 +2,14 @@
 
 A `Compressor` is the per-engine, stateful side of what a user asks for with
 ``CommunicationOptions(compression=...)`` (``"fp16"``, ``"bf16"``, `PowerSGD`); `make_compressor`
-turns the one into the other. The gradient buckets (`phalanx.communication.bucketing`) hand
+turns the one into the other. The gradient buckets (`phalanx.communication.engine.bucketing`) hand
 each bucket to `CompressedAllReduce.start` when it is complete and call ``finish`` on what it
 returned when the round ends: the bucket's tensor then holds the (approximate) sum over workers,
 as an uncompressed all-reduce would have left it.
 
 What is never compressed, whatever was asked: the engine's flag bucket (counts that must stay
 exact), buckets of a dtype the compressor does not narrow (`Compressor.applies`), and sparse
-gradients (they never enter a bucket; `phalanx.communication._sparse`). Those go as they are.
+gradients (they never enter a bucket; `phalanx.communication.local.sparse`). Those go as they are.
 
 Every compressed collective is an ordinary all-reduce on the group's transport (shared memory,
 the TLS ring, gloo, NCCL), so the collective signature check signs its own dtype and shape.

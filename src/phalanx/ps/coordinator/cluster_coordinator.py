@@ -38,7 +38,7 @@ from phalanx.ps.variables import BufferChanges
 from phalanx.ps.worker.running import ClosureAbandonedError
 
 if TYPE_CHECKING:
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy as Strategy
 
 __all__ = ["ClusterCoordinator"]
 

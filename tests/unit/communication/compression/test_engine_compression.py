@@ -7,8 +7,8 @@ import copy
 import torch
 from torch import nn
 
-from phalanx.communication.bucketing import GradientBuckets
 from phalanx.communication.compression import PowerSGD, make_compressor
+from phalanx.communication.engine.bucketing import GradientBuckets
 
 
 class Recorder:
