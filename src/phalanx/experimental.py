@@ -13,7 +13,8 @@ submodules ``coordinator`` (`phalanx.coordinator`), ``partitioners``
 (`phalanx.partitioners`) and ``rpc`` (`phalanx.rpc`).
 
 phalanx's own: ``estimate_memory`` and ``plan_memory`` (`phalanx.memory`: each worker's peak
-memory under a strategy, before anything is allocated).
+memory under a strategy, before anything is allocated), and `PowerSGD`, a gradient compression
+for ``CommunicationOptions(compression=...)``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from phalanx.checkpoint.failure_handling import (
     PreemptionWatcher,
     TerminationConfig,
 )
+from phalanx.communication.compression import PowerSGD
 from phalanx.communication.local.options import CommunicationImplementation, CommunicationOptions
 from phalanx.distribution import DeviceMesh, LayoutMap, TensorLayout
 from phalanx.memory.estimate import estimate_memory, plan_memory
@@ -49,6 +51,7 @@ __all__ = [
     "ModelParallelStrategy",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
+    "PowerSGD",
     # tfsurface: the rest of tf.distribute.experimental
     "PreemptionCheckpointHandler",
     "PreemptionWatcher",

@@ -126,6 +126,7 @@ def test_experimental_names_are_frozen():
         "ModelParallelStrategy",
         "MultiWorkerMirroredStrategy",
         "ParameterServerStrategy",
+        "PowerSGD",
         "PreemptionCheckpointHandler",
         "PreemptionWatcher",
         "TensorLayout",

@@ -13,6 +13,7 @@ from phalanx.checkpoint._files import safe_load
 from phalanx.checkpoint._index import latest_checkpoint, record_checkpoint
 from phalanx.checkpoint._objects import load_into, state_of
 from phalanx.checkpoint.options import CheckpointOptions, CheckpointWriter
+from phalanx.communication.compression.base import checkpoint_restored
 
 __all__ = ["Checkpoint", "Counter"]
 
@@ -171,6 +172,7 @@ class Checkpoint:
                 continue  # TF's slot variables are the optimizer's state
             load_into(obj, saved[name], name)
         self.save_counter.assign(payload.get("save_counter", 0))
+        checkpoint_restored()
         return self
 
     def _read_sharded(self, save_path: str) -> Checkpoint:
@@ -194,6 +196,7 @@ class Checkpoint:
             if "Missing key" not in str(exc) and not isinstance(exc, KeyError):
                 raise
             raise ValueError(f"Checkpoint {save_path!r} lacks state for these objects: {exc}") from exc
+        checkpoint_restored()
         return self
 
     def restore(self, save_path: str | None, options: CheckpointOptions | None = None) -> Checkpoint:

@@ -4,6 +4,7 @@ state sharded across workers by torch's FSDP2 (``fully_shard``) over a device me
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import weakref
@@ -18,6 +19,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
+from phalanx.communication.compression import HALF_PRECISION
 from phalanx.communication.local.options import CommunicationOptions
 from phalanx.memory.measure import map_large_allocations, release_free_memory
 from phalanx.state_views import sharded_state_dicts, sharded_views_open
@@ -164,7 +166,11 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
 
     Args:
         cluster_resolver: Where the workers are; default ``phalanx.cluster.resolve_cluster()``.
-        communication_options: As for `MultiWorkerMirroredStrategy`.
+        communication_options: As for `MultiWorkerMirroredStrategy`; its ``compression`` may be
+            ``"fp16"`` or ``"bf16"``: FSDP2's ``reduce_dtype`` (gradients are reduce-scattered
+            in that dtype, summed in it on the wire, and the shard is cast back to the
+            parameter's dtype). `phalanx.experimental.PowerSGD` needs each worker's whole
+            gradient matrix, which a reduce-scatter of shards never has: it is refused.
         shard: ``"full"`` (ZeRO-3: parameters gathered per layer for forward, freed, gathered
             again for backward) or ``"optimizer_and_gradients"`` (parameters gathered once per
             step and kept until the end of backward: less traffic, more memory; ZeRO-2's).
@@ -186,8 +192,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             it is.
 
     Raises:
-        ValueError: ``shard`` is not one of `SHARD_MODES`, more than one device is given, or
-            any reason `MultiWorkerMirroredStrategy` gives.
+        ValueError: ``shard`` is not one of `SHARD_MODES`, more than one device is given,
+            PowerSGD compression, a compression that contradicts ``mixed_precision``'s
+            ``reduce_dtype``, or any reason `MultiWorkerMirroredStrategy` gives.
     """
 
     materializes_meta_tensors = True  # a layer at a time on the chief (_meta_init)
@@ -212,6 +219,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 f"workers). Received: devices={list(devices)}. HINT: start one worker per device "
                 "(torchrun --nproc-per-node, phalanx launch)."
             )
+        mixed_precision = _reduce_in(communication_options, mixed_precision)
         resolver = cluster_resolver if cluster_resolver is not None else resolve_cluster()
         super().__init__(
             resolver,
@@ -241,6 +249,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         # FSDP2's units and whether they reduce-scatter in backward now (`no_sync()` turns it off)
         self._units: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self._units_sync = True
+
+    def _check_compression(self, options: CommunicationOptions) -> None:
+        """Checked by `_reduce_in` before joining (FSDP2 does the reducing, not the buckets)."""
 
     @property
     def step_sync(self) -> StepSync:
@@ -486,3 +497,33 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             if self._own_group and dist.is_initialized():
                 dist.destroy_process_group()
             self._own_group = False
+
+
+def _reduce_in(
+    options: CommunicationOptions | None, policy: MixedPrecisionPolicy | None
+) -> MixedPrecisionPolicy | None:
+    """``policy`` with the compression's ``reduce_dtype`` (``"fp16"``/``"bf16"``); FSDP2 has no
+    hook for a low-rank compression of its reduce-scatter.
+
+    Raises:
+        ValueError: PowerSGD, or a ``reduce_dtype`` in ``policy`` that differs.
+    """
+    compression = options.compression if options is not None else None
+    if compression is None:
+        return policy
+    if not isinstance(compression, str):
+        raise ValueError(
+            "FullyShardedStrategy reduce-scatters gradient shards; PowerSGD needs every worker's "
+            f"whole gradient matrix. Received: compression={compression!r}. HINT: use "
+            "compression='bf16' or 'fp16' (FSDP2's reduce_dtype), or MultiWorkerMirroredStrategy "
+            "for PowerSGD."
+        )
+    wire = HALF_PRECISION[compression]
+    policy = policy if policy is not None else MixedPrecisionPolicy()
+    if policy.reduce_dtype is not None and policy.reduce_dtype != wire:
+        raise ValueError(
+            "compression and mixed_precision both say how FSDP2 reduces gradients and disagree. "
+            f"Received: compression={compression!r}, mixed_precision.reduce_dtype={policy.reduce_dtype}. "
+            "HINT: give one of them."
+        )
+    return dataclasses.replace(policy, reduce_dtype=wire)

@@ -65,7 +65,10 @@ class MultiWorkerMirroredStrategy(Strategy):
     Args:
         cluster_resolver: Where the workers are; default ``phalanx.cluster.resolve_cluster()``.
         communication_options: `CommunicationOptions`: implementation, collective timeout
-            (default 600 s) and gradient bucket size (``bytes_per_pack``, default 25 MiB).
+            (default 600 s), gradient bucket size (``bytes_per_pack``, default 25 MiB) and
+            gradient compression (``compression``: ``"fp16"``, ``"bf16"`` or
+            `phalanx.experimental.PowerSGD`; with one device per worker, where the gradient
+            buckets run; `phalanx.communication.compression`).
         devices: This worker's replica devices (default: its LOCAL_RANK GPU, else all its
             GPUs, else one CPU replica; ``["cpu:0", "cpu:1"]`` gives two CPU replicas).
         join_timeout: Seconds to wait for every worker to start (default
@@ -81,8 +84,8 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     Raises:
         ValueError: Both ``communication`` and ``communication_options``; the cluster has a
-            ``ps`` job, this task is not a chief or worker, NCCL is asked for without GPUs, or
-            a timeout is not positive.
+            ``ps`` job, this task is not a chief or worker, NCCL is asked for without GPUs, a
+            timeout is not positive, or compression is asked for with several devices.
         PeerUnavailableError: A worker did not join within ``join_timeout`` (it is named).
     """
 
@@ -121,6 +124,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         )
         self._resolver = resolver
         self._options = options
+        self._check_compression(options)
         self._sync_batch_norm = sync_batch_norm
         self._backend = self._pick_backend()
         self._comm_device = torch.device("cpu") if self._backend == "gloo" else self._devices[0]
@@ -157,6 +161,17 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     def _membership_epoch(self) -> int | None:
         return self._elastic.membership.epoch if self._elastic is not None else None
+
+    def _check_compression(self, options: CommunicationOptions) -> None:
+        """Compression runs in the gradient buckets, which exist with one device per worker."""
+        if options.compression is not None and self._num_local_replicas > 1:
+            raise ValueError(
+                "Gradient compression runs in MultiWorkerMirroredStrategy's gradient buckets, "
+                "which sum the gradients of one device per worker. Received: "
+                f"compression={options.compression!r} with devices={list(self._device_names)}. "
+                "HINT: start one worker per device (phalanx launch, torchrun --nproc-per-node), "
+                "or leave compression out."
+            )
 
     @property
     def step_sync(self) -> StepSync:
@@ -428,6 +443,13 @@ class MultiWorkerMirroredStrategy(Strategy):
     def _call_timeout(self, options: CommunicationOptions | None) -> float | None:
         if options is None:
             return None
+        if options.compression is not None:
+            raise ValueError(
+                "Compression applies to the gradients the strategy sums during backward, set "
+                "once for the strategy; a single collective cannot ask for it. Received: "
+                f"CommunicationOptions(compression={options.compression!r}) for one call. HINT: "
+                "give it to MultiWorkerMirroredStrategy(communication_options=...)."
+            )
         impl = options.implementation
         wanted = {CommunicationImplementation.RING: "gloo", CommunicationImplementation.NCCL: "nccl"}
         if impl in wanted and wanted[impl] != self._backend:  # type: ignore[index]

@@ -45,6 +45,10 @@ what ``.grad`` holds):
   round every worker knows, and the buckets are rebuilt without it. Sparse deltas are
   summed at the end of the round, after the buckets, one parameter at a time in
   registration order, by ``sum_sparse`` (which gathers every worker's indices and values).
+* With a compressor (`phalanx.communication.compression`), each bucket's all-reduce goes
+  through it; the flags then always travel in a bucket of their own, never compressed, and
+  the rounds are not announced (a compressed bucket's all-reduces are not known ahead). A
+  rebuild of the buckets resets the compressor's state (its error feedback is per bucket).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from typing import Any
 
 import torch
 
+from phalanx.communication.compression.base import CompressedAllReduce, Compressor
 from phalanx.communication.engine.bucket import Bucket
 from phalanx.communication.engine.rounds import Round, Rounds
 from phalanx.communication.local.sparse import SPARSE, empty_sparse, plus
@@ -100,6 +105,7 @@ class GradientBuckets:
             waits: no second walk of the stack). Default: ``wait``.
         syncing: Whether a pass opening now all-reduces (False: it only accumulates locally
             and the next pass that syncs sums it, `phalanx.communication.engine.rounds`).
+        compressor: Compresses the buckets' all-reduces (None: float as they are).
     """
 
     def __init__(
@@ -116,11 +122,13 @@ class GradientBuckets:
         announce_tail: int = 1,
         wait_at_end: Wait | None = None,
         syncing: Callable[[], bool] = lambda: True,
+        compressor: Compressor | None = None,
     ) -> None:
-        self._launch, self._wait, self._is_active = launch, wait, is_active
+        self._wait, self._is_active = wait, is_active
+        self._traffic = CompressedAllReduce(launch, compressor)
         self._wait_at_end = wait_at_end or wait
-        self._announce = announce
-        self._tail = announce_tail if announce is not None else 0
+        self._announce = announce if compressor is None else None
+        self._tail = announce_tail if self._announce is not None else 0
         self._rebuilt = False  # since the last pass (tell `announce` at the next)
         self._sum_sparse = sum_sparse
         self._workers = workers
@@ -198,9 +206,21 @@ class GradientBuckets:
         with self._lock:
             return [b.params for b in self._ensure_built() if b.params]
 
+    @property
+    def traffic(self) -> CompressedAllReduce:
+        """Bytes handed to all-reduces so far, and the compressor (its state: `reset_compression`)."""
+        return self._traffic
+
+    def reset_compression(self) -> None:
+        """Forgets the compressor's error feedback and warm starts (all workers alike: a
+        checkpoint restore)."""
+        with self._lock:
+            self._traffic.reset()
+
     def _ensure_built(self) -> list[Bucket]:
         if self._buckets is None:
             self._flush_running()
+            self._traffic.reset()  # its state is per bucket
             self._buckets = self._build()
             self._rebuilt = True
             self._next_launch = 0
@@ -228,7 +248,8 @@ class GradientBuckets:
                 members, slots, size = [], [], 0
             open_[key] = ([*members, p], [*slots, k], size + nbytes)
         groups.extend((members, slots, *key, False) for key, (members, slots, _) in open_.items() if members)
-        if groups and (groups[-1][4] or groups[-1][3] not in _FLAG_DTYPES):
+        alone = self._traffic.compressor is not None  # compressed buckets carry no flags
+        if groups and (alone or groups[-1][4] or groups[-1][3] not in _FLAG_DTYPES):
             groups.append(([], [], groups[-1][2], torch.float32, False))  # the flags alone
         flags = 2 * sum(len(group[0]) for group in groups)
         tail = self._tail
@@ -297,6 +318,7 @@ class GradientBuckets:
             if self._rebuilt and self._announce is not None:
                 self._announce([])  # at the same point on every worker: a pass's first hook
             self._rebuilt = False
+            self._traffic.begin_round()
             for bucket in buckets:
                 bucket.ready = [False] * len(bucket.params)
                 bucket.tensor = bucket.buffer  # a solo bucket lets go of the last round's gradient
@@ -404,7 +426,8 @@ class GradientBuckets:
             if self._next_launch == len(buckets) - 1:  # the last: every bucket's flags are known
                 _write_flags(buckets)
             assert bucket.tensor is not None
-            bucket.work = self._launch(bucket.tensor)
+            views, compressible = _compressible(bucket) if self._traffic.compressor else ([], False)
+            bucket.work = self._traffic.start(self._next_launch, bucket.tensor.view(-1), views, compressible)
             self._next_launch += 1
 
     def _flush_running(self, wait: Wait | None = None) -> None:
@@ -414,7 +437,7 @@ class GradientBuckets:
         for bucket in self._buckets or []:
             if bucket.work is not None:
                 work, bucket.work = bucket.work, None
-                wait(work, "the gradient all-reduce")
+                work.finish(wait)
 
     def release(self) -> None:
         """Removes the hooks without waiting for anything (their group failed and is dropped:
@@ -432,6 +455,13 @@ class GradientBuckets:
                 handle.remove()
             self._handles.clear()
             self._flush_running()
+
+
+def _compressible(bucket: Bucket) -> tuple[list[torch.Tensor], bool]:
+    """Each parameter's view of ``bucket`` and whether it may be compressed (not the flags)."""
+    if not bucket.params or (bucket.flags is not None and bucket.flags.numel()):
+        return [], False
+    return [bucket.view(i) for i in range(len(bucket.params))], True
 
 
 def _write_flags(buckets: list[Bucket]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from phalanx.communication.compression import Compression, check_compression
+
 __all__ = ["CommunicationImplementation", "CommunicationOptions"]
 
 
@@ -35,14 +37,22 @@ class CommunicationOptions:
             (they took different paths) all raise `CollectiveMismatchError` naming each one's
             pending collective and call site (None = ``PHALANX_STALL_TIMEOUT_SECONDS`` or
             30 s; `phalanx.communication.checks.stall_inspector`). Set per strategy, not per call.
+        compression: How gradients cross workers: None (float32 as they are), ``"fp16"`` or
+            ``"bf16"`` (half the bytes; summed in that precision on the wire), or
+            `phalanx.experimental.PowerSGD` (a low-rank approximation with error feedback).
+            MultiWorkerMirroredStrategy (one device per worker) compresses its gradient
+            buckets; FullyShardedStrategy takes ``"fp16"``/``"bf16"`` as FSDP2's
+            ``reduce_dtype``. Set per strategy, not per call; see docs/performance_guide.md.
     """
 
     bytes_per_pack: int = 0
     timeout_seconds: float | None = None
     implementation: CommunicationImplementation | str = CommunicationImplementation.AUTO
     stall_timeout_seconds: float | None = None
+    compression: Compression = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "compression", check_compression(self.compression))
         if self.bytes_per_pack < 0:
             raise ValueError(f"bytes_per_pack must be >= 0. Received: {self.bytes_per_pack}.")
         if self.timeout_seconds is not None and self.timeout_seconds <= 0:

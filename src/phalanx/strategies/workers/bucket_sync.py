@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from phalanx.communication.compression import make_compressor
 from phalanx.communication.engine.bucketing import GradientBuckets
 from phalanx.strategies.accumulation import pending_error
 from phalanx.strategies.replicas.gradients import GradientSync
@@ -19,7 +20,9 @@ __all__ = ["BucketSync", "group_buckets"]
 def group_buckets(strategy: Any, group: Any) -> GradientBuckets:
     """The gradient buckets of ``strategy`` (a MultiWorkerMirroredStrategy) over its worker
     ``group``: all-reduced on the group's transport, announced a pass ahead where it can, active
-    while the strategy runs a step (held weakly: the buckets' hooks must not keep it alive)."""
+    while the strategy runs a step (held weakly: the buckets' hooks must not keep it alive),
+    compressed as its options ask (a new group, a new compressor: an elastic re-form starts
+    error feedback afresh)."""
     me = weakref.ref(strategy)
 
     def is_active() -> bool:
@@ -37,6 +40,7 @@ def group_buckets(strategy: Any, group: Any) -> GradientBuckets:
         announce_tail=group.announced_tail,
         wait_at_end=lambda work, what: group.wait(work, what, where_issued=True),
         syncing=strategy._sync_switch.syncing,
+        compressor=make_compressor(strategy._options.compression, group.world_size),
     )
 
 
