@@ -50,6 +50,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from phalanx.communication.borrowed_store import borrowed_store
 from phalanx.communication.collective_check import CollectiveCheck, check_enabled
 from phalanx.communication.collective_watch import CollectiveWatch
 from phalanx.communication.gloo_transport import GlooTransport
@@ -103,7 +104,8 @@ class WorkerGroup(GroupFailures, GroupCollectives):
     """The process group of the training tasks, with check-in, heartbeats and deadlines.
 
     Made by every worker at the same time (all workers): connects to the chief's TCPStore
-    (hosted by rank 0 at ``host:port``, or torchrun's agent store), checks in and waits for
+    (hosted by rank 0 at ``host:port``, or torchrun's agent store, or the store of a
+    torch.distributed group initialised before, e.g. by Ray Train: `borrowed_store`), checks in and waits for
     every task, then initialises the process group (or reuses an initialised one of the same
     rank and size) and starts the health check. See the module docstring for the bounds.
 
@@ -159,6 +161,9 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         prefix = f"phalanx/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') if agent_store else '0'}/"
         if elastic is not None:  # a store that outlives every worker, fresh keys per membership epoch
             agent_store, prefix = True, elastic.prefix
+        elif (borrowed := borrowed_store()) is not None:  # Ray Train's (or the user's) group and store
+            self._host, self._port, port = strip_brackets(borrowed.host), borrowed.port, borrowed.port
+            agent_store, prefix = True, borrowed.prefix
         rendezvous = Rendezvous(self._host, port, rank, world_size, task_name, prefix, agent_store)
         deadline = time.monotonic() + join_timeout
         self._store = rendezvous.open(deadline, join_timeout)

@@ -1,0 +1,62 @@
+"""The store of a torch.distributed group that something else initialised (Ray Train, a user's
+``init_process_group``): where phalanx's rendezvous goes instead of serving its own.
+
+Ray Train's ``TorchTrainer`` (and any harness that calls ``init_process_group`` before the
+training function) has already made the default group and its TCPStore at
+``MASTER_ADDR:MASTER_PORT``. A MultiWorkerMirroredStrategy made afterwards borrows both: every
+worker opens its own client connections to that TCPStore (its own timeouts, its own heartbeat
+connection) and keeps its keys under a prefix of its own, and the strategy's collectives run on
+the borrowed group (`WorkerGroup`'s ``"borrowed"`` ownership), so there is no second store and
+no second ``init_process_group``. What a borrowed group cannot have is listed in
+docs/clusters.md: its per-collective deadline is the harness's group timeout wherever gloo's
+own deadline applies, and the store listens where the harness put it (every interface, for
+torch's TCPStore), with no cluster token unless every worker was given the same one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["BorrowedStore", "borrowed_store"]
+
+_generations = itertools.count()  # one per borrowed group in this process, the same on every worker
+
+
+class BorrowedStore:
+    """The address of the initialised default group's TCPStore and a key prefix of phalanx's own.
+
+    Args:
+        host, port: Where the TCPStore listens (as the harness gave it to torch).
+        prefix: The prefix of this group's keys: ``phalanx/borrowed/<n>/`` for the n-th group a
+            process borrows (a store that outlives a group must not show one group's check-ins
+            to the next).
+    """
+
+    def __init__(self, host: str, port: int, prefix: str) -> None:
+        self.host, self.port, self.prefix = host, port, prefix
+
+
+def borrowed_store() -> BorrowedStore | None:
+    """The store to borrow when torch.distributed is already initialised, else None (all workers,
+    when a MultiWorkerMirroredStrategy makes its group).
+
+    Raises:
+        ValueError: The initialised group's store is not a TCPStore (a FileStore, say), which
+            other processes cannot reach by address.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    store: Any = dist.distributed_c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    if not isinstance(store, dist.TCPStore):
+        raise ValueError(
+            "MultiWorkerMirroredStrategy borrows an initialised torch.distributed group only when its "
+            f"store is a TCPStore (init_method 'env://' or 'tcp://'). Received: a group whose store is a "
+            f"{type(store).__name__}. HINT: initialise torch.distributed with init_method='env://' (or "
+            "'tcp://HOST:PORT'), or let the strategy initialise it (do not call init_process_group)."
+        )
+    return BorrowedStore(str(store.host), int(store.port), f"phalanx/borrowed/{next(_generations)}/")
