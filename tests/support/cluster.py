@@ -53,6 +53,7 @@ SRC = TESTS.parent / "src"
 CLUSTER_VARS = frozenset(
     {"TF_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
     | {"GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID"}
+    | {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
 )
 JOIN_TIMEOUT = 60.0  # the product default is 120 s; a test's tasks start within seconds
 HEARTBEAT_TIMEOUT = 10.0  # the product default: the fault tests' detection bound is built on it

@@ -20,28 +20,22 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["BorrowedStore", "borrowed_store"]
+__all__ = ["borrowed_prefix", "borrowed_store"]
 
 _generations = itertools.count()  # one per borrowed group in this process, the same on every worker
 
 
-class BorrowedStore:
-    """The address of the initialised default group's TCPStore and a key prefix of phalanx's own.
-
-    Args:
-        host, port: Where the TCPStore listens (as the harness gave it to torch).
-        prefix: The prefix of this group's keys: ``phalanx/borrowed/<n>/`` for the n-th group a
-            process borrows (a store that outlives a group must not show one group's check-ins
-            to the next).
-    """
-
-    def __init__(self, host: str, port: int, prefix: str) -> None:
-        self.host, self.port, self.prefix = host, port, prefix
+def borrowed_prefix() -> str:
+    """A fresh key prefix for a group on a borrowed store: ``phalanx/borrowed/<n>/`` for the n-th
+    group this process makes (all workers, in the same order): a store that outlives a group must
+    not show one group's check-ins to the next."""
+    return f"phalanx/borrowed/{next(_generations)}/"
 
 
-def borrowed_store() -> BorrowedStore | None:
-    """The store to borrow when torch.distributed is already initialised, else None (all workers,
-    when a MultiWorkerMirroredStrategy makes its group).
+def borrowed_store() -> tuple[str, int] | None:
+    """``(host, port)`` of the initialised default group's TCPStore, or None when torch.distributed
+    is not initialised (every worker, before it opens a rendezvous: a group's, the preemption
+    board's).
 
     Raises:
         ValueError: The initialised group's store is not a TCPStore (a FileStore, say), which
@@ -59,4 +53,4 @@ def borrowed_store() -> BorrowedStore | None:
             f"{type(store).__name__}. HINT: initialise torch.distributed with init_method='env://' (or "
             "'tcp://HOST:PORT'), or let the strategy initialise it (do not call init_process_group)."
         )
-    return BorrowedStore(str(store.host), int(store.port), f"phalanx/borrowed/{next(_generations)}/")
+    return str(store.host), int(store.port)

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from phalanx.communication.borrowed_store import borrowed_store
+from phalanx.communication.borrowed_store import borrowed_prefix, borrowed_store
 from phalanx.communication.collective_check import CollectiveCheck, check_enabled
 from phalanx.communication.collective_watch import CollectiveWatch
 from phalanx.communication.gloo_transport import GlooTransport
@@ -162,8 +162,8 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         if elastic is not None:  # a store that outlives every worker, fresh keys per membership epoch
             agent_store, prefix = True, elastic.prefix
         elif (borrowed := borrowed_store()) is not None:  # Ray Train's (or the user's) group and store
-            self._host, self._port, port = strip_brackets(borrowed.host), borrowed.port, borrowed.port
-            agent_store, prefix = True, borrowed.prefix
+            (host, port), agent_store, prefix = borrowed, True, borrowed_prefix()
+            self._host, self._port = strip_brackets(host), port
         rendezvous = Rendezvous(self._host, port, rank, world_size, task_name, prefix, agent_store)
         deadline = time.monotonic() + join_timeout
         self._store = rendezvous.open(deadline, join_timeout)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
+from phalanx.cluster.resolvers import ClusterResolver, owners, resolve_cluster
 from phalanx.cluster.validation import validate_for_strategy
 from phalanx.communication.bucketing import GradientBuckets
 from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
@@ -119,6 +119,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             worker_index=resolver.worker_index,
         )
         self._resolver = resolver
+        owners.claim(resolver, self)  # a handler given only the resolver finds this strategy
         self._options = options
         self._sync_batch_norm = sync_batch_norm
         self._backend = self._pick_backend()

@@ -1,0 +1,42 @@
+"""borrowed_store: the store of a torch.distributed group initialised before the strategy (Ray Train's)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from phalanx.communication.borrowed_store import borrowed_prefix, borrowed_store
+
+
+@pytest.fixture
+def initialised():
+    """Initialises a world of one on the given store; destroys it after the test."""
+
+    def init(store):
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=30))
+
+    yield init
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_nothing_to_borrow_before_init_process_group():
+    assert borrowed_store() is None
+
+
+def test_a_tcpstore_group_lends_its_address(initialised):
+    server = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30))
+    initialised(server)
+    assert borrowed_store() == ("127.0.0.1", server.port)
+
+
+def test_a_group_on_a_filestore_is_refused_naming_the_fix(initialised, tmp_path):
+    initialised(dist.FileStore(str(tmp_path / "store"), 1))
+    with pytest.raises(ValueError, match=r"only when its store is a TCPStore.*Received: .*FileStore.*env://"):
+        borrowed_store()
+
+
+def test_each_borrowed_group_gets_fresh_keys():
+    assert borrowed_prefix() != borrowed_prefix()
