@@ -31,7 +31,8 @@ def fit(strategy, backup_dir=None, kill_marker=None):
     callbacks = [] if backup_dir is None else [phalanx.callbacks.BackupAndRestore(backup_dir)]
     if kill_marker is not None:
         resolver = strategy.cluster_resolver
-        callbacks.append(KillOnce(kill_marker, resolver.task_id == resolver.cluster_spec().num_tasks("worker") - 1))
+        last = resolver.task_id == resolver.cluster_spec().num_tasks("worker") - 1
+        callbacks.append(KillOnce(kill_marker, last))
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=callbacks)
     return model
 
@@ -79,7 +80,9 @@ def main(work):
                 train_loop_config=config,
                 scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
                 run_config=RunConfig(
-                    name=name, storage_path=os.path.join(work, "ray"), failure_config=FailureConfig(max_failures=failures)
+                    name=name,
+                    storage_path=os.path.join(work, "ray"),
+                    failure_config=FailureConfig(max_failures=failures),
                 ),
             )
             trainer.fit()

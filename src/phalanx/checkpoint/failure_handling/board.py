@@ -194,7 +194,7 @@ def _rendezvous(strategy: Any, generation: int) -> Rendezvous:
             membership.me.task,
             membership.num_tasks,
             _name_of(strategy),
-            f"phalanx-preemption/elastic/{generation}/",
+            f"{membership.settings.prefix}preemption/{generation}/",
             True,
         )
     host, _, port = strategy.cluster_resolver.chief_address().rpartition(":")

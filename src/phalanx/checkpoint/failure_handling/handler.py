@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from phalanx.cluster.resolvers import owners
 from phalanx.checkpoint._files import atomic_write_text, chief_path
 from phalanx.checkpoint._objects import load_into, state_of
 from phalanx.checkpoint.checkpoint import Checkpoint
@@ -22,6 +21,7 @@ from phalanx.checkpoint.failure_handling.elastic import ElasticSync, is_recovera
 from phalanx.checkpoint.failure_handling.policy import Decision
 from phalanx.checkpoint.failure_handling.termination import TerminationConfig
 from phalanx.checkpoint.manager import CheckpointManager, latest_checkpoint
+from phalanx.cluster.resolvers import owners
 from phalanx.strategies.default import get_strategy
 
 __all__ = ["STATE_FILE", "PreemptionCheckpointHandler"]
@@ -105,8 +105,8 @@ class PreemptionCheckpointHandler:
 
     Raises:
         ValueError: A `Checkpoint` without ``checkpoint_dir``; a cluster of several workers but
-            neither a MultiWorkerMirroredStrategy scope open nor one made with ``cluster_resolver``; SIGTERM watched from another thread than
-            the main one.
+            neither a MultiWorkerMirroredStrategy scope open nor one made with
+            ``cluster_resolver``; SIGTERM watched from another thread than the main one.
         TypeError: Neither a `Checkpoint` nor a `CheckpointManager`.
         NotImplementedError: ParameterServerStrategy (its workers do not step together).
     """

@@ -18,7 +18,13 @@ _HINT = (
 
 # torchrun's arguments as variables (torch.distributed.run reads PET_<ARG> as --<arg>'s default):
 # what Kubeflow Trainer's torch runtime sets on each node of a TrainJob
-TORCHRUN_ARGUMENTS = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+TORCHRUN_ARGUMENTS = (
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+)
 
 
 def refuse_torchrun_arguments(env: Mapping[str, str]) -> None:
