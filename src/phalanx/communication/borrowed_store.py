@@ -16,13 +16,21 @@ torch's TCPStore), with no cluster token unless every worker was given the same 
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["borrowed_prefix", "borrowed_store"]
+__all__ = ["borrowed_prefix", "borrowed_store", "claim_default_group"]
 
 _generations = itertools.count()  # one per borrowed group in this process, the same on every worker
+_own: weakref.WeakSet[Any] = weakref.WeakSet()  # default groups phalanx initialised: not borrowed
+
+
+def claim_default_group() -> None:
+    """Records that phalanx initialised the current default group (`WorkerGroup`, right after its
+    ``init_process_group``): code that looks for a borrowed store then finds none."""
+    _own.add(dist.group.WORLD)
 
 
 def borrowed_prefix() -> str:
@@ -34,14 +42,14 @@ def borrowed_prefix() -> str:
 
 def borrowed_store() -> tuple[str, int] | None:
     """``(host, port)`` of the initialised default group's TCPStore, or None when torch.distributed
-    is not initialised (every worker, before it opens a rendezvous: a group's, the preemption
+    is not initialised, or phalanx initialised it (every worker, before it opens a rendezvous: a group's, the preemption
     board's).
 
     Raises:
         ValueError: The initialised group's store is not a TCPStore (a FileStore, say), which
             other processes cannot reach by address.
     """
-    if not (dist.is_available() and dist.is_initialized()):
+    if not (dist.is_available() and dist.is_initialized()) or dist.group.WORLD in _own:
         return None
     store: Any = dist.distributed_c10d._get_default_store()
     while isinstance(store, dist.PrefixStore):

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from phalanx.communication.borrowed_store import borrowed_prefix, borrowed_store
+from phalanx.communication.borrowed_store import borrowed_prefix, borrowed_store, claim_default_group
 from phalanx.communication.collective_check import CollectiveCheck, check_enabled
 from phalanx.communication.collective_watch import CollectiveWatch
 from phalanx.communication.gloo_transport import GlooTransport
@@ -244,6 +244,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
                 timeout=timeout,
                 pg_options=self if ours == BACKEND else None,
             )
+            claim_default_group()  # ours: the preemption board must not take it for a borrowed one
             return dist.group.WORLD, "world"
         if (dist.get_rank(), dist.get_world_size()) != (self.rank, self.world_size):
             raise ValueError(

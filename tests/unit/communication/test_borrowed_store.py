@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from phalanx.communication.borrowed_store import borrowed_prefix, borrowed_store
+from phalanx.communication.borrowed_store import borrowed_prefix, borrowed_store, claim_default_group
 
 
 @pytest.fixture
@@ -40,3 +40,9 @@ def test_a_group_on_a_filestore_is_refused_naming_the_fix(initialised, tmp_path)
 
 def test_each_borrowed_group_gets_fresh_keys():
     assert borrowed_prefix() != borrowed_prefix()
+
+
+def test_a_group_phalanx_initialised_is_not_borrowed(initialised):
+    initialised(dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30)))
+    claim_default_group()  # as WorkerGroup does after its init_process_group
+    assert borrowed_store() is None
