@@ -37,7 +37,7 @@ y = x @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.5 + 0.05 * torch.randn(128, 1,
 def build() -> phalanx.Model:
     torch.manual_seed(1)
     model = phalanx.Model(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)))
-    model.compile(optimizer=phalanx.optimizers.SGD(learning_rate=0.1), loss="mse")
+    model.compile(optimizer="sgd", loss="mse")
     return model
 
 

@@ -234,6 +234,13 @@ class LocalCluster:
             self._tasks[name] = _Task(name, argv, env, self._output)
         return self
 
+    def start_task(self, name: str, argv: Sequence[Any], env: Mapping[str, str]) -> LocalCluster:
+        """Start one task as a cluster manager would (Kubeflow's operators, torchrun): ``argv``
+        with exactly the variables ``env`` on top of the cluster's (no ``TF_CONFIG`` of its own).
+        Wait for such tasks by name: ``wait(timeout, names=[...])``."""
+        self._tasks[name] = _Task(name, [str(a) for a in argv], {**self.env, **env}, self._output)
+        return self
+
     def pid(self, name: str) -> int:
         return self._tasks[name].proc.pid
 
