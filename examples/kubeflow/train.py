@@ -58,5 +58,5 @@ loss = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
 if strategy.is_chief:
     torch.save(model.module.state_dict(), os.path.join(args.out_dir, "weights.pt"))
     with open(os.path.join(args.out_dir, "result.json"), "w") as f:
-        json.dump({"loss": loss, "workers": strategy.num_workers_in_sync, "resolver": type(resolver).__name__}, f)
+        json.dump({"loss": loss, "workers": strategy.num_workers_in_sync}, f)
 print(f"{resolver.task_type}:{resolver.task_id} done, loss {loss:.6f}", flush=True)

@@ -42,8 +42,8 @@ def borrowed_prefix() -> str:
 
 def borrowed_store() -> tuple[str, int] | None:
     """``(host, port)`` of the initialised default group's TCPStore, or None when torch.distributed
-    is not initialised, or phalanx initialised it (every worker, before it opens a rendezvous: a group's, the preemption
-    board's).
+    is not initialised, or phalanx initialised it (every worker, before it opens a rendezvous: a
+    group's, the preemption board's).
 
     Raises:
         ValueError: The initialised group's store is not a TCPStore (a FileStore, say), which

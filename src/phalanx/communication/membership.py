@@ -8,10 +8,10 @@ A **membership epoch** is one process group: its members, in rank order (the mem
 by task, then the joiners, by task: rank 0, the chief, is the lowest live task that was a
 member already, never a task that just joined), are written once, under
 ``phalanx/elastic/e/<epoch>/members``, and its `WorkerGroup` uses the key prefix
-``phalanx/elastic/g<epoch>/`` (under torchrun's agent store, ``phalanx/elastic/r<restart>/``
-in place of ``phalanx/elastic/``: `ElasticSettings.prefix`) (fresh gloo, stall-inspector and heartbeat keys). Each member
-is a ``task:incarnation`` pair: a restarted task is a new incarnation, which joins as a new
-member.
+``phalanx/elastic/g<epoch>/`` (fresh gloo, stall-inspector and heartbeat keys; on torchrun's
+agent store ``phalanx/elastic/r<restart>/`` stands for ``phalanx/elastic/``, see
+`ElasticSettings.prefix`). Each member is a ``task:incarnation`` pair: a restarted task is a
+new incarnation, which joins as a new member.
 
 * **Beacons.** Every worker adds to ``alive/<task>`` every `BEACON_SECONDS` on a thread of
   its own (``incarnation:count``); the launcher writes ``dead`` there when the process exits.
