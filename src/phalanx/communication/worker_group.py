@@ -127,8 +127,8 @@ class WorkerGroup(GroupFailures, GroupCollectives):
 
     Raises:
         PeerUnavailableError: A task did not join within ``join_timeout`` (it is named).
-        ValueError: The address cannot be served, or an existing process group has another
-            rank or size.
+        ValueError: The address cannot be served, an existing process group has another rank or
+            size or is not on a TCPStore, or an elastic job finds one initialised already.
     """
 
     def __init__(
@@ -159,9 +159,19 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; restarts reuse it.
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         prefix = f"phalanx/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') if agent_store else '0'}/"
+        borrowed = borrowed_store()
+        if elastic is not None and borrowed is not None:
+            raise ValueError(
+                "An elastic job (PHALANX_MIN_WORKERS) re-forms its process group, which it cannot do with "
+                "a torch.distributed group that something else initialised (Ray Train, your own "
+                "init_process_group). Received: an initialised group of rank "
+                f"{dist.get_rank()} of {dist.get_world_size()}. HINT: let the harness restart the job "
+                "instead (Ray's FailureConfig, torchrun --max-restarts) with BackupAndRestore, or unset "
+                "PHALANX_MIN_WORKERS (docs/clusters.md)."
+            )
         if elastic is not None:  # a store that outlives every worker, fresh keys per membership epoch
             agent_store, prefix = True, elastic.prefix
-        elif (borrowed := borrowed_store()) is not None:  # Ray Train's (or the user's) group and store
+        elif borrowed is not None:  # Ray Train's (or the user's) group and store
             (host, port), agent_store, prefix = borrowed, True, borrowed_prefix()
             self._host, self._port = strip_brackets(host), port
         rendezvous = Rendezvous(self._host, port, rank, world_size, task_name, prefix, agent_store)

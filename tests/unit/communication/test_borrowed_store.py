@@ -8,6 +8,7 @@ import pytest
 import torch.distributed as dist
 
 from phalanx.communication.borrowed_store import borrowed_prefix, borrowed_store, claim_default_group
+from phalanx.communication.worker_group import ElasticGroup, WorkerGroup
 
 
 @pytest.fixture
@@ -46,3 +47,10 @@ def test_a_group_phalanx_initialised_is_not_borrowed(initialised):
     initialised(dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30)))
     claim_default_group()  # as WorkerGroup does after its init_process_group
     assert borrowed_store() is None
+
+
+def test_an_elastic_group_cannot_borrow_a_group_it_could_not_re_form(initialised):
+    initialised(dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30)))
+    elastic = ElasticGroup("phalanx/elastic/g1/", lambda: None)
+    with pytest.raises(ValueError, match=r"elastic job .* cannot do with\s+a torch.distributed group.*Ray's"):
+        WorkerGroup("127.0.0.1", 1, 0, 1, "gloo", lambda r: f"worker:{r}", elastic=elastic)
