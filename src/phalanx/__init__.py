@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         NcclAllReduce,
         ReductionToOneDevice,
     )
-    from phalanx.communication.communication_options import (
+    from phalanx.communication.local.options import (
         CommunicationImplementation,
         CommunicationOptions,
     )
@@ -103,7 +103,7 @@ _NAMES: dict[str, tuple[str, str | None]] = {
         for name in ("CrossDeviceOps", "HierarchicalCopyAllReduce", "NcclAllReduce", "ReductionToOneDevice")
     },
     **{
-        name: ("phalanx.communication.communication_options", name)
+        name: ("phalanx.communication.local.options", name)
         for name in ("CommunicationImplementation", "CommunicationOptions")
     },
     **{

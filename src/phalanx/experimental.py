@@ -24,7 +24,7 @@ from phalanx.checkpoint.failure_handling import (
     PreemptionWatcher,
     TerminationConfig,
 )
-from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
+from phalanx.communication.local.options import CommunicationImplementation, CommunicationOptions
 from phalanx.strategies import CentralStorageStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy
 from phalanx.strategies.fully_sharded import FullyShardedStrategy
 from phalanx.strategies.strategy import ValueContext

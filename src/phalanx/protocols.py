@@ -26,7 +26,7 @@ class StepSync(Protocol):
 
     `phalanx._hooks` calls these methods from torch's global optimizer-step hooks whenever an
     optimizer steps inside ``strategy.run``. Implementations: in-process replicas meet and sum
-    gradients (`phalanx.strategies._gradients.GradientSync`); MultiWorkerMirrored's bucket
+    gradients (`phalanx.strategies.replicas.gradients.GradientSync`); MultiWorkerMirrored's bucket
     sync waits for the buckets all-reduced during backward; the parameter-server coordinator
     refuses steps; a parameter-server worker pushes its gradients to the ps tasks.
     """
@@ -49,7 +49,7 @@ class StepSync(Protocol):
 
 class VariableHome(Protocol):
     """Where a strategy's distributed variables live and how they are read and written
-    (`phalanx.strategies._variable_policy.VariablePolicy`; CentralStorage has its own)."""
+    (`phalanx.strategies.replicas.variable_policy.VariablePolicy`; CentralStorage has its own)."""
 
     @property
     def has_variables(self) -> bool:
@@ -129,7 +129,7 @@ class DistributionStrategy(Protocol):
 
     @property
     def rendezvous(self) -> Any:
-        """Where this worker's replicas meet (`phalanx.strategies._replica_rendezvous.ReplicaRendezvous`)."""
+        """Where this worker's replicas meet (`phalanx.strategies.replicas.rendezvous.ReplicaRendezvous`)."""
 
     @property
     def cross_device_ops(self) -> Any:

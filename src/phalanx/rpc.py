@@ -25,7 +25,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from phalanx.cluster._token import cluster_token
-from phalanx.ps.rpc_errors import RemoteError, TaskUnavailableError
+from phalanx.ps.rpc.errors import RemoteError, TaskUnavailableError
 from phalanx.ps.transport import RpcClient, RpcServer
 
 __all__ = ["Client", "Server", "StatusOrResult"]

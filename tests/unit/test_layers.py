@@ -44,7 +44,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "phalanx.input.input_options",
             "phalanx.input.splitting",
             "phalanx.ps.channel_security",  # mutual TLS from the cluster token, for gRPC and the TLS ring
-            "phalanx.strategies._distributed_files",  # where each worker writes (TF's distributed_file_utils)
+            # where each worker writes (TF's distributed_file_utils)
+            "phalanx.strategies.workers.distributed_files",
         ),
     ),
     (

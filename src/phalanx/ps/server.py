@@ -7,7 +7,7 @@
         server.join()  # serves until the task is stopped
 
 A ps task serves its variables and the optimizers that update them (a
-`phalanx.ps.store.VariableStore`); a worker task runs the functions the coordinator schedules
+`phalanx.ps.variable_store.store.VariableStore`); a worker task runs the functions the coordinator schedules
 (a `phalanx.ps.worker.environment.WorkerEnvironment`). Both listen on their address in the
 cluster spec and accept only peers that prove, in a mutual TLS handshake, that they hold
 ``PHALANX_CLUSTER_TOKEN`` (`phalanx.ps.channel_security`; docs/security.md).
@@ -23,9 +23,9 @@ from phalanx.cluster._token import cluster_token
 from phalanx.cluster.cluster_def import ServerDef
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.ps.coordinator.fencing import Fences, TaggedRpcClient
-from phalanx.ps.rpc_common import DATA_PATH_METHODS
-from phalanx.ps.rpc_server import RpcServer
-from phalanx.ps.store import VariableStore
+from phalanx.ps.rpc.common import DATA_PATH_METHODS
+from phalanx.ps.rpc.service import RpcServer
+from phalanx.ps.variable_store.store import VariableStore
 from phalanx.ps.variables import PSClient
 from phalanx.ps.worker.environment import WorkerEnvironment
 from phalanx.ps.worker.running import RunningClosure

@@ -18,11 +18,11 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
-from phalanx.communication.communication_options import CommunicationOptions
+from phalanx.communication.local.options import CommunicationOptions
 from phalanx.state_views import sharded_state_dicts, sharded_views_open
-from phalanx.strategies._meta_init import MetaInit, post_order
-from phalanx.strategies._sharding_plan import ShardingPlan
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+from phalanx.strategies.sharding.meta_init import MetaInit, post_order
+from phalanx.strategies.sharding.plan import ShardingPlan
 from phalanx.strategies.step_sync import StepSync
 from phalanx.variables import DistributedVariable
 

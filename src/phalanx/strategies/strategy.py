@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from phalanx import _hooks, context
-from phalanx.communication.cross_device_ops import (
+from phalanx.communication.local.cross_device_ops import (
     CrossDeviceOps,
     destination_devices,
     select_cross_device_ops,
@@ -28,15 +28,15 @@ from phalanx.mixed_precision.loss_scale import adopt_torch_grad_scalers
 from phalanx.nn import _registration
 from phalanx.nn._module_tensors import ReplicaWriteGuard
 from phalanx.strategies._batches import BatchLedger
-from phalanx.strategies._gradients import GradientSync
 from phalanx.strategies._input_members import StrategyInput, ValueContext
-from phalanx.strategies._reduction import CrossReplicaReduction
-from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
-from phalanx.strategies._replica_threads import ReplicaThreads, thread_modes
 from phalanx.strategies._run_checks import check_gpus_exist, check_run_call, device_scope
 from phalanx.strategies._tf_members import TFStrategyMembers
-from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.strategies.replica_context import ReplicaContext
+from phalanx.strategies.replicas.gradients import GradientSync
+from phalanx.strategies.replicas.reduction import CrossReplicaReduction
+from phalanx.strategies.replicas.rendezvous import ReplicaRendezvous
+from phalanx.strategies.replicas.threads import ReplicaThreads, thread_modes
+from phalanx.strategies.replicas.variable_policy import VariablePolicy
 from phalanx.strategies.run_options import RunOptions, check_run_options
 from phalanx.strategies.step_sync import StepSync
 from phalanx.values import ReduceOp, local_results, regroup, select_replica
@@ -44,7 +44,7 @@ from phalanx.variables import DistributedVariable
 
 if TYPE_CHECKING:
     from phalanx.cluster import ClusterResolver
-    from phalanx.communication.communication_options import CommunicationOptions
+    from phalanx.communication.local.options import CommunicationOptions
 
 __all__ = ["Strategy", "ValueContext"]
 

@@ -7,8 +7,12 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from phalanx.communication.borrowed_store import borrowed_prefix, borrowed_store, claim_default_group
-from phalanx.communication.worker_group import ElasticGroup, WorkerGroup
+from phalanx.communication.group.worker_group import ElasticGroup, WorkerGroup
+from phalanx.communication.membership.borrowed_store import (
+    borrowed_prefix,
+    borrowed_store,
+    claim_default_group,
+)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import threading
 
 import torch.distributed as dist
 
-from phalanx.communication.group_transports import _group_nonce, open_transports
+from phalanx.communication.group.transports import _group_nonce, open_transports
 
 
 def test_every_worker_of_a_group_gets_rank_0s_nonce_and_the_next_group_another():

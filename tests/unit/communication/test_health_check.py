@@ -8,7 +8,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from phalanx.communication.worker_group import HealthCheck, seconds_from_env
+from phalanx.communication.group.worker_group import HealthCheck, seconds_from_env
 
 
 class Clock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phalanx.communication._rounds import Round, Rounds
+from phalanx.communication.engine.rounds import Round, Rounds
 
 
 class Stage:

@@ -29,7 +29,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from phalanx.communication.worker_group import HEARTBEAT_TIMEOUT_ENV, seconds_from_env
+from phalanx.communication.group.worker_group import HEARTBEAT_TIMEOUT_ENV, seconds_from_env
 
 __all__ = [
     "CLOSURE_TIMEOUT_ENV",
