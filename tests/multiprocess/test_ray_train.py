@@ -1,9 +1,11 @@
 """A MultiWorkerMirrored program inside Ray Train's TorchTrainer: it borrows Ray's group and
 store, ends at one device's weights, and a worker SIGKILLed mid-run resumes through
-BackupAndRestore after Ray's restart (``FailureConfig(max_failures=1)``).
+BackupAndRestore after Ray's restart (``FailureConfig(max_failures=1)``). A parameter-server job
+runs as Ray actors, one per task, each with a TF_CONFIG built from the actors' addresses.
 
 One Ray cluster for the module (Ray takes tens of seconds to start): the script runs the
-reference, the uninterrupted run and the killed run on it, and the tests read what it wrote.
+reference, the uninterrupted run, the killed run and the parameter-server job on it, and the
+tests read what it wrote.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from support.cluster import run_python
 
 pytest.importorskip("ray.train.torch", reason="Ray Train is not installed (pip install 'ray[train]')")
 
-pytestmark = pytest.mark.multiprocess
+# Ray's start, three runs and a restart: minutes on a loaded machine (the fixture runs in the first test)
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(1200)]
 
 SCRIPT = Path(__file__).parent / "scripts" / "ray_train_fit.py"
 
@@ -26,7 +29,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "ray_train_fit.py"
 def ray_runs(tmp_path_factory):
     """The script's output and the directory where it left one_device.pt, ray.pt, ray_killed.pt."""
     work = tmp_path_factory.mktemp("ray")
-    done = run_python(SCRIPT, work, timeout=540, env={"RAY_USAGE_STATS_ENABLED": "0"})
+    done = run_python(SCRIPT, work, timeout=1140, env={"RAY_USAGE_STATS_ENABLED": "0"})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
     return done.stdout + done.stderr, work
 
@@ -52,3 +55,12 @@ def test_a_worker_killed_in_torch_trainer_resumes_after_rays_restart(ray_runs):
     assert "exited" in output  # the survivor's collective named its lost peer; Ray restarted both
     assert "ray_killed: done" in output
     _assert_same_weights(work / "ray_killed.pt", work / "one_device.pt")
+
+
+def test_a_parameter_server_job_runs_as_ray_actors_with_tf_config(ray_runs):
+    output, work = ray_runs
+    assert "ps: done" in output
+    chief = (work / "ps_chief.txt").read_text()
+    assert "Epoch 2:" in chief
+    accuracy = float(chief.split("final accuracy on all digits: ")[1].split()[0])
+    assert accuracy > 0.6  # it trained (2 epochs of 40 steps); the launcher's test checks more

@@ -1,16 +1,26 @@
-"""A MultiWorkerMirrored fit inside Ray Train's TorchTrainer (2 CPU workers), run unchanged.
+"""A MultiWorkerMirrored fit inside Ray Train's TorchTrainer (2 CPU workers), run unchanged, and
+a parameter-server job on Ray actors.
 
 usage: ray_train_fit.py WORK_DIR
 
 The driver trains the same model on one device (the reference), then under Ray twice on one
 local Ray cluster: uninterrupted, and with worker 1 SIGKILLed mid-epoch once under
 ``FailureConfig(max_failures=1)`` (Ray restarts the group; BackupAndRestore resumes it).
-Each writes its weights to WORK_DIR: one_device.pt, ray.pt, ray_killed.pt.
+Each writes its weights to WORK_DIR: one_device.pt, ray.pt, ray_killed.pt. Last, on the same
+Ray cluster, examples/parameter_server_training.py runs as one Ray actor per task (chief, 2
+workers, 1 ps), each given a TF_CONFIG built from the actors' addresses; the chief's output
+goes to WORK_DIR/ps_chief.txt.
 """
 
+import contextlib
+import io
+import json
 import os
+import runpy
 import signal
+import socket
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -62,6 +72,53 @@ def train_func(config):
         torch.save(model.module.state_dict(), config["out"])
 
 
+PS_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "parameter_server_training.py"
+
+
+class PhalanxTask:
+    """One task of a phalanx cluster in a Ray actor: its address, then the program under its TF_CONFIG."""
+
+    def address(self):
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as probe:  # a free port of this node, for this task's server
+            probe.bind((host, 0))
+            return f"{host}:{probe.getsockname()[1]}"
+
+    def run(self, tf_config, argv):
+        os.environ["TF_CONFIG"] = json.dumps(tf_config)
+        sys.argv = [str(PS_EXAMPLE), *argv]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(PS_EXAMPLE), run_name="__main__")  # ps and workers serve until killed
+        return out.getvalue()
+
+
+def parameter_server_on_actors(work):
+    """The parameter-server example as Ray actors, one per task (the chief's output to ps_chief.txt)."""
+    import ray
+
+    actor = ray.remote(num_cpus=0.5)(PhalanxTask)
+    roles = [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]
+    tasks = [actor.remote() for _ in roles]
+    addresses = ray.get([t.address.remote() for t in tasks])
+    cluster = {}
+    for (job, _), address in zip(roles, addresses, strict=True):
+        cluster.setdefault(job, []).append(address)
+    runs = [
+        t.run.remote({"cluster": cluster, "task": {"type": job, "index": i}}, ["--epochs", "2"])
+        for t, (job, i) in zip(tasks, roles, strict=True)
+    ]
+    try:
+        output = ray.get(runs[0], timeout=240)  # the chief; the others serve it
+    finally:
+        for t in tasks:
+            ray.kill(t)
+    Path(work, "ps_chief.txt").write_text(output)
+    print("ps: done", flush=True)
+
+
 def main(work):
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -87,6 +144,7 @@ def main(work):
             )
             trainer.fit()
             print(f"{name}: done", flush=True)
+        parameter_server_on_actors(work)
     finally:
         ray.shutdown()
 
