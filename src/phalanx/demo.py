@@ -155,7 +155,7 @@ def parameter_server_task_main() -> int:
     import sys
 
     from phalanx.cluster.resolvers import TFConfigClusterResolver
-    from phalanx.ps.server import Server
+    from phalanx.server import Server
 
     resolver = TFConfigClusterResolver()
     if resolver.task_type in ("worker", "ps"):

@@ -15,13 +15,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from phalanx.cluster._certificates import task_certificate
 from phalanx.communication.group.work import PeerGoneError
 from phalanx.communication.transports.choice import collectives_mode, ring_if_needed
 from phalanx.communication.transports.tls import links as tls_links
 from phalanx.communication.transports.tls import ring as tls_ring
 from phalanx.communication.transports.tls.links import RingLinks
 from phalanx.communication.transports.tls.ring import TlsRing
+from phalanx.security.certificates import task_certificate
 
 TOKEN = "the-cluster-secret-0123456789abcdef"
 OTHER = "another-clusters-secret-0123456789"

@@ -24,7 +24,6 @@ import time
 import pytest
 import torch
 
-from phalanx.cluster._certificates import task_certificate
 from phalanx.communication.transports.tls.links import tls_contexts
 from phalanx.ps import wire
 from phalanx.ps.data_path.client import DataClient
@@ -32,6 +31,7 @@ from phalanx.ps.data_path.frames import FRAME, MAGIC, Kind, read_frame, read_mes
 from phalanx.ps.rpc.common import DATA_PATH_METHOD
 from phalanx.ps.rpc.errors import MessageTooLargeError, TaskUnavailableError
 from phalanx.ps.transport import RpcClient
+from phalanx.security.certificates import task_certificate
 from security.helpers import SCRIPTS
 from security.impostor import own_tls_identity
 from support.cluster import child_env

@@ -10,7 +10,7 @@ import torch
 
 import phalanx
 from phalanx import config, experimental
-from phalanx.input.numpy_dataset import make_numpy_dataset
+from phalanx.data.numpy_dataset import make_numpy_dataset
 
 
 def test_experimental_names_are_the_strategies_and_options():

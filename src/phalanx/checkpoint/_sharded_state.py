@@ -18,9 +18,10 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 from torch.distributed.tensor import DTensor
 
 from phalanx.checkpoint._objects import load_into, state_of
+from phalanx.checkpoint._sharded import SUFFIX
 from phalanx.state_views import sharded_state_dicts
 
-__all__ = ["FORMAT", "apply", "collect", "is_sharded", "sharded_state_dicts"]
+__all__ = ["FORMAT", "apply", "collect", "is_sharded", "sharded_state_dicts", "writes_sharded"]
 
 FORMAT = "phalanx.checkpoint.sharded/1"
 
@@ -83,3 +84,12 @@ def apply(objects: Mapping[str, Any], state: Mapping[str, Any], strategy: Any) -
                 set_optimizer_state_dict(_model_of(obj, modules, name), obj, state[name])
             else:
                 load_into(obj, state[name], name)
+
+
+def writes_sharded(model: Any, filepath: str) -> bool:
+    """Whether a save of ``model`` to ``filepath`` writes a sharded folder: the path ends in
+    ``.dcp``, or the model is sharded (FullyShardedStrategy: each worker writes its part, and
+    no worker gathers the whole model)."""
+    module = getattr(model, "module", None)  # a callback may be given any model-like object
+    sharded = isinstance(module, nn.Module) and is_sharded({"model": module})
+    return str(filepath).endswith(SUFFIX) or sharded

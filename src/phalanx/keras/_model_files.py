@@ -25,7 +25,6 @@ __all__ = [
     "save_model",
     "save_weights",
     "summary_lines",
-    "writes_sharded",
 ]
 
 FORMAT = "phalanx.model/1"
@@ -53,19 +52,10 @@ def _description(model: Any) -> dict[str, Any]:
     }
 
 
-def writes_sharded(model: Any, filepath: str) -> bool:
-    """Whether a save of ``model`` to ``filepath`` writes a sharded folder: the path ends in
-    ``.dcp``, or the model is sharded (FullyShardedStrategy: each worker writes its part, and
-    no worker gathers the whole model)."""
-    module = getattr(model, "module", None)  # a callback may be given any model-like object
-    sharded = isinstance(module, nn.Module) and _sharded_state.is_sharded({"model": module})
-    return str(filepath).endswith(_sharded.SUFFIX) or sharded
-
-
 def save_model(model: Any, filepath: str) -> None:
     """Writes `model` to ``filepath`` atomically (all workers call it; the chief's file is
-    kept), or as a sharded folder (see `writes_sharded`)."""
-    if writes_sharded(model, filepath):
+    kept), or as a sharded folder (see `phalanx.checkpoint._sharded_state.writes_sharded`)."""
+    if _sharded_state.writes_sharded(model, filepath):
         description = io.BytesIO()
         torch.save(_description(model), description)  # read back with weights_only=True
         objects = {"model": model.module}
@@ -107,8 +97,8 @@ def read_description(filepath: str) -> dict[str, Any]:
 
 def save_weights(model: Any, filepath: str) -> None:
     """Writes the wrapped module's state dict (plain tensors) atomically, or as a sharded
-    folder (see `writes_sharded`)."""
-    if writes_sharded(model, filepath):
+    folder (see `phalanx.checkpoint._sharded_state.writes_sharded`)."""
+    if _sharded_state.writes_sharded(model, filepath):
         state = _sharded_state.collect({"model": model.module}, model.strategy)
         state["format"], state["save_counter"] = _sharded_state.FORMAT, 0
         _sharded.save(state, filepath)

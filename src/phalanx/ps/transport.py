@@ -9,7 +9,7 @@ bytes), sent as ``/phalanx.Task/<method>``. Both ends authenticate each other be
 of a request or reply is exchanged: mutual TLS against the cluster CA (derived from
 ``PHALANX_CLUSTER_TOKEN``, or the user's certificate files), or, with the plaintext opt-out
 ``PHALANX_INSECURE_TRANSPORT=1``, the token in metadata checked by a server interceptor
-before the body is read (`phalanx.ps.channel_security`). Every message is bounded by
+before the body is read (`phalanx.security.channels`). Every message is bounded by
 ``PHALANX_MAX_MESSAGE_BYTES``. Errors come back named (`phalanx.ps.rpc.errors`): a handler's
 exception as `RemoteError`, an unreachable or silent task as `TaskUnavailableError`, refused
 credentials as `AuthenticationError`, a peer that did not prove it holds the credentials as

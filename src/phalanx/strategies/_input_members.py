@@ -50,8 +50,8 @@ class StrategyInput:
 
     def make_experimental_numpy_dataset(self, numpy_input: Any) -> Any:
         """A dataset of the rows of ``numpy_input`` (tf.distribute.Strategy's method of that
-        name); see `phalanx.input.numpy_dataset.make_numpy_dataset`, which it calls."""
-        from phalanx.input.numpy_dataset import make_numpy_dataset
+        name); see `phalanx.data.numpy_dataset.make_numpy_dataset`, which it calls."""
+        from phalanx.data.numpy_dataset import make_numpy_dataset
 
         return make_numpy_dataset(numpy_input)
 

@@ -26,6 +26,8 @@ from phalanx.communication.membership.membership import ElasticSettings, Members
 from phalanx.communication.transports.gloo.sockets import GroupSockets
 from phalanx.communication.transports.gloo.transport import DataFlag
 from phalanx.protocols import StepSync
+from phalanx.status.counters import COUNTERS
+from phalanx.status.taking_part import join_status
 from phalanx.strategies.run_options import RunOptions
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 from phalanx.strategies.workers import elastic_groups as _elastic_groups
@@ -133,11 +135,31 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._bucket_sync: BucketSync | None = None
         self._membership: Membership | None = None
         self._group_sockets: GroupSockets | None = None  # an elastic group's connections
+        self._status = join_status(self._status_name(), resolver.is_chief, self._membership_epoch)
         if self._num_workers > 1:
-            self._group = self._join(join_timeout, heartbeat_timeout)
+            self._group = self._joined(join_timeout, heartbeat_timeout)
             if self._num_local_replicas == 1:
                 self._buckets = group_buckets(self, self._group)
                 self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
+        if self._status is not None:
+            self._status.running()
+
+    def _joined(self, join_timeout: float | None, heartbeat_timeout: float | None) -> WorkerGroup:
+        """`_join`, its error kept for the status page."""
+        try:
+            return self._join(join_timeout, heartbeat_timeout)
+        except Exception as exc:
+            if self._status is not None:
+                self._status.failed(exc)
+            raise
+
+    def _status_name(self) -> str:
+        """``"worker:1"``: this task as the status page names it."""
+        job, index = self._resolver.task_type, self._resolver.task_id
+        return f"{job}:{index}" if job is not None and index is not None else f"worker:{self._worker_index}"
+
+    def _membership_epoch(self) -> int | None:
+        return self._membership.epoch if self._membership is not None else None
 
     @property
     def step_sync(self) -> StepSync:
@@ -278,11 +300,13 @@ class MultiWorkerMirroredStrategy(Strategy):
         A file path (``model.pt``) is answered as ``write_filepath`` would.
         """
         from phalanx.strategies.workers import distributed_files as _distributed_files
+
         return _distributed_files.write_dirpath(dirpath, self)
 
     def remove_temp_dirpath(self, dirpath: str) -> None:
         """Removes this worker's ``workertemp_<task_id>`` folder under ``dirpath`` (non-chief)."""
         from phalanx.strategies.workers import distributed_files as _distributed_files
+
         _distributed_files.remove_temp_dirpath(dirpath, self)
 
     # ---------------------------------------------------------------- variables
@@ -369,7 +393,13 @@ class MultiWorkerMirroredStrategy(Strategy):
             )
         self._running = True
         try:
-            return super().run(fn, args, kwargs, options)
+            result = super().run(fn, args, kwargs, options)
+        except Exception as exc:
+            COUNTERS.failed(exc)  # the status page's last error
+            raise
+        else:
+            COUNTERS.stepped()
+            return result
         finally:
             self._running = False
             if self._buckets is not None:
@@ -470,6 +500,8 @@ class MultiWorkerMirroredStrategy(Strategy):
         if self._closed:
             return
         self._closed = True
+        if self._status is not None:
+            self._status.close()
         try:
             if self._buckets is not None:
                 self._buckets.close()

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from phalanx import _hooks, context
+from phalanx import _hooks, context, settings
 from phalanx.communication.local.cross_device_ops import (
     CrossDeviceOps,
     destination_devices,
@@ -260,7 +259,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
         _hooks.install()
         if self._num_local_replicas > 1 or hasattr(self.step_sync, "before_unscale"):
             adopt_torch_grad_scalers()  # per-replica state; sharded parameters before unscale_
-        if os.environ.get("PHALANX_TIMELINE"):  # opt-in tracing starts with the first scope
+        if settings.current().timeline:  # opt-in tracing starts with the first scope
             from phalanx import timeline
 
             timeline.start()

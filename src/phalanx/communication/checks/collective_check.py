@@ -23,7 +23,6 @@ inspector still names stalls within its bound).
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import zlib
@@ -34,6 +33,7 @@ from typing import Any
 
 import torch
 
+from phalanx import settings
 from phalanx.communication.checks.call_sites import call_site
 from phalanx.communication.checks.signatures import Signature, WorkerState, dtype_name, shapes_of
 from phalanx.communication.checks.stall_inspector import CollectiveMismatchError
@@ -59,10 +59,7 @@ def check_enabled() -> bool:
     Raises:
         ValueError: Another value (a typo must not silently drop the check).
     """
-    text = os.environ.get(CHECK_ENV, "1").strip().lower()
-    if text not in ("1", "true", "on", "yes", "0", "false", "off", "no"):
-        raise ValueError(f"{CHECK_ENV} must be 1 or 0. Received: {CHECK_ENV}={text!r}.")
-    return text in ("1", "true", "on", "yes")
+    return settings.current().collective_check
 
 
 def code_of(seq: int, kind: str, tensor: torch.Tensor) -> int:

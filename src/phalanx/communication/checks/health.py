@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from phalanx import settings
 
 __all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "HEARTBEAT_INTERVAL", "HealthCheck", "PeerUnavailableError"]
 
@@ -190,13 +191,4 @@ def seconds_from_env(name: str, default: float) -> float:
     Raises:
         ValueError: The variable is set but is not a positive number.
     """
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds. Received: {name}={text!r}.")
-    return value
+    return settings.current().seconds(name, default)

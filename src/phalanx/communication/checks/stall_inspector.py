@@ -27,11 +27,11 @@ a mismatch: a slow or dead peer is the health check's business.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from phalanx import settings
 from phalanx.communication.checks.health import PeerUnavailableError, seconds_from_env
 from phalanx.communication.checks.signatures import CollectiveTracker, Signature, WorkerState
 
@@ -105,17 +105,9 @@ class StallSettings:
                 f"The stall warning must come before the stall error. Received: warning {warn:g}s, "
                 f"timeout {stall:g}s. HINT: set {STALL_WARNING_ENV} below {STALL_TIMEOUT_ENV}."
             )
-        switch = os.environ.get(INSPECTOR_ENV, "1").strip().lower()
-        if switch not in ("1", "true", "on", "yes", "0", "false", "off", "no"):
-            raise ValueError(f"{INSPECTOR_ENV} must be 1 or 0. Received: {INSPECTOR_ENV}={switch!r}.")
-        level = os.environ.get(DEBUG_ENV, "OFF").strip().upper() or "OFF"
-        if level not in ("OFF", "INFO", "DETAIL"):
-            raise ValueError(
-                f"{DEBUG_ENV} must be OFF, INFO or DETAIL. Received: {DEBUG_ENV}={level!r}. HINT: "
-                "DETAIL checks the kind, shapes and dtypes of every collective across workers."
-            )
-        enabled = switch in ("1", "true", "on", "yes")
-        return StallSettings(enabled, stall, warn, enabled and level == "DETAIL")
+        knobs = settings.current()
+        enabled = knobs.stall_inspector
+        return StallSettings(enabled, stall, warn, enabled and knobs.distributed_debug == "DETAIL")
 
 
 def _joins(state: WorkerState, reference: Signature) -> bool:

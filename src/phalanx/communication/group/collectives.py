@@ -19,9 +19,8 @@ import torch.distributed as dist
 
 from phalanx.communication.checks.collective_check import CollectiveCheck, Signed
 from phalanx.communication.checks.collective_watch import CollectiveWatch
+from phalanx.communication.transports.base import Transport
 from phalanx.communication.transports.gloo.transport import DataFlag, GlooTransport, announced_tail
-from phalanx.communication.transports.shm.shared_memory import SharedMemoryAllReduce
-from phalanx.communication.transports.tls.ring import TlsRing
 
 __all__ = ["GroupCollectives"]
 
@@ -49,9 +48,8 @@ class GroupCollectives(abc.ABC):
 
     rank: int
     world_size: int
-    _shm: SharedMemoryAllReduce | None
-    _ring: TlsRing | None
-    _gloo: GlooTransport
+    _transport: Transport | None  # the registered transport that opened for the group
+    _gloo: GlooTransport  # where none did
     _watch: CollectiveWatch
     _check: CollectiveCheck
 
@@ -75,7 +73,7 @@ class GroupCollectives(abc.ABC):
         """
         self._check_usable("all_reduce")
         signature, signed = self._sign(_all_reduce_kind(op), tensor, "all_reduce")
-        transport = self._shm or self._ring or self._gloo
+        transport = self._transport or self._gloo
         return self._watch.attach(transport.all_reduce_async(tensor, op, signed), signature)
 
     def all_reduce(
@@ -96,41 +94,30 @@ class GroupCollectives(abc.ABC):
     def try_reduce_scatter_async(
         self, tensor: torch.Tensor, output: torch.Tensor, op: Any = dist.ReduceOp.SUM
     ) -> Any | None:
-        """Starts a reduce-scatter where the transport has one of its own (shared memory) and
+        """Starts a reduce-scatter where the transport has one of its own and
         returns its work: ``tensor`` holds one part per worker, laid end to end, each the size of
         ``output``, which receives this worker's part of the reduction. None where the transport
         has none (the caller all-reduces instead; nothing was issued). All workers.
         """
-        if (
-            self._shm is None
-            or not self._shm.handles(tensor, op)
-            or not output.is_contiguous()
-            or output.dtype != tensor.dtype
-            or tensor.numel() != self.world_size * output.numel()
-        ):
+        transport = self._transport
+        if transport is None or not transport.can_reduce_scatter(tensor, output, op):
             return None
         self._check_usable("reduce_scatter")
         signature, signed = self._sign(f"reduce_scatter({_op_name(op)})", tensor, "reduce_scatter")
-        return self._watch.attach(self._shm.reduce_scatter_async(tensor, output, op, signed), signature)
+        return self._watch.attach(transport.reduce_scatter_async(tensor, output, op, signed), signature)
 
     def try_all_gather_into_async(self, tensor: torch.Tensor, output: torch.Tensor) -> Any | None:
         """Starts gathering every worker's ``tensor`` straight into ``output`` (the workers'
-        tensors laid end to end, in rank order) where the transport can (shared memory) and
+        tensors laid end to end, in rank order) where the transport can and
         returns its work; None elsewhere (the caller uses `all_gather_async`; nothing was
         issued). All workers.
         """
-        if (
-            self._shm is None
-            or not output.is_contiguous()
-            or output.dtype != tensor.dtype
-            or output.numel() != self.world_size * tensor.numel()
-        ):
+        transport = self._transport
+        if transport is None or not transport.can_all_gather_into(tensor, output):
             return None
         self._check_usable("all_gather")
         signature, signed = self._sign("all_gather", tensor, "all_gather")
-        rows = list(output.view(self.world_size, -1))
-        work, _ = self._shm.all_gather_async(tensor.contiguous().view(-1), signed, out=rows)
-        return self._watch.attach(work, signature)
+        return self._watch.attach(transport.all_gather_into_async(tensor, output, signed), signature)
 
     @property
     def announced_tail(self) -> int:
@@ -138,7 +125,7 @@ class GroupCollectives(abc.ABC):
         may use (give it as ``tail``): the break mark, the next pass's announcement and the
         end-of-data flag (`phalanx.communication.transports.gloo.transport.announced_tail`) over gloo;
         elsewhere, where nothing is announced, the one element it has always left."""
-        if self._shm is not None or self._ring is not None:
+        if self._transport is not None:
             return 1
         return announced_tail(self.world_size)
 
@@ -152,7 +139,7 @@ class GroupCollectives(abc.ABC):
         (`phalanx.communication.transports.gloo.transport`); with ``tail`` of `announced_tail`, the last
         one announces the next pass too, which then needs no announcement. Elsewhere a no-op.
         Empty ``specs``: the next pass's all-reduces differ from this one's (all workers)."""
-        if self._shm is not None or self._ring is not None:
+        if self._transport is not None:
             return
         if not specs:
             self._gloo.forget_pre_announced()
@@ -173,7 +160,7 @@ class GroupCollectives(abc.ABC):
         gradient all-reduce, where that can carry it (gloo, announced passes): the flag's
         ``agreed`` says, after that pass, whether any worker has (None: ask with an
         all-reduce). None where nothing carries it. All workers, at the same point."""
-        if self._shm is not None or self._ring is not None or not self._gloo.announces:
+        if self._transport is not None or not self._gloo.announces:
             return None
         flag = DataFlag(has_data)
         self._gloo.carry(flag)
@@ -184,7 +171,7 @@ class GroupCollectives(abc.ABC):
         work; pass it to `wait` (all workers; same shape and dtype)."""
         self._check_usable("broadcast")
         signature, signed = self._sign(f"broadcast(from {src})", tensor, "broadcast")
-        transport = self._shm or self._ring or self._gloo  # all-reduces' order: a mismatch is met
+        transport = self._transport or self._gloo  # all-reduces' order: a mismatch is met
         return self._watch.attach(transport.broadcast_async(tensor, src, signed), signature)
 
     def broadcast(
@@ -200,7 +187,7 @@ class GroupCollectives(abc.ABC):
         the list, in rank order, it fills (all workers; same shape and dtype everywhere)."""
         self._check_usable("all_gather")
         signature, signed = self._sign("all_gather", tensor, "all_gather")
-        transport = self._shm or self._ring or self._gloo
+        transport = self._transport or self._gloo
         work, out = transport.all_gather_async(tensor, signed)
         return self._watch.attach(work, signature), out
 

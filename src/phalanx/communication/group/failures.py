@@ -23,7 +23,8 @@ from phalanx.communication.checks.collective_watch import CollectiveWatch
 from phalanx.communication.checks.health import HEARTBEAT_INTERVAL, HealthCheck, PeerUnavailableError
 from phalanx.communication.checks.stall_inspector import CollectiveMismatchError
 from phalanx.communication.group.work import PeerGoneError
-from phalanx.communication.transports.tls.ring import CollectivesDifferError
+from phalanx.communication.transports.base import CollectivesDifferError
+from phalanx.status.counters import COUNTERS
 
 __all__ = ["POLL_SECONDS", "GroupFailures"]
 
@@ -132,10 +133,12 @@ class GroupFailures(abc.ABC):
     def _watched_wait(self, work: Any, what: str, timeout: float | None, where_issued: bool) -> None:
         with timeline.span(what, "collective"):  # free unless PHALANX_TIMELINE is set
             self._watch.begin_wait(work, what, where_issued)
+            start = time.monotonic()
             try:
                 self._wait_for(work, what, self._collective_timeout if timeout is None else timeout)
             finally:
                 self._watch.end_wait()
+                COUNTERS.waited(time.monotonic() - start)  # the status page's wait fraction
 
     def _wait_for(self, work: Any, what: str, limit: float) -> None:
         deadline = time.monotonic() + limit

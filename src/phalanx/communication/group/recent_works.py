@@ -23,7 +23,7 @@ KEEP_WORKS_SECONDS = 2.0
 # holds at most the work it runs, and lets it go microseconds after it completes. Holding every
 # work for the full `KEEP_WORKS_SECONDS` kept ~2 s of a training loop's gradients alive (about
 # 0.5 GB for a 7.4 MB model over gloo) and made malloc return and fault in their pages again
-# every step (docs/performance.md, "Session 10").
+# every step (docs/performance.md, multi-worker).
 KEEP_WORKS_COUNT = 16
 
 

@@ -72,7 +72,7 @@ class SubgroupEngine(GroupCollectives):
         self.rank, self.world_size = rank, size
         self._usable, self._wait = usable, wait
         name: Callable[[int], str] = lambda r: names[r]  # noqa: E731
-        self._shm, self._ring = None, None
+        self._transport = None  # a subgroup's collectives go over its gloo
         self._watch = watch or CollectiveWatch(rank, size, name, StallSettings(enabled=False))
         self.check = CollectiveCheck(rank, size, name, checked)  # its own numbering
         self.check.attach_store(store)

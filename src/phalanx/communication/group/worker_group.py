@@ -65,7 +65,7 @@ from phalanx.communication.group.failures import POLL_SECONDS, GroupFailures
 from phalanx.communication.group.process_group import BACKEND, PhalanxProcessGroup, register_backend
 from phalanx.communication.group.recent_works import RecentWorks
 from phalanx.communication.group.subgroups import SubgroupEngine
-from phalanx.communication.group.transports import Transports, open_transports
+from phalanx.communication.group.transports import open_transport
 from phalanx.communication.membership.borrowed_store import (
     borrowed_prefix,
     borrowed_store,
@@ -206,10 +206,10 @@ class WorkerGroup(GroupFailures, GroupCollectives):
             gossip=self._watch.inspector if self._watch.enabled else None,
         )
         self._health.start()
-        transports = Transports()
+        transport = None
         if backend == "gloo":  # before the process group: a TLS job registers no plaintext gloo in it
             try:
-                transports = open_transports(
+                transport = open_transport(
                     self._store,
                     rank,
                     world_size,
@@ -226,7 +226,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
                 self._failure, self._closed = str(exc), True
                 self._health.stop()
                 raise
-        self._shm, self._shm_group, self._ring = transports.shm, transports.shm_group, transports.ring
+        self._transport = transport
         # "world": this object initialised torch.distributed; "subgroup": it made a group of
         # another backend in the user's; "borrowed": it uses the user's default group.
         # ``_pg``: the group torch sees; ``_group``: the one under it that carries what our own
@@ -286,12 +286,18 @@ class WorkerGroup(GroupFailures, GroupCollectives):
     def uses_tls(self) -> bool:
         """Whether collectives that shared memory does not carry go over the TLS ring
         (`phalanx.communication.transports.tls.ring`) instead of gloo."""
-        return self._ring is not None
+        return self.transport_name == "tls"
 
     @property
     def uses_shared_memory(self) -> bool:
         """Whether CPU all-reduces go through shared memory (every worker on this machine)."""
-        return self._shm is not None
+        return self.transport_name == "shm"
+
+    @property
+    def transport_name(self) -> str:
+        """The name of the transport that carries this group's collectives: a registered one's
+        (`phalanx.communication.transports.registry`: "shm", "tls", ...), else "gloo"."""
+        return self._transport.name if self._transport is not None else "gloo"
 
     def subgroup(
         self, gloo: Any, store: Any, rank: int, size: int, global_ranks: Sequence[int]
@@ -348,12 +354,13 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         atexit.unregister(self._at_exit)
         self._watch.begin_closing()
         raised = self._failure is not None  # this worker already raised its error
-        if self._shm is not None:
-            self._shm.close()
+        transport = self._transport
+        if transport is not None and transport.closes_before_leaving:
+            transport.close()
         if self.failure is None:
             self._leave()
-        if self._ring is not None:  # after leaving: a peer may still read this worker's last bytes
-            self._ring.close()
+        if transport is not None and not transport.closes_before_leaving:
+            transport.close()  # after leaving: a peer may still read this worker's last bytes
         self._gloo.close(timeout=0.5 if self.failure else 5.0)
         self._health.stop()
         # A peer seen waiting in a collective this closing worker never issued is a mismatch
@@ -375,10 +382,8 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         self._closed = True
         atexit.unregister(self._at_exit)
         self._watch.begin_closing()
-        if self._shm is not None:
-            self._shm.close()
-        if self._ring is not None:
-            self._ring.close()
+        if self._transport is not None:
+            self._transport.close()
         if self._ownership != "borrowed":  # close its connections: whatever waits on them fails now
             with contextlib.suppress(Exception):
                 self._group.abort()
@@ -418,7 +423,8 @@ class WorkerGroup(GroupFailures, GroupCollectives):
                 dist.destroy_process_group()
             elif self._ownership == "subgroup":
                 dist.destroy_process_group(self._pg)
-        self._shm_group = None  # a gloo backend of its own: dropping it joins its threads
+        if self._transport is not None:
+            self._transport.release()
         if self._ownership != "borrowed":
             self._pg = self._group = None
             self._gloo.group = None  # its last reference to the gloo group

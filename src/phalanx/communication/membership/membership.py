@@ -47,6 +47,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from phalanx import settings
 from phalanx.communication.checks.health import PeerUnavailableError
 from phalanx.communication.membership.beacons import STORE_CALL_SECONDS, Beacons, Member, Wait
 from phalanx.communication.membership.named_store import NamedStore, store_unavailable
@@ -108,10 +109,11 @@ class ElasticSettings:
         Raises:
             ValueError: A malformed value, or no store that outlives the workers.
         """
-        minimum = os.environ.get(MIN_WORKERS_ENV, "").strip()
+        knobs = settings.current()
+        minimum = knobs.text(MIN_WORKERS_ENV)
         if not minimum:
             return None
-        address, prefix = os.environ.get(ELASTIC_STORE_ENV, "").strip(), PREFIX
+        address, prefix = knobs.text(ELASTIC_STORE_ENV), PREFIX
         if not address and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
             address = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
             prefix = f"{PREFIX}r{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
@@ -123,8 +125,8 @@ class ElasticSettings:
                 f"{minimum!r}, {ELASTIC_STORE_ENV}={address!r}. HINT: `phalanx launch --min-workers M` "
                 "sets both (docs/multi_worker.md, Elastic training)."
             )
-        dead_after = float(os.environ.get(DEAD_AFTER_ENV, "") or DEFAULT_DEAD_AFTER)
-        incarnation = int(os.environ.get(INCARNATION_ENV, "0") or 0)
+        dead_after = knobs.seconds(DEAD_AFTER_ENV, DEFAULT_DEAD_AFTER)
+        incarnation = int(knobs.text(INCARNATION_ENV))
         return cls((host.strip("[]"), int(port)), int(minimum), incarnation, dead_after, prefix)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import socket
 import time
@@ -27,8 +26,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from phalanx.cluster._token import TOKEN_ENV, check_token
+from phalanx import settings
 from phalanx.communication.checks.health import HealthCheck, PeerUnavailableError
+from phalanx.security.token import TOKEN_ENV, check_token
 
 __all__ = [
     "JOIN_TIMEOUT_ENV",
@@ -152,7 +152,7 @@ def _authenticated(store: Any, context: str) -> Any:
     """``store`` wrapped in an `AuthenticatedStore` when ``PHALANX_CLUSTER_TOKEN`` is set; else
     ``store`` itself, with a warning (once per process) that anyone reaching it may write it."""
     global _warned_unauthenticated
-    token = os.environ.get(TOKEN_ENV, "")
+    token = settings.current().cluster_token
     if token:
         return AuthenticatedStore(store, token, context)
     if not _warned_unauthenticated:

@@ -10,15 +10,15 @@ one machine). ``gloo``: plaintext between machines, logged by the chief, as with
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
-from phalanx.cluster._token import TOKEN_ENV
+from phalanx import settings
 from phalanx.communication.checks.collective_check import Signed
 from phalanx.communication.transports.tls.links import RingLinks
 from phalanx.communication.transports.tls.ring import TlsRing
-from phalanx.ps.channel_security import INSECURE_ENV, insecure_transport
+from phalanx.security.channels import INSECURE_ENV, insecure_transport
+from phalanx.security.token import TOKEN_ENV
 
 __all__ = ["COLLECTIVES_ENV", "check_settings", "collectives_mode", "ring_if_needed"]
 
@@ -33,13 +33,7 @@ def collectives_mode() -> str:
     Raises:
         ValueError: Another value (a typo must not silently drop TLS).
     """
-    text = os.environ.get(COLLECTIVES_ENV, "").strip().lower() or "auto"
-    if text not in ("auto", "tls", "gloo"):
-        raise ValueError(
-            f"{COLLECTIVES_ENV} must be auto, tls or gloo. Received: {COLLECTIVES_ENV}={text!r}. HINT: "
-            "unset it (auto: TLS between machines when PHALANX_CLUSTER_TOKEN is set); see docs/security.md."
-        )
-    return text
+    return settings.current().collectives
 
 
 def check_settings() -> None:
@@ -48,7 +42,7 @@ def check_settings() -> None:
     Raises:
         ValueError: ``PHALANX_COLLECTIVES`` is unknown, or asks for TLS without a token.
     """
-    if collectives_mode() == "tls" and not os.environ.get(TOKEN_ENV, ""):
+    if collectives_mode() == "tls" and not settings.current().cluster_token:
         raise ValueError(
             f"{COLLECTIVES_ENV}=tls needs {TOKEN_ENV}: the TLS certificates derive from it. Received: "
             f"{TOKEN_ENV} unset. HINT: export the same secret on every task (docs/security.md)."
@@ -78,7 +72,7 @@ def ring_if_needed(
     check_settings()
     if world_size == 1:
         return None
-    mode, token = collectives_mode(), os.environ.get(TOKEN_ENV, "")
+    mode, token = collectives_mode(), settings.current().cluster_token
     if mode == "gloo" or insecure_transport():
         if not same_machine and rank == 0:
             log.warning(

@@ -23,11 +23,11 @@ from typing import Any, TypeVar
 
 import torch
 
-from phalanx.cluster._certificates import task_certificate
 from phalanx.communication.transports.tls.links import tls_contexts
 from phalanx.ps import wire
 from phalanx.ps.data_path.frames import FrameError, Kind, Segment, read_frame, read_message, send_frame
 from phalanx.ps.rpc.errors import TaskUnavailableError, peer_not_authenticated, remote_error, too_large
+from phalanx.security.certificates import task_certificate
 
 __all__ = ["SEGMENT_FROM", "DataClient", "DataConnectError", "Watch"]
 

@@ -23,7 +23,6 @@ import contextlib
 import hmac
 import json
 import logging
-import os
 import socket
 import ssl
 import threading
@@ -32,11 +31,12 @@ from typing import Any
 
 import torch
 
-from phalanx.cluster._certificates import task_certificate
+from phalanx import settings
 from phalanx.communication.transports.tls.links import tls_contexts
 from phalanx.ps import wire
 from phalanx.ps.data_path.frames import FrameError, Kind, Segment, read_frame, read_message, send_frame
 from phalanx.ps.rpc.errors import error_details, too_large
+from phalanx.security.certificates import task_certificate
 
 __all__ = ["DATA_PATH_ENV", "DataServer", "data_path_mode"]
 
@@ -56,13 +56,7 @@ def data_path_mode() -> str:
     Raises:
         ValueError: Another value.
     """
-    text = os.environ.get(DATA_PATH_ENV, "").strip().lower() or "auto"
-    if text not in _MODES:
-        raise ValueError(
-            f"{DATA_PATH_ENV} must be auto, stream or grpc. Received: {DATA_PATH_ENV}={text!r}. "
-            "HINT: unset it (auto)."
-        )
-    return text
+    return settings.current().ps_data_path
 
 
 class DataServer:

@@ -13,8 +13,6 @@ from typing import Any
 import grpc
 import torch
 
-from phalanx.cluster._token import check_token
-from phalanx.ps import channel_security as security
 from phalanx.ps import wire
 from phalanx.ps.data_path.client import DataClient, DataConnectError, Watch
 from phalanx.ps.data_path.server import data_path_mode
@@ -27,6 +25,8 @@ from phalanx.ps.rpc.errors import (
     peer_not_authenticated,
     too_large,
 )
+from phalanx.security import channels as security
+from phalanx.security.token import check_token
 
 __all__ = ["PendingCall", "RpcClient"]
 
@@ -50,7 +50,7 @@ class RpcClient:
 
     The task must prove, in the TLS handshake, that it holds the cluster's credentials and
     is the host of ``address``, before this client sends anything or reads a reply (in
-    plaintext mode, nothing is proved: see `phalanx.ps.channel_security`).
+    plaintext mode, nothing is proved: see `phalanx.security.channels`).
 
     Args:
         address: ``host:port`` of the task (``[::1]:port`` for IPv6).

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from phalanx.ps.channel_security import INSECURE_ENV, MAX_MESSAGE_ENV, is_handshake_failure
+from phalanx.security.channels import INSECURE_ENV, MAX_MESSAGE_ENV, is_handshake_failure
 
 __all__ = [
     "AuthenticationError",

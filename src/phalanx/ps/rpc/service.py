@@ -12,12 +12,12 @@ from typing import NoReturn
 
 import grpc
 
-from phalanx.cluster._token import check_token
-from phalanx.ps import channel_security as security
 from phalanx.ps import wire
 from phalanx.ps.data_path.server import DataServer, data_path_mode
 from phalanx.ps.rpc.common import DATA_PATH_METHOD, SERVICE, Handler, as_is
 from phalanx.ps.rpc.errors import error_details, too_large
+from phalanx.security import channels as security
+from phalanx.security.token import check_token
 
 __all__ = ["RpcServer"]
 
@@ -56,7 +56,7 @@ class RpcServer:
     Handlers run on the server's threads (up to ``max_workers`` at once) and must be thread-safe.
     Only ``host`` is served: all interfaces only when it is ``"0.0.0.0"`` or ``"::"``. A peer
     is authenticated before its request is read: by the TLS handshake (its certificate must
-    come from the cluster CA), or in plaintext mode by `channel_security.TokenInterceptor`.
+    come from the cluster CA), or in plaintext mode by `phalanx.security.channels.TokenInterceptor`.
 
     Args:
         host: The address to listen at (IPv6 with or without brackets).

@@ -3,7 +3,7 @@
 A ps task applies an embedding's gradient (a coalesced COO tensor of the rows a step looked
 up) with ``torch.optim.Adagrad``, whose sparse path builds three sparse tensors, a
 ``sparse_mask`` and two sparse-into-dense ``add_`` per push: most of a small embedding step's
-time on the ps (docs/performance.md, session 9). `apply_rows` computes the same thing on the
+time on the ps (docs/performance.md, parameter server). `apply_rows` computes the same thing on the
 looked-up rows only, with dense kernels (``index_select``, ``index_put_``),
 bit for bit what torch's `_single_tensor_adagrad` writes (`tests/unit/ps/test_sparse_adagrad.py`
 checks it against torch for the cases `takes` accepts). Anything else (other optimizers, weight

@@ -9,7 +9,7 @@ after another while the earlier ones are still sending: on one connection the la
 bucket waited behind the megabytes of the one before it. With every interface's device listed
 twice, consecutive collectives go over different connections and the two gloo threads
 overlap them instead (MLP 784-1024-1024-10, 2 workers over gloo: ~23.5 -> ~22.2 ms a step;
-docs/performance.md, "Session 10"). Three connections, or more threads, measured slower on 2
+docs/performance.md, multi-worker). Three connections, or more threads, measured slower on 2
 cores. ``PHALANX_GLOO_CONNECTIONS`` sets the count (1 is torch's own layout).
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from phalanx import settings
 from phalanx.communication.transports.interfaces import GLOO_INTERFACE_ENV
 
 __all__ = ["GLOO_CONNECTIONS", "GLOO_CONNECTIONS_ENV", "gloo_connections", "make_gloo_group"]
@@ -37,15 +38,7 @@ def gloo_connections() -> int:
     Raises:
         ValueError: The variable is not a whole number from 1 to 8.
     """
-    raw = os.environ.get(GLOO_CONNECTIONS_ENV, "").strip()
-    if not raw:
-        return GLOO_CONNECTIONS
-    if not raw.isdigit() or not 1 <= int(raw) <= _MAX_CONNECTIONS:
-        raise ValueError(
-            f"{GLOO_CONNECTIONS_ENV} must be a whole number from 1 to {_MAX_CONNECTIONS}. Received: "
-            f"{raw!r}. HINT: unset it for {GLOO_CONNECTIONS}, or set 1 for torch's one connection."
-        )
-    return int(raw)
+    return settings.current().gloo_connections
 
 
 def make_gloo_group(store: Any, rank: int, size: int, timeout: timedelta) -> Any:

@@ -27,7 +27,7 @@ broke at the same point (then it goes on, and every worker stops announcing: a m
 makes collectives inside backward would otherwise pay the zeros every pass) or not (a
 mismatch).
 
-**The next pass announced by this one** (session 9). The last announced all-reduce of a pass
+**The next pass announced by this one**. The last announced all-reduce of a pass
 reserves `announced_tail` elements: each worker's code for the *next* pass's all-reduces (the
 same sizes, numbered on from this pass's last), the input's end-of-data flag for the next step
 (`DataFlag`, put there by the distributed iterator: whether this worker has data, and that it

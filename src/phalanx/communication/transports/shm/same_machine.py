@@ -12,6 +12,8 @@ import secrets
 import sys
 from typing import Any
 
+from phalanx import settings
+
 __all__ = ["SHARED_MEMORY_ENV", "probe_machines", "same_machine_pids", "shared_memory_supported"]
 
 SHARED_MEMORY_ENV = "PHALANX_SHARED_MEMORY"
@@ -25,7 +27,7 @@ def shared_memory_supported() -> bool:
 
 
 def _shared_memory_allowed() -> bool:
-    return os.environ.get(SHARED_MEMORY_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    return settings.current().shared_memory
 
 
 def _platform_supported() -> bool:

@@ -61,6 +61,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx import settings
 from phalanx.communication.checks.collective_check import UNCHECKED, Signed
 from phalanx.communication.group.work import Lane, PeerGoneError, QueuedWork
 from phalanx.communication.transports.gloo.signed import (
@@ -105,9 +106,9 @@ _OPS: dict[Any, Callable[..., torch.Tensor]] = {
 
 def _wants_two_shot(world: int) -> bool:
     """This worker's view: force (``PHALANX_SHM_TWO_SHOT``), else whether it has a core per worker."""
-    forced = os.environ.get(TWO_SHOT_ENV, "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
+    forced = settings.current().shm_two_shot
+    if forced is not None:
+        return forced
     return world > 2 and len(os.sched_getaffinity(0)) >= world
 
 

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from phalanx.cluster._certificates import TaskCertificate, task_certificate
 from phalanx.communication.group.work import PeerGoneError
+from phalanx.security.certificates import TaskCertificate, task_certificate
 
 __all__ = ["SLICE", "RingLinks", "tls_contexts"]
 

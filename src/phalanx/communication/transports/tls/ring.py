@@ -6,7 +6,7 @@ cluster token (``PHALANX_CLUSTER_TOKEN``) and its workers are not all on one mac
 `WorkerGroup` sends its collectives — all-reduce, broadcast, all-gather — through a `TlsRing`
 instead: every worker holds one TLS connection to the next worker (rank + 1) and one from the
 previous, each authenticated both ways against the cluster CA that the token derives
-(`phalanx.cluster._certificates`; or the site's own CA files), so a peer without the token
+(`phalanx.security.certificates`; or the site's own CA files), so a peer without the token
 fails the handshake before it can send a byte, the token never travels, and what travels is
 encrypted and integrity-protected by TLS.
 
@@ -49,6 +49,7 @@ import torch.distributed as dist
 
 from phalanx.communication.checks.collective_check import UNCHECKED, Signed
 from phalanx.communication.group.work import PeerGoneError, QueuedWork
+from phalanx.communication.transports.base import CollectivesDifferError
 from phalanx.communication.transports.tls.links import SLICE, RingLinks
 
 __all__ = ["PIECE_BYTES", "CollectivesDifferError", "TlsRing"]
@@ -70,10 +71,6 @@ class _Frame:
 
     def __init__(self, number: int, signed: Signed) -> None:
         self.number, self.signed = number, signed
-
-
-class CollectivesDifferError(PeerGoneError):
-    """The previous worker sent a frame of another collective (or size) than this one's."""
 
 
 def _bytes(tensor: torch.Tensor) -> memoryview:

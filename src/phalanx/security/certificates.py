@@ -17,7 +17,6 @@ import datetime
 import functools
 import hashlib
 import ipaddress
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from phalanx import settings
 
 __all__ = ["CA_FILE_ENV", "CERT_FILE_ENV", "KEY_FILE_ENV", "TaskCertificate", "task_certificate"]
 
@@ -180,5 +181,5 @@ def task_certificate(
     Raises:
         ValueError: Certificate files configured only in part, or unreadable.
     """
-    given = _from_files(os.environ if env is None else env)
+    given = _from_files(settings.current().tls_files if env is None else env)
     return given if given is not None else _issue(token, names)

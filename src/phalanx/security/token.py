@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import secrets
+
+from phalanx import settings
 
 __all__ = [
     "MIN_TOKEN_LENGTH",
@@ -67,7 +68,7 @@ def cluster_token() -> str:
     Raises:
         ValueError: It is not set, too short, or not printable ASCII.
     """
-    token = os.environ.get(TOKEN_ENV, "")
+    token = settings.current().cluster_token
     if not token:
         raise missing_token_error()
     return check_token(token)

@@ -10,7 +10,7 @@ A ps task serves its variables and the optimizers that update them (a
 `phalanx.ps.variable_store.store.VariableStore`); a worker task runs the functions the coordinator schedules
 (a `phalanx.ps.worker.environment.WorkerEnvironment`). Both listen on their address in the
 cluster spec and accept only peers that prove, in a mutual TLS handshake, that they hold
-``PHALANX_CLUSTER_TOKEN`` (`phalanx.ps.channel_security`; docs/security.md).
+``PHALANX_CLUSTER_TOKEN`` (`phalanx.security.channels`; docs/security.md).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from phalanx.cluster._token import cluster_token
 from phalanx.cluster.cluster_def import ServerDef
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.ps.coordinator.fencing import Fences, TaggedRpcClient
@@ -29,6 +28,10 @@ from phalanx.ps.variable_store.store import VariableStore
 from phalanx.ps.variables import PSClient
 from phalanx.ps.worker.environment import WorkerEnvironment
 from phalanx.ps.worker.running import RunningClosure
+from phalanx.security.token import cluster_token
+from phalanx.status.counters import COUNTERS
+from phalanx.status.taking_part import TaskStatus, join_status
+from phalanx.strategies.parameter_server_worker import WorkerStrategy
 
 __all__ = ["Server"]
 
@@ -89,13 +92,16 @@ class Server:
         )
         self._stopped = threading.Event()
         self._started = False
+        self._status: TaskStatus | None = None
         if start:
             self.start()
 
     def _handlers(self) -> dict[str, Any]:
         if self._job == "ps":
-            return Fences(self.name).guard(VariableStore(self.name).handlers())
-        return self._worker_environment().handlers()
+            handlers = Fences(self.name).guard(VariableStore(self.name).handlers())
+        else:
+            handlers = self._worker_environment().handlers()
+        return {method: _counted(handler) for method, handler in handlers.items()}
 
     def _worker_environment(self) -> WorkerEnvironment:
         if "ps" not in self._spec.jobs:
@@ -106,7 +112,10 @@ class Server:
         for i in range(self._spec.num_tasks("ps")):
             address = self._spec.task_address("ps", i)
             clients.append(TaggedRpcClient(address, token, name=f"ps:{i} ({address})", tag=current.tag))
-        return WorkerEnvironment(PSClient(clients), self._index, self._spec.num_tasks("worker"), current)
+        workers = self._spec.num_tasks("worker")
+        return WorkerEnvironment(
+            PSClient(clients), self._index, workers, current, make_strategy=WorkerStrategy
+        )
 
     @staticmethod
     def create_local_server(config: Any = None, start: bool = True) -> Server:
@@ -142,10 +151,13 @@ class Server:
         return f"grpc://{self._spec.task_address(self._job, self._index)}"
 
     def start(self) -> None:
-        """Starts serving (idempotent)."""
+        """Starts serving (idempotent), and reporting to the status page when it is on."""
         if not self._started:
             self._server.start()
             self._started = True
+            self._status = join_status(f"{self._job}:{self._index}", is_chief=False)
+            if self._status is not None:
+                self._status.running()
 
     def join(self, timeout: float | None = None) -> bool:
         """Blocks until the server is stopped (`stop`, or the task is terminated); False
@@ -156,3 +168,15 @@ class Server:
         """Stops serving; `join` returns."""
         self._server.stop()
         self._stopped.set()
+        if self._status is not None:
+            self._status.close()
+
+
+def _counted(handler: Any) -> Any:
+    """``handler``, counting each request it serves (the status page's ps load)."""
+
+    def served(header: Any, tensors: Any) -> Any:
+        COUNTERS.served()
+        return handler(header, tensors)
+
+    return served

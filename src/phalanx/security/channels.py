@@ -1,7 +1,7 @@
 """How the parameter-server transport authenticates both ends and bounds what it buffers.
 
 * **Mutual TLS (the default).** Every server and every client presents a certificate of the
-  cluster CA (`phalanx.cluster._certificates`: derived from ``PHALANX_CLUSTER_TOKEN``, or the
+  cluster CA (`phalanx.security.certificates`: derived from ``PHALANX_CLUSTER_TOKEN``, or the
   user's files) and accepts only a peer that does, in the TLS handshake, before any request or
   reply byte is exchanged. The token never travels; a recorded connection cannot be replayed
   (TLS session keys are fresh per connection); the client checks the server's certificate
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
-from phalanx.cluster._certificates import task_certificate
-from phalanx.cluster._token import check_token
+from phalanx import settings
+from phalanx.security.certificates import task_certificate
+from phalanx.security.token import check_token
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -59,15 +59,7 @@ def insecure_transport() -> bool:
     Raises:
         ValueError: Another value (a typo must not silently keep or drop TLS).
     """
-    text = os.environ.get(INSECURE_ENV, "").strip().lower()
-    if text in ("", "0", "false", "no"):
-        return False
-    if text in ("1", "true", "yes"):
-        return True
-    raise ValueError(
-        f"{INSECURE_ENV} must be 1 (plaintext, for trusted networks only) or 0/unset (mutual TLS). "
-        f"Received: {INSECURE_ENV}={text!r}. HINT: unset it; see docs/security.md."
-    )
+    return settings.current().insecure_transport
 
 
 def warn_insecure(who: str, server: bool) -> None:
@@ -92,19 +84,7 @@ def max_message_bytes() -> int:
     Raises:
         ValueError: Not an integer between 1 MiB and 2 GiB - 1 (gRPC's limit).
     """
-    text = os.environ.get(MAX_MESSAGE_ENV, "").strip()
-    if not text:
-        return DEFAULT_MAX_MESSAGE_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not (1 << 20) <= value <= _GRPC_MAX:
-        raise ValueError(
-            f"{MAX_MESSAGE_ENV} must be a number of bytes from {1 << 20} (1 MiB) to {_GRPC_MAX} (gRPC's "
-            f"limit). Received: {MAX_MESSAGE_ENV}={text!r}. HINT: e.g. {MAX_MESSAGE_ENV}={_GRPC_MAX}."
-        )
-    return value
+    return settings.current().max_message_bytes
 
 
 def size_options(limit: int) -> list[tuple[str, int]]:
