@@ -94,6 +94,13 @@ def test_sigterm_to_one_worker_saves_both_at_one_step_and_the_restart_matches(tm
     _resume_and_compare(tmp_path / "run", _saved_step(run), uninterrupted, "sigterm")
 
 
+def test_a_handler_made_after_the_scope_block_saves_and_resumes_as_one_made_inside(tmp_path, uninterrupted):
+    run = _interrupt(tmp_path / "run", "outside", lambda c: os.kill(c.pid("worker-1"), signal.SIGTERM))
+    assert run.returncodes == {"worker-0": 42, "worker-1": 42}, run.output
+    assert "received SIGTERM: saving a checkpoint with every worker" in run["worker-1"].output
+    _resume_and_compare(tmp_path / "run", _saved_step(run), uninterrupted, "outside")
+
+
 def test_with_a_grace_period_both_save_at_once_train_on_and_save_again(tmp_path, uninterrupted):
     run = _interrupt(tmp_path / "run", "grace", lambda c: os.kill(c.pid("worker-1"), signal.SIGTERM))
     assert run.returncodes == {"worker-0": 42, "worker-1": 42}, run.output

@@ -53,6 +53,7 @@ SRC = TESTS.parent / "src"
 CLUSTER_VARS = frozenset(
     {"TF_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
     | {"GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID"}
+    | {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
 )
 JOIN_TIMEOUT = 60.0  # the product default is 120 s; a test's tasks start within seconds
 HEARTBEAT_TIMEOUT = 10.0  # the product default: the fault tests' detection bound is built on it
@@ -231,6 +232,13 @@ class LocalCluster:
             env = {**self.env, "TF_CONFIG": json.dumps(config)}
             argv = [sys.executable, str(script), *map(str, args)]
             self._tasks[name] = _Task(name, argv, env, self._output)
+        return self
+
+    def start_task(self, name: str, argv: Sequence[Any], env: Mapping[str, str]) -> LocalCluster:
+        """Start one task as a cluster manager would (Kubeflow's operators, torchrun): ``argv``
+        with exactly the variables ``env`` on top of the cluster's (no ``TF_CONFIG`` of its own).
+        Wait for such tasks by name: ``wait(timeout, names=[...])``."""
+        self._tasks[name] = _Task(name, [str(a) for a in argv], {**self.env, **env}, self._output)
         return self
 
     def pid(self, name: str) -> int:

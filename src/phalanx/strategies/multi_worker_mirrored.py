@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
+from phalanx.cluster.resolvers import ClusterResolver, owners, resolve_cluster
 from phalanx.cluster.validation import validate_for_strategy
 from phalanx.communication.checks.stall_inspector import StallSettings
 from phalanx.communication.engine.bucketing import GradientBuckets
@@ -123,6 +123,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             worker_index=resolver.worker_index,
         )
         self._resolver = resolver
+        owners.claim(resolver, self)  # a handler given only the resolver finds this strategy
         self._options = options
         self._check_compression(options)
         self._sync_batch_norm = sync_batch_norm

@@ -4,7 +4,8 @@ usage: preemption_loop.py CKPT_DIR OUT_FILE MODE SLEEP_SECONDS
 
 MODE: ``sigterm`` (SIGTERM is the notice), ``grace`` (the same with a grace period of 3 s),
 ``watcher`` (worker 1's termination_watcher_fn fires once CKPT_DIR/../notice exists),
-``error`` (worker 1's step 40 raises ValueError).
+``error`` (worker 1's step 40 raises ValueError), ``outside`` (as ``sigterm``, with the handler
+made after the ``with strategy.scope():`` block).
 SLEEP_SECONDS: a pause after each step (it changes no number; it keeps the run long enough
 for the test to interrupt it mid-way). Every 10 steps each task writes its step count to
 CKPT_DIR/../progress-<rank>. The chief writes the final weights to OUT_FILE.
@@ -34,6 +35,9 @@ with strategy.scope():
     if mode == "watcher" and rank == 1:
         watcher_fn = lambda: os.path.exists(os.path.join(folder, "notice"))  # noqa: E731
     config = TerminationConfig(termination_watcher_fn=watcher_fn, grace_period=3 if mode == "grace" else None)
+    if mode != "outside":
+        handler = PreemptionCheckpointHandler(strategy.cluster_resolver, checkpoint, ckpt_dir, config)
+if mode == "outside":  # made after the scope block, as TensorFlow allows: it finds the strategy by resolver
     handler = PreemptionCheckpointHandler(strategy.cluster_resolver, checkpoint, ckpt_dir, config)
 print(f"starting at run call {handler.total_run_calls}", flush=True)
 

@@ -52,6 +52,21 @@ def test_torchruns_agent_store_serves_when_no_store_is_named(monkeypatch):
     settings = ElasticSettings.from_env()
     assert settings is not None
     assert settings.store == ("10.0.0.1", 29500)
+    assert settings.prefix == "phalanx/elastic/r0/"
+
+
+def test_each_torchrun_restart_has_keys_of_its_own_on_the_agent_store(monkeypatch):
+    monkeypatch.setenv("PHALANX_MIN_WORKERS", "1")
+    monkeypatch.delenv("PHALANX_ELASTIC_STORE", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "true")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    settings = ElasticSettings.from_env()
+    assert settings is not None
+    assert settings.prefix == "phalanx/elastic/r1/"
+    monkeypatch.setenv("PHALANX_ELASTIC_STORE", "10.0.0.2:1234")  # the launcher's store: no restarts
+    assert ElasticSettings.from_env().prefix == "phalanx/elastic/"
 
 
 def test_survivors_re_form_without_the_lost_member_and_the_lowest_task_is_rank_0(membership_store):

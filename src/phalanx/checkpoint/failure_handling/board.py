@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from phalanx.communication.membership.borrowed_store import borrowed_store
 from phalanx.communication.membership.rendezvous import Rendezvous
 
 __all__ = ["Board", "ClusterBoard", "LocalBoard", "Message", "board_for"]
@@ -193,11 +194,13 @@ def _rendezvous(strategy: Any, generation: int) -> Rendezvous:
             membership.me.task,
             membership.num_tasks,
             _name_of(strategy),
-            f"phalanx-preemption/elastic/{generation}/",
+            f"{membership.settings.prefix}preemption/{generation}/",
             True,
         )
-    resolver = strategy.cluster_resolver
-    host, _, port = resolver.chief_address().rpartition(":")
+    host, _, port = strategy.cluster_resolver.chief_address().rpartition(":")
+    borrowed = borrowed_store()  # a group initialised before the strategy (Ray Train): its store
+    if borrowed is not None:
+        host, port = borrowed[0], str(borrowed[1])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if agent_store else "0"
     return Rendezvous(

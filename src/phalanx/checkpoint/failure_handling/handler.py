@@ -21,6 +21,7 @@ from phalanx.checkpoint.failure_handling.elastic import ElasticSync, is_recovera
 from phalanx.checkpoint.failure_handling.policy import Decision
 from phalanx.checkpoint.failure_handling.termination import TerminationConfig
 from phalanx.checkpoint.manager import CheckpointManager, latest_checkpoint
+from phalanx.cluster.resolvers import owners
 from phalanx.strategies.default import get_strategy
 
 __all__ = ["STATE_FILE", "PreemptionCheckpointHandler"]
@@ -48,13 +49,32 @@ def _manager_of(checkpoint_or_manager: Any, checkpoint_dir: str | None) -> Check
     )
 
 
+def _strategy_of(cluster_resolver: Any) -> Any:
+    """The strategy whose workers the handler coordinates: the one whose scope is open, else (as
+    TensorFlow, whose handler reads the resolver) the strategy made with ``cluster_resolver``."""
+    strategy = get_strategy()
+    owner = owners.owner_of(cluster_resolver) if cluster_resolver is not None else None
+    if strategy.is_default and owner is not None:
+        strategy = owner
+    workers = getattr(cluster_resolver, "num_workers", 1) if cluster_resolver is not None else 1
+    if workers > 1 and strategy.num_workers_in_sync < workers:
+        raise ValueError(
+            f"A PreemptionCheckpointHandler of a cluster of {workers} workers needs the strategy that "
+            f"joins them. Received: the current strategy is {strategy!r}, and no live strategy was made "
+            "with this cluster_resolver. HINT: pass `strategy.cluster_resolver` of your "
+            "MultiWorkerMirroredStrategy, or create the handler under `with strategy.scope():`."
+        )
+    return strategy
+
+
 class PreemptionCheckpointHandler:
     """Saves a checkpoint on every worker at the same step when any of them is about to be
     terminated, then exits; restores the latest checkpoint when created
     (tf.distribute.experimental.PreemptionCheckpointHandler).
 
-    Create it inside the strategy's scope on every worker (all workers), after the model and
-    optimizer, and drive each training step through `run`::
+    Create it on every worker (all workers), after the model and optimizer, inside the
+    strategy's scope or after it (as in TensorFlow: the strategy is the one made with
+    ``cluster_resolver``), and drive each training step through `run`::
 
         with strategy.scope():
             model, optimizer = ...
@@ -85,8 +105,8 @@ class PreemptionCheckpointHandler:
 
     Raises:
         ValueError: A `Checkpoint` without ``checkpoint_dir``; a cluster of several workers but
-            no MultiWorkerMirroredStrategy scope open; SIGTERM watched from another thread than
-            the main one.
+            neither a MultiWorkerMirroredStrategy scope open nor one made with
+            ``cluster_resolver``; SIGTERM watched from another thread than the main one.
         TypeError: Neither a `Checkpoint` nor a `CheckpointManager`.
         NotImplementedError: ParameterServerStrategy (its workers do not step together).
     """
@@ -98,15 +118,8 @@ class PreemptionCheckpointHandler:
         checkpoint_dir: str | None = None,
         termination_config: TerminationConfig | None = None,
     ) -> None:
-        strategy = get_strategy()
+        strategy = _strategy_of(cluster_resolver)
         check_supported(strategy, "PreemptionCheckpointHandler")
-        workers = getattr(cluster_resolver, "num_workers", 1) if cluster_resolver is not None else 1
-        if workers > 1 and strategy.num_workers_in_sync < workers:
-            raise ValueError(
-                f"A PreemptionCheckpointHandler of a cluster of {workers} workers must be created inside "
-                f"the scope of the strategy that joins them. Received: the current strategy is {strategy!r}. "
-                "HINT: create it under `with strategy.scope():` of a MultiWorkerMirroredStrategy."
-            )
         config = termination_config if termination_config is not None else TerminationConfig()
         if not isinstance(config, TerminationConfig):
             raise TypeError(

@@ -14,7 +14,7 @@ from phalanx.cluster.resolvers.kubernetes import KubernetesClusterResolver, Kube
 from phalanx.cluster.resolvers.simple import SimpleClusterResolver
 from phalanx.cluster.resolvers.slurm import SlurmClusterResolver, expand_hostlist, expand_tasks_per_node
 from phalanx.cluster.resolvers.tf_config import TFConfigClusterResolver
-from phalanx.cluster.resolvers.torchrun import TorchrunClusterResolver
+from phalanx.cluster.resolvers.torchrun import TorchrunClusterResolver, refuse_torchrun_arguments
 from phalanx.cluster.resolvers.union import UnionResolver
 
 __all__ = [
@@ -38,16 +38,19 @@ def resolve_cluster() -> ClusterResolver:
     The first that applies: ``TF_CONFIG`` set (non-blank) → `TFConfigClusterResolver`;
     ``RANK`` and ``WORLD_SIZE`` set → `TorchrunClusterResolver`; ``SLURM_PROCID`` set →
     `SlurmClusterResolver`; else a single task (`SimpleClusterResolver` with no cluster,
-    which is the chief of a world of one).
+    which is the chief of a world of one). torchrun's arguments as ``PET_*`` variables (Kubeflow
+    TrainJob) without torchrun's ``RANK`` are an error, not a single task.
 
     Raises:
-        ValueError: The chosen source is malformed (see each resolver).
+        ValueError: The chosen source is malformed (see each resolver), or ``PET_*`` variables
+            are set but torchrun did not start this process.
     """
     env = os.environ
     if env.get("TF_CONFIG", "").strip():
         return TFConfigClusterResolver()
     if "RANK" in env and "WORLD_SIZE" in env:
         return TorchrunClusterResolver()
+    refuse_torchrun_arguments(env)
     if "SLURM_PROCID" in env:
         return SlurmClusterResolver()
     return SimpleClusterResolver({})

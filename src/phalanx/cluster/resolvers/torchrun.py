@@ -9,12 +9,40 @@ from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.cluster.resolvers.cluster_resolver import ClusterResolver
 from phalanx.cluster.validation import validate
 
-__all__ = ["TorchrunClusterResolver"]
+__all__ = ["TORCHRUN_ARGUMENTS", "TorchrunClusterResolver", "refuse_torchrun_arguments"]
 
 _HINT = (
     "HINT: start the program with torchrun or `phalanx launch`, or set RANK, WORLD_SIZE, "
     "MASTER_ADDR and MASTER_PORT yourself."
 )
+
+# torchrun's arguments as variables (torch.distributed.run reads PET_<ARG> as --<arg>'s default):
+# what Kubeflow Trainer's torch runtime sets on each node of a TrainJob
+TORCHRUN_ARGUMENTS = (
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+)
+
+
+def refuse_torchrun_arguments(env: Mapping[str, str]) -> None:
+    """Raises when torchrun's ``PET_*`` arguments are set but torchrun did not start this process
+    (no ``RANK``): the program would otherwise train alone, as a world of one, and exit 0.
+
+    Raises:
+        ValueError: Naming the variables and torchrun.
+    """
+    found = [f"{name}={env[name]}" for name in TORCHRUN_ARGUMENTS if name in env]
+    if found:
+        raise ValueError(
+            "PET_* variables are torchrun's arguments (a Kubeflow TrainJob sets them for torchrun), and "
+            "only torchrun turns them into each process's RANK and WORLD_SIZE; this process was not "
+            f"started by torchrun (RANK is unset). Received: {', '.join(found)}. HINT: start it with "
+            "`torchrun prog.py ...` (the TrainJob torch runtime's command), or unset the PET_* variables "
+            "for a single process (docs/clusters.md)."
+        )
 
 
 class TorchrunClusterResolver(ClusterResolver):

@@ -66,6 +66,11 @@ from phalanx.communication.group.process_group import BACKEND, PhalanxProcessGro
 from phalanx.communication.group.recent_works import RecentWorks
 from phalanx.communication.group.subgroups import SubgroupEngine
 from phalanx.communication.group.transports import open_transport
+from phalanx.communication.membership.borrowed_store import (
+    borrowed_prefix,
+    borrowed_store,
+    claim_default_group,
+)
 from phalanx.communication.membership.leaving import LEAVE_TIMEOUT, leave_together
 from phalanx.communication.membership.rendezvous import JOIN_TIMEOUT_ENV, Rendezvous
 from phalanx.communication.transports.choice import check_settings
@@ -103,8 +108,9 @@ class WorkerGroup(GroupFailures, GroupCollectives):
     """The process group of the training tasks, with check-in, heartbeats and deadlines.
 
     Made by every worker at the same time (all workers): connects to the chief's TCPStore
-    (hosted by rank 0 at ``host:port``, or torchrun's agent store), checks in and waits for
-    every task, then initialises the process group (or reuses an initialised one of the same
+    (hosted by rank 0 at ``host:port``, or torchrun's agent store, or the store of a
+    torch.distributed group initialised before, e.g. by Ray Train: `borrowed_store`), checks in
+    and waits for every task, then initialises the process group (or reuses an initialised one of the same
     rank and size) and starts the health check. See the module docstring for the bounds.
 
     Args:
@@ -125,8 +131,8 @@ class WorkerGroup(GroupFailures, GroupCollectives):
 
     Raises:
         PeerUnavailableError: A task did not join within ``join_timeout`` (it is named).
-        ValueError: The address cannot be served, or an existing process group has another
-            rank or size.
+        ValueError: The address cannot be served, an existing process group has another rank or
+            size or is not on a TCPStore, or an elastic job finds one initialised already.
     """
 
     def __init__(
@@ -157,8 +163,21 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; restarts reuse it.
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         prefix = f"phalanx/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') if agent_store else '0'}/"
+        borrowed = borrowed_store()
+        if elastic is not None and borrowed is not None:
+            raise ValueError(
+                "An elastic job (PHALANX_MIN_WORKERS) re-forms its process group, which it cannot do with "
+                "a torch.distributed group that something else initialised (Ray Train, your own "
+                "init_process_group). Received: an initialised group of rank "
+                f"{dist.get_rank()} of {dist.get_world_size()}. HINT: let the harness restart the job "
+                "instead (Ray's FailureConfig, torchrun --max-restarts) with BackupAndRestore, or unset "
+                "PHALANX_MIN_WORKERS (docs/clusters.md)."
+            )
         if elastic is not None:  # a store that outlives every worker, fresh keys per membership epoch
             agent_store, prefix = True, elastic.prefix
+        elif borrowed is not None:  # Ray Train's (or the user's) group and store
+            (host, port), agent_store, prefix = borrowed, True, borrowed_prefix()
+            self._host, self._port = strip_brackets(host), port
         rendezvous = Rendezvous(self._host, port, rank, world_size, task_name, prefix, agent_store)
         deadline = time.monotonic() + join_timeout
         self._store = rendezvous.open(deadline, join_timeout)
@@ -239,6 +258,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
                 timeout=timeout,
                 pg_options=self if ours == BACKEND else None,
             )
+            claim_default_group()  # ours: the preemption board must not take it for a borrowed one
             return dist.group.WORLD, "world"
         if (dist.get_rank(), dist.get_world_size()) != (self.rank, self.world_size):
             raise ValueError(

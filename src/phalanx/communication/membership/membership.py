@@ -8,9 +8,10 @@ A **membership epoch** is one process group: its members, in rank order (the mem
 by task, then the joiners, by task: rank 0, the chief, is the lowest live task that was a
 member already, never a task that just joined), are written once, under
 ``phalanx/elastic/e/<epoch>/members``, and its `WorkerGroup` uses the key prefix
-``phalanx/elastic/g<epoch>/`` (fresh gloo, stall-inspector and heartbeat keys). Each member
-is a ``task:incarnation`` pair: a restarted task is a new incarnation, which joins as a new
-member.
+``phalanx/elastic/g<epoch>/`` (fresh gloo, stall-inspector and heartbeat keys; on torchrun's
+agent store ``phalanx/elastic/r<restart>/`` stands for ``phalanx/elastic/``, see
+`ElasticSettings.prefix`). Each member is a ``task:incarnation`` pair: a restarted task is a
+new incarnation, which joins as a new member.
 
 * **Beacons.** Every worker adds to ``alive/<task>`` every `BEACON_SECONDS` on a thread of
   its own (``incarnation:count``); the launcher writes ``dead`` there when the process exits.
@@ -90,12 +91,16 @@ class ElasticSettings:
         min_workers: The job stops below this many workers.
         incarnation: How many times the launcher restarted this task (0: first start).
         dead_after: Seconds without a beacon after which a member counts as lost.
+        prefix: The prefix of the job's keys: `PREFIX`, or ``phalanx/elastic/r<n>/`` on
+            torchrun's agent store, which outlives torchrun's restarts (restart ``n`` of
+            ``TORCHELASTIC_RESTART_COUNT`` forms anew, unseen by the keys of the one before).
     """
 
     store: tuple[str, int]
     min_workers: int
     incarnation: int = 0
     dead_after: float = DEFAULT_DEAD_AFTER
+    prefix: str = PREFIX
 
     @classmethod
     def from_env(cls) -> ElasticSettings | None:
@@ -108,9 +113,10 @@ class ElasticSettings:
         minimum = knobs.text(MIN_WORKERS_ENV)
         if not minimum:
             return None
-        address = knobs.text(ELASTIC_STORE_ENV)
+        address, prefix = knobs.text(ELASTIC_STORE_ENV), PREFIX
         if not address and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
             address = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+            prefix = f"{PREFIX}r{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
         host, _, port = address.rpartition(":")
         if not minimum.isdigit() or int(minimum) < 1 or not host or not port.isdigit():
             raise ValueError(
@@ -121,7 +127,7 @@ class ElasticSettings:
             )
         dead_after = knobs.seconds(DEAD_AFTER_ENV, DEFAULT_DEAD_AFTER)
         incarnation = int(knobs.text(INCARNATION_ENV))
-        return cls((host.strip("[]"), int(port)), int(minimum), incarnation, dead_after)
+        return cls((host.strip("[]"), int(port)), int(minimum), incarnation, dead_after, prefix)
 
 
 def _members_text(members: Sequence[Member]) -> str:
@@ -180,7 +186,8 @@ class Membership:
             store = dist.TCPStore(host, port, None, is_master=False, timeout=timedelta(seconds=bound))
         except dist.DistError as exc:
             raise store_unavailable(where, bound, "connect", hint, exc) from exc
-        return NamedStore(_authenticated(dist.PrefixStore(PREFIX, store), PREFIX), where, bound, hint)
+        prefix = self.settings.prefix
+        return NamedStore(_authenticated(dist.PrefixStore(prefix, store), prefix), where, bound, hint)
 
     def _wait_for(self, key: str, what: str) -> bytes:
         wait = Wait(self._timeout)

@@ -87,7 +87,7 @@ class ElasticGroups:
         if membership.epoch > 0:  # every member is alive and waiting: a lost one must not cost 120 s
             join = min(join, REFORM_JOIN_TIMEOUT)
         host, port = membership.settings.store
-        elastic = ElasticGroup(f"phalanx/elastic/g{membership.epoch}/", membership.failure)
+        elastic = ElasticGroup(f"{membership.settings.prefix}g{membership.epoch}/", membership.failure)
         sockets = GroupSockets(membership.settings.store)
         group: WorkerGroup = sockets.record(
             lambda: self._new_group(

@@ -190,12 +190,12 @@ def test_termination_config_must_be_one(one_device, tmp_path):
         PreemptionCheckpointHandler(None, Checkpoint(model=model), str(tmp_path), {"grace_period": 1})
 
 
-def test_a_cluster_of_several_workers_needs_the_strategy_scope(tmp_path):
+def test_a_cluster_of_several_workers_needs_the_strategy_that_joins_them(tmp_path):
     resolver = SimpleClusterResolver(
         {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task_type="worker", task_id=0
     )
     model = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match="must be created inside the scope"):
+    with pytest.raises(ValueError, match="no live strategy was made with this cluster_resolver"):
         PreemptionCheckpointHandler(resolver, Checkpoint(model=model), str(tmp_path))
 
 
@@ -252,3 +252,12 @@ def test_experimental_exports_the_preemption_api():
     assert {"PreemptionCheckpointHandler", "PreemptionWatcher", "TerminationConfig"} <= set(
         phalanx.experimental.__all__
     )
+
+
+def test_a_handler_made_after_the_scope_finds_the_strategy_of_its_resolver(tmp_path):
+    resolver = SimpleClusterResolver({"worker": ["127.0.0.1:1"]}, task_type="worker", task_id=0)
+    strategy = phalanx.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    with strategy.scope():
+        model = nn.Linear(2, 2)
+    handler = PreemptionCheckpointHandler(resolver, Checkpoint(model=model), str(tmp_path))  # after the block
+    assert handler._strategy is strategy

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from phalanx.cluster import (
     SimpleClusterResolver,
     SlurmClusterResolver,
@@ -54,3 +56,19 @@ def test_importing_reads_no_environment():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+TRAINJOB = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "h"}
+
+
+def test_torchrun_arguments_without_torchrun_are_refused_naming_torchrun(clean_cluster_env):
+    _set(clean_cluster_env, TRAINJOB)  # a Kubeflow TrainJob's node, the program started without torchrun
+    with pytest.raises(ValueError, match=r"not\s+started by torchrun") as caught:
+        resolve_cluster()
+    assert "PET_NNODES=2" in str(caught.value)
+    assert "torchrun prog.py" in str(caught.value)
+
+
+def test_torchrun_arguments_under_torchrun_are_torchruns(clean_cluster_env):
+    _set(clean_cluster_env, {**TRAINJOB, **TORCHRUN})  # torchrun read PET_* and set RANK...
+    assert isinstance(resolve_cluster(), TorchrunClusterResolver)
