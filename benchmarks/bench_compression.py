@@ -16,7 +16,7 @@ fp16, PowerSGD rank 2), two hosts (network namespaces on a private bridge) run o
   each counts;
 * bytes per step: what this host sent on its link during those rounds (``/proc/net/dev`` of the
   host's network namespace, every interface but lo), per step;
-* accuracy after a fixed budget on the digits demo (`phalanx.demo.DigitsCNN`, the same steps
+* accuracy after a fixed budget on the digits demo (`phalanx.cli.demo.DigitsCNN`, the same steps
   and batches for phalanx and DDP; test accuracy).
 
 Gradient accumulation (k=4) is a row to add once the accumulation API is on this branch: it is
@@ -155,7 +155,7 @@ def _step_times(strategy: Any, name: str, group: Any, quick: bool) -> dict[str, 
 def _digits_accuracy(strategy: Any, name: str, group: Any, quick: bool) -> dict[str, float]:
     """Test accuracy after the same budget of steps for phalanx and DDP (the digits demo's CNN)."""
     import phalanx
-    from phalanx.demo import DigitsCNN, load_digits_split
+    from phalanx.cli.demo import DigitsCNN, load_digits_split
 
     rank, world = strategy.cluster_resolver.worker_index, strategy.num_replicas_in_sync
     xs, ys, xt, yt = (torch.from_numpy(a) for a in load_digits_split())

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 import phalanx
+from phalanx.cli.demo import load_digits_split
 from phalanx.communication.compression.powersgd import PowerSGDCompressor
-from phalanx.demo import load_digits_split
 from phalanx.experimental import CommunicationOptions, PowerSGD
 from phalanx.strategies.workers.bucket_sync import group_buckets
 
