@@ -16,6 +16,7 @@ from torch import nn
 
 from phalanx.checkpoint import _sharded, _sharded_state
 from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
+from phalanx.checkpoint.weights import safetensors_files
 from phalanx.keras import architecture
 
 __all__ = [
@@ -56,15 +57,26 @@ def _description(model: Any) -> dict[str, Any]:
 def writes_sharded(model: Any, filepath: str) -> bool:
     """Whether a save of ``model`` to ``filepath`` writes a sharded folder: the path ends in
     ``.dcp``, or the model is sharded (FullyShardedStrategy: each worker writes its part, and
-    no worker gathers the whole model)."""
+    no worker gathers the whole model). A ``.safetensors`` path is written by every worker
+    alike (each its own rows; the chief what no worker shards)."""
     module = getattr(model, "module", None)  # a callback may be given any model-like object
     sharded = isinstance(module, nn.Module) and _sharded_state.is_sharded({"model": module})
-    return str(filepath).endswith(_sharded.SUFFIX) or sharded
+    return str(filepath).endswith((_sharded.SUFFIX, safetensors_files.SUFFIX)) or sharded
 
 
 def save_model(model: Any, filepath: str) -> None:
     """Writes `model` to ``filepath`` atomically (all workers call it; the chief's file is
-    kept), or as a sharded folder (see `writes_sharded`)."""
+    kept), or as a sharded folder (see `writes_sharded`).
+
+    Raises:
+        ValueError: ``filepath`` ends in ``.safetensors``, which holds weights only.
+    """
+    if str(filepath).endswith(safetensors_files.SUFFIX):
+        raise ValueError(
+            "Model.save writes the architecture, compile settings and optimizer state, which a "
+            f"safetensors file cannot hold. Received: {filepath!r}. HINT: model.save_weights(path) "
+            "writes the weights as safetensors; model.save(path) with another suffix writes the rest."
+        )
     if writes_sharded(model, filepath):
         description = io.BytesIO()
         torch.save(_description(model), description)  # read back with weights_only=True
@@ -106,8 +118,11 @@ def read_description(filepath: str) -> dict[str, Any]:
 
 
 def save_weights(model: Any, filepath: str) -> None:
-    """Writes the wrapped module's state dict (plain tensors) atomically, or as a sharded
-    folder (see `writes_sharded`)."""
+    """Writes the wrapped module's state dict (plain tensors) atomically, as a sharded folder
+    (see `writes_sharded`), or to a ``.safetensors`` file (each worker writing its rows)."""
+    if str(filepath).endswith(safetensors_files.SUFFIX):
+        safetensors_files.save_safetensors(model.module, filepath)
+        return
     if writes_sharded(model, filepath):
         state = _sharded_state.collect({"model": model.module}, model.strategy)
         state["format"], state["save_counter"] = _sharded_state.FORMAT, 0
@@ -119,8 +134,12 @@ def save_weights(model: Any, filepath: str) -> None:
 
 
 def load_weights(model: Any, filepath: str) -> None:
-    """Loads a `save_weights` or `save` file (or sharded folder) into the model (every
-    replica is updated)."""
+    """Loads a `save_weights` or `save` file (or sharded folder), or a safetensors file or
+    Hugging Face folder, into the model (every replica is updated; a sharded model's workers
+    read only their rows)."""
+    if safetensors_files.is_safetensors(filepath):
+        safetensors_files.load_safetensors(model.module, filepath)
+        return
     if _sharded.is_sharded(filepath):
         state = _sharded_state.collect({"model": model.module}, model.strategy)
         state["format"] = ""
