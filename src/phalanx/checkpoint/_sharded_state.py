@@ -9,7 +9,7 @@ model. Anything else gives what the single-file format saves of it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -18,9 +18,10 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 from torch.distributed.tensor import DTensor
 
 from phalanx.checkpoint._objects import load_into, state_of
+from phalanx.checkpoint.weights import meta as meta_loads
 from phalanx.state_views import sharded_state_dicts
 
-__all__ = ["FORMAT", "apply", "collect", "is_sharded", "sharded_state_dicts"]
+__all__ = ["FORMAT", "apply", "collect", "is_sharded", "prepare", "sharded_state_dicts"]
 
 FORMAT = "phalanx.checkpoint.sharded/1"
 
@@ -53,6 +54,15 @@ def _prepare(objects: Mapping[str, Any], strategy: Any) -> list[nn.Module]:
             if isinstance(obj, torch.optim.Optimizer):
                 strategy.adopt(obj)  # the sharded parameters, if it was made before sharding
     return [obj for obj in objects.values() if isinstance(obj, nn.Module)]
+
+
+def prepare(objects: Mapping[str, Any], saved: Collection[str]) -> None:
+    """Before a read: gives modules built on the meta device memory for what the checkpoint
+    fills (``saved``: its flattened keys, ``model.layer.weight``), and no initial values
+    (`phalanx.checkpoint.weights.meta`; every worker calls it)."""
+    for name, obj in objects.items():
+        if isinstance(obj, nn.Module):
+            meta_loads.prepare(obj, {key[len(name) + 1 :] for key in saved if key.startswith(name + ".")})
 
 
 def collect(objects: Mapping[str, Any], strategy: Any) -> dict[str, Any]:

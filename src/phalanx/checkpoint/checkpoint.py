@@ -196,6 +196,7 @@ class Checkpoint:
         from phalanx.strategies.default import get_strategy  # here: serving imports no strategy
 
         strategy = get_strategy()
+        _sharded_state.prepare(self._objects, _sharded.saved_keys(save_path))
         state = _sharded_state.collect(self._objects, strategy)
         state["format"], state["save_counter"] = "", 0
 

@@ -141,6 +141,7 @@ def load_weights(model: Any, filepath: str) -> None:
         safetensors_files.load_safetensors(model.module, filepath)
         return
     if _sharded.is_sharded(filepath):
+        _sharded_state.prepare({"model": model.module}, _sharded.saved_keys(filepath))
         state = _sharded_state.collect({"model": model.module}, model.strategy)
         state["format"] = ""
 

@@ -287,7 +287,9 @@ def save_safetensors(
     path = os.fspath(path)
     if max_shard_size <= 0:
         raise ValueError(f"max_shard_size must be a positive number of bytes. Received: {max_shard_size}.")
-    entries = [(names[0], tensor) for names, tensor in _targets(module)]  # tied weights once
+    with sharded_state_dicts(), torch.no_grad():  # values: every worker reads each in the same order
+        values = module.state_dict()  # (a strategy's variables aggregate on read: a collective)
+    entries = [(names[0], values[names[0]]) for names, _ in _targets(module)]  # tied weights once
     odd = sorted({str(t.dtype) for _, t in entries if t.dtype not in DTYPES})
     if odd:
         raise ValueError(
