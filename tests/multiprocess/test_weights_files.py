@@ -179,7 +179,9 @@ def runs(tmp_path_factory):
     sharded = runner.run(run_cases, sources, str(out), timeout=300)
     one = phalanx.OneDeviceStrategy("cpu")
     try:
-        reference = {name: train_from(one, *CASES[name][:1], sources[CASES[name][1]]) for name in ("torch", "partial")}
+        reference = {
+            name: train_from(one, CASES[name][0], sources[CASES[name][1]]) for name in ("torch", "partial")
+        }
     finally:
         one._threads.close()
     return {"sharded": sharded, "reference": reference, "out": out}

@@ -149,7 +149,7 @@ class MetaInit:
         its meta parameters and its meta-born buffers): it then needs memory, not values."""
         modules = list(post_order(unit))
         metas = [p for m in modules for p in m._parameters.values() if p is not None and p.is_meta]
-        buffers = [m._buffers[n] for m in modules for n in self._buffer_names(m) if m._buffers.get(n) is not None]
+        buffers = [b for m in modules for n in self._buffer_names(m) if (b := m._buffers.get(n)) is not None]
         tensors = [*metas, *buffers]
         return bool(tensors) and all(id(t) in loaded for t in tensors)
 

@@ -343,7 +343,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         unit whose meta tensors are all in ``loaded`` on every worker gets memory, not values."""
         mesh = self.device_mesh
         plan = self._plan.take()
-        from_load = iter(self._agreed([self._meta.loaded_whole(u, loaded) for us in plan.values() for u in us]))
+        filled_by_load = [self._meta.loaded_whole(unit, loaded) for units in plan.values() for unit in units]
+        from_load = iter(self._agreed(filled_by_load))
         for root, units in plan.items():
             if isinstance(root, FSDPModule):
                 raise RuntimeError(

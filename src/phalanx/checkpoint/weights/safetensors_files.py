@@ -37,7 +37,14 @@ from torch.distributed.tensor import DTensor
 from phalanx.checkpoint import _sharded
 from phalanx.checkpoint._files import release_temp_folder
 from phalanx.checkpoint.weights import meta as meta_loads
-from phalanx.checkpoint.weights.slices import BLOCK_BYTES, Region, byte_runs, region_of, row_blocks, writes_region
+from phalanx.checkpoint.weights.slices import (
+    BLOCK_BYTES,
+    Region,
+    byte_runs,
+    region_of,
+    row_blocks,
+    writes_region,
+)
 from phalanx.state_views import sharded_state_dicts
 
 __all__ = [
@@ -120,7 +127,8 @@ def files_of(path: str | os.PathLike[str]) -> dict[str, str]:
         where = {str(name): os.path.join(path, str(file)) for name, file in weight_map.items()}
         for file in sorted(set(where.values())):
             if not os.path.isfile(file):
-                raise FileNotFoundError(f"{index!r} names {os.path.basename(file)!r}, which is not in {path!r}.")
+                name = os.path.basename(file)
+                raise FileNotFoundError(f"{index!r} names {name!r}, which is not in {path!r}.")
         return where
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No safetensors file or folder at {path!r}.")
@@ -232,7 +240,8 @@ class _File:
         entries: dict[str, Any] = {"__metadata__": {"format": "pt"}}
         for name, tensor, start in self.tensors:
             end = start + tensor.numel() * tensor.element_size()
-            entries[name] = {"dtype": DTYPES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [start, end]}
+            shape, dtype = list(tensor.shape), DTYPES[tensor.dtype]
+            entries[name] = {"dtype": dtype, "shape": shape, "data_offsets": [start, end]}
         text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
         text += b" " * (-len(text) % 8)
         return len(text).to_bytes(8, "little") + text
@@ -364,7 +373,7 @@ def _write_region(fd: int, start: int, region: Region, local: torch.Tensor) -> N
 def _bytes(tensor: torch.Tensor) -> memoryview:
     """The bytes of ``tensor`` in row-major order, on the CPU (a view where it is already so)."""
     flat = tensor.detach().contiguous().reshape(-1).cpu()
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    return memoryview(flat.view(torch.uint8).numpy().data).cast("B")
 
 
 def _pwrite(fd: int, data: memoryview, offset: int) -> None:
@@ -394,4 +403,3 @@ def _publish(temp: str, path: str, lock: int, files: list[_File], one_file: bool
     os.replace(written, path)
     release_temp_folder(lock, temp)
     shutil.rmtree(temp, ignore_errors=True)
-

@@ -91,9 +91,10 @@ def local_part(full: torch.Tensor, like: DTensor) -> DTensor:
     )
 
 
-def row_blocks(region: Region, itemsize: int, limit: int = BLOCK_BYTES) -> Iterator[tuple[int, int]]:
-    """Local rows ``[start, stop)`` of ``region`` in blocks of at most ``limit`` bytes (at
-    least one row each); a 0-d tensor is one block ``(0, 1)``."""
+def row_blocks(region: Region, itemsize: int, limit: int | None = None) -> Iterator[tuple[int, int]]:
+    """Local rows ``[start, stop)`` of ``region`` in blocks of at most ``limit`` bytes
+    (default `BLOCK_BYTES`; at least one row each); a 0-d tensor is one block ``(0, 1)``."""
+    limit = BLOCK_BYTES if limit is None else limit
     if not region.sizes:
         yield 0, 1
         return
