@@ -139,8 +139,16 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 
 def saved_keys(path: str) -> set[str]:
-    """The flattened keys of what the sharded checkpoint at ``path`` holds (``model.layer.weight``)."""
-    return {str(key) for key in SafeMetadataReader(path).read_metadata().state_dict_metadata}
+    """The flattened keys of what the sharded checkpoint at ``path`` holds (``model.layer.weight``).
+
+    Raises:
+        ValueError: The metadata cannot be read (as `load` says it).
+    """
+    try:
+        metadata = SafeMetadataReader(path).read_metadata()
+    except Exception as exc:  # what DCP's load would report, reported as `load` does
+        raise ValueError(f"Cannot restore the sharded checkpoint {path!r}: {exc}") from exc
+    return {str(key) for key in metadata.state_dict_metadata}
 
 
 def is_sharded(path: str) -> bool:
