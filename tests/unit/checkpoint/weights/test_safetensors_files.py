@@ -161,6 +161,18 @@ def test_a_meta_model_loaded_whole_needs_no_reset_and_trains(one_worker, tmp_pat
     _same(model, expected)
 
 
+def test_a_model_that_already_ran_takes_new_weights_into_its_shards(one_worker, tmp_path):
+    with one_worker.scope():
+        model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    x = torch.randn(2, 5)
+    one_worker.run(lambda: model(x))  # FSDP2 initialised: its shards are views of padded storage
+    new = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    save_file(new.state_dict(), tmp_path / "new.safetensors")
+    load_safetensors(model, tmp_path / "new.safetensors")
+    out = one_worker.experimental_local_results(one_worker.run(lambda: model(x)))[0]
+    torch.testing.assert_close(out, new(x))
+
+
 def test_a_meta_model_loaded_in_part_still_needs_resets_for_the_rest(one_worker, tmp_path):
     torch.save({"0.weight": torch.ones(5, 7)}, tmp_path / "part.pt")
     with one_worker.scope(), torch.device("meta"):
