@@ -1,4 +1,4 @@
-"""FullyShardedStrategy against MultiWorkerMirroredStrategy and raw FSDP2 (issue 24).
+"""FullyShardedStrategy against MultiWorkerMirroredStrategy and raw FSDP2.
 
 Run: python benchmarks/bench_fsdp.py [--workers 2 4] [--quick] [--save-mb 100]
 

@@ -1,9 +1,9 @@
 """MirroredStrategy over 2 logical CPU replicas against OneDeviceStrategy at the same global batch.
 
 Run: python benchmarks/bench_mirrored.py [--quick]
-Goal (issue 3): throughput ratio (mirrored / one device) >= 0.9 on a 2-core machine, MLP
+Goal: throughput ratio (mirrored / one device) >= 0.9 on a 2-core machine, MLP
 784-1024-1024-10, global batch 256; also prints the per-`run` overhead in microseconds.
-Goal (issue 10): a tiny transformer (hidden 32, 2 layers, vocab 100, global batch 8, sequence
+Goal: a tiny transformer (hidden 32, 2 layers, vocab 100, global batch 8, sequence
 16) steps under Mirrored(2 CPU replicas) within 1.2x of one device's step time: modules read
 the replica's plain tensors, so no per-op Python dispatch runs inside a replica.
 """

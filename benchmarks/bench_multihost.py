@@ -81,7 +81,7 @@ def worker(quick: bool) -> None:
     share = GLOBAL_BATCH // world
     mine = [(x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]) for x, y in data]
 
-    # DDP on plain gloo: the job's default group is phalanx's own (communication/process_group.py)
+    # DDP on plain gloo: the job's default group is phalanx's own (communication/group/process_group.py)
     reference = dist.new_group(backend="gloo")
     ddp_model = nn.parallel.DistributedDataParallel(_mlp(), process_group=reference)
     ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=0.01)

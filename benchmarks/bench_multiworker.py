@@ -11,26 +11,26 @@ Run: python benchmarks/bench_multiworker.py [--quick]
    strategy.run, compute_average_loss, gradient buckets) against DistributedDataParallel
    (gloo) on the same per-worker batches. ratio = phalanx / DDP examples per second (goal >= 1.0).
    A round is several epochs of 25 steps (100 steps, 40 with ``--quick``): long enough that what
-   builds up over seconds of training shows (2 s of gloo works held, session 10, cost 25 % of a
+   builds up over seconds of training shows (2 s of gloo works held cost 25 % of a
    sustained step and none of a 25-step round). Printed: the best round of each side and, in
    brackets, the ratio of the median rounds.
 3. The gradient engines alone, in a plain torch loop of that MLP (no ``run``, no iterator):
-   phalanx's gradient buckets (`phalanx.communication.bucketing`, over the strategy's own
+   phalanx's gradient buckets (`phalanx.communication.engine.bucketing`, over the strategy's own
    transport) against DDP's C++ reducer as DDP builds it, and as DDP with
    ``gradient_as_bucket_view`` and a summing communication hook (phalanx's convention).
    Printed as CPU ms per step of worker 0 above the same loop with no all-reduce at all, then
    where each engine's CPU goes: the training thread and the others (gloo's, the
    shared-memory transport's), from ``/proc/self/task/*/schedstat``.
-4. The collective check's cost (`phalanx.communication.collective_check`): the loop of 2 with
+4. The collective check's cost (`phalanx.communication.checks.collective_check`): the loop of 2 with
    the codes on and off in alternating rounds of the same run (skipped when the run has them
    off). ratio = examples per second on / off (goal: within noise).
 
 Both sides of each case are timed in alternating rounds in the same processes; the best
 round of each counts. Nothing is asserted: the ratios are printed. Both workers run on this
 machine, so phalanx's all-reduces take the shared-memory transport
-(`phalanx.communication.shared_memory`); run with PHALANX_SHARED_MEMORY=0 to measure its gloo
+(`phalanx.communication.transports.shm.shared_memory`); run with PHALANX_SHARED_MEMORY=0 to measure its gloo
 path, and add PHALANX_COLLECTIVES=tls with a PHALANX_CLUSTER_TOKEN for the mutual-TLS ring that
-workers on different machines use when the job has a token (`phalanx.communication.tls_ring`).
+workers on different machines use when the job has a token (`phalanx.communication.transports.tls.ring`).
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def _split(before: dict[str, int], after: dict[str, int], steps: int) -> tuple[f
 
 def _bench_engines(strategy, reference, rank: int, quick: bool) -> str:
     """CPU per step of each gradient engine: phalanx's buckets on the job's transport, DDP's on plain gloo."""
-    from phalanx.communication.bucketing import GradientBuckets
+    from phalanx.communication.engine.bucketing import GradientBuckets
 
     steps = 8 if quick else 20
     g = torch.Generator().manual_seed(2 + rank)

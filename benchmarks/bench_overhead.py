@@ -3,9 +3,9 @@
 Run: python benchmarks/bench_overhead.py [--quick]
 The reference is the same plain PyTorch loop over the same (undistributed) `phalanx.data`
 batches, so the difference is everything distribution adds to a step; times are the thread's
-CPU time (steadier than wall time on a busy machine). Goal
-(issue 13): at most 8 us added per step under the default strategy and OneDeviceStrategy on
-the issue's small MLP (64-64-10, batch 32); the line also prints the time ratio.
+CPU time (steadier than wall time on a busy machine). Goal:
+at most 8 us added per step under the default strategy and OneDeviceStrategy on
+a small MLP (64-64-10, batch 32); the line also prints the time ratio.
 """
 
 from __future__ import annotations

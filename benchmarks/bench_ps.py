@@ -37,9 +37,9 @@ from _timing import best_time, report  # noqa: E402
 
 import phalanx  # noqa: E402
 from phalanx.cluster._ports import free_ports  # noqa: E402
-from phalanx.cluster._token import TOKEN_ENV  # noqa: E402
 from phalanx.cluster.resolvers import SimpleClusterResolver  # noqa: E402
 from phalanx.ps.variables import VariableHandle  # noqa: E402
+from phalanx.security.token import TOKEN_ENV  # noqa: E402
 
 
 def _raw_echo_server(port: int) -> grpc.Server:

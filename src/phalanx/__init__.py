@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
         NcclAllReduce,
         ReductionToOneDevice,
     )
-    from phalanx.communication.communication_options import (
+    from phalanx.communication.local.options import (
         CommunicationImplementation,
         CommunicationOptions,
     )
@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # what each lazy name is, for type checkers and IDEs
     from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions, InputReplicationMode
     from phalanx.keras import Model, SidecarEvaluator, load_model
     from phalanx.losses.averaging import compute_average_loss, scale_regularization_loss
-    from phalanx.ps.server import Server
+    from phalanx.server import Server
     from phalanx.strategies import (
         CentralStorageStrategy,
         MirroredStrategy,
@@ -97,13 +97,13 @@ _SUBMODULES = (
 _NAMES: dict[str, tuple[str, str | None]] = {
     **{name: (f"phalanx.{name}", None) for name in _SUBMODULES},
     "cluster_resolver": ("phalanx.cluster.resolvers", None),
-    "Server": ("phalanx.ps.server", "Server"),
+    "Server": ("phalanx.server", "Server"),
     **{
         name: ("phalanx.communication", name)
         for name in ("CrossDeviceOps", "HierarchicalCopyAllReduce", "NcclAllReduce", "ReductionToOneDevice")
     },
     **{
-        name: ("phalanx.communication.communication_options", name)
+        name: ("phalanx.communication.local.options", name)
         for name in ("CommunicationImplementation", "CommunicationOptions")
     },
     **{

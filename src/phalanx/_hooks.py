@@ -215,10 +215,12 @@ def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> Any:
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     replica = context.current_replica()
     if replica is not None:
+        replica[0]._sync_switch.check_step()
         replica[0].step_sync.before_step(optimizer, replica[1])
         return
     frame = context.current_frame()
     if frame is not None:
+        frame.strategy._sync_switch.check_step()
         frame.strategy._step_outside_run(optimizer)
     # optimizer state kept per replica (`PerReplicaState`) refuses a step outside `run`
     check = getattr(optimizer.state, "check_step_outside_run", None)

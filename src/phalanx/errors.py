@@ -7,8 +7,8 @@ stopped answering or never joined (docs/multi_worker.md, "Failures"). `BelowMini
 (docs/multi_worker.md, "Elastic training").
 """
 
-from phalanx.communication.health import PeerUnavailableError
-from phalanx.communication.membership import BelowMinimumWorkersError
-from phalanx.communication.stall_inspector import CollectiveMismatchError
+from phalanx.communication.checks.health import PeerUnavailableError
+from phalanx.communication.checks.stall_inspector import CollectiveMismatchError
+from phalanx.communication.membership.membership import BelowMinimumWorkersError
 
 __all__ = ["BelowMinimumWorkersError", "CollectiveMismatchError", "PeerUnavailableError"]

@@ -24,9 +24,11 @@ from phalanx.checkpoint.failure_handling import (
     PreemptionWatcher,
     TerminationConfig,
 )
-from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
+from phalanx.communication.local.options import CommunicationImplementation, CommunicationOptions
+from phalanx.distribution import DeviceMesh, LayoutMap, TensorLayout
 from phalanx.strategies import CentralStorageStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy
 from phalanx.strategies.fully_sharded import FullyShardedStrategy
+from phalanx.strategies.model_parallel import ModelParallelStrategy
 from phalanx.strategies.strategy import ValueContext
 
 if TYPE_CHECKING:
@@ -37,12 +39,16 @@ __all__ = [
     "CentralStorageStrategy",
     "CommunicationImplementation",
     "CommunicationOptions",
+    "DeviceMesh",
     "FullyShardedStrategy",
+    "LayoutMap",
+    "ModelParallelStrategy",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
     # tfsurface: the rest of tf.distribute.experimental
     "PreemptionCheckpointHandler",
     "PreemptionWatcher",
+    "TensorLayout",
     "TerminationConfig",
     "ValueContext",
     "coordinator",

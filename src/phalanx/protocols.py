@@ -26,7 +26,7 @@ class StepSync(Protocol):
 
     `phalanx._hooks` calls these methods from torch's global optimizer-step hooks whenever an
     optimizer steps inside ``strategy.run``. Implementations: in-process replicas meet and sum
-    gradients (`phalanx.strategies._gradients.GradientSync`); MultiWorkerMirrored's bucket
+    gradients (`phalanx.strategies.replicas.gradients.GradientSync`); MultiWorkerMirrored's bucket
     sync waits for the buckets all-reduced during backward; the parameter-server coordinator
     refuses steps; a parameter-server worker pushes its gradients to the ps tasks.
     """
@@ -49,7 +49,7 @@ class StepSync(Protocol):
 
 class VariableHome(Protocol):
     """Where a strategy's distributed variables live and how they are read and written
-    (`phalanx.strategies._variable_policy.VariablePolicy`; CentralStorage has its own)."""
+    (`phalanx.strategies.replicas.variable_policy.VariablePolicy`; CentralStorage has its own)."""
 
     @property
     def has_variables(self) -> bool:
@@ -92,7 +92,12 @@ class DistributionStrategy(Protocol):
     `_step_outside_run` (an ``optimizer.step()`` in the scope outside ``run``);
     `_fetch_devices`, `_any_worker_has_data` (the input pipeline); `_cross_worker_all_reduce`,
     `_cross_worker_all_gather` (reductions that cross processes).
+
+    `_sync_switch` (`phalanx.strategies.accumulation.SyncSwitch`): whether backward passes sum
+    now (``no_sync()``); the torch hooks refuse an ``optimizer.step()`` inside ``no_sync()``.
     """
+
+    _sync_switch: Any
 
     @property
     def is_default(self) -> bool:
@@ -129,7 +134,7 @@ class DistributionStrategy(Protocol):
 
     @property
     def rendezvous(self) -> Any:
-        """Where this worker's replicas meet (`phalanx.strategies._replica_rendezvous.ReplicaRendezvous`)."""
+        """Where this worker's replicas meet (`phalanx.strategies.replicas.rendezvous.ReplicaRendezvous`)."""
 
     @property
     def cross_device_ops(self) -> Any:

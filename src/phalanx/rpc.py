@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from phalanx.cluster._token import cluster_token
-from phalanx.ps.rpc_errors import RemoteError, TaskUnavailableError
+from phalanx.ps.rpc.errors import RemoteError, TaskUnavailableError
 from phalanx.ps.transport import RpcClient, RpcServer
+from phalanx.security.token import cluster_token
 
 __all__ = ["Client", "Server", "StatusOrResult"]
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from phalanx import settings
+
 __all__ = ["is_enabled", "span", "start", "stop", "task_name", "write"]
 
 ENV_VAR = "PHALANX_TIMELINE"
@@ -140,7 +142,7 @@ def start(path: str | os.PathLike[str] | None = None) -> Path:
         ValueError: No path was given and ``PHALANX_TIMELINE`` is not set.
     """
     global _timeline
-    raw = path if path is not None else os.environ.get(ENV_VAR)
+    raw = path if path is not None else settings.current().timeline
     if not raw:
         raise ValueError(
             f"A timeline needs a file to write. Received: no path and {ENV_VAR} unset. "
@@ -162,7 +164,7 @@ def start(path: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _flush_periodically(timeline: Timeline) -> None:
-    seconds = float(os.environ.get("PHALANX_TIMELINE_FLUSH_SECONDS", "5"))
+    seconds = settings.current().timeline_flush_seconds
     written = 0
     while _timeline is timeline:
         time.sleep(seconds)
@@ -245,5 +247,5 @@ def _uninstall_backward() -> None:
     torch.Tensor.backward = _original_backward  # type: ignore[method-assign]
 
 
-if os.environ.get(ENV_VAR):
+if settings.current().timeline:
     start()

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from phalanx.cli import DEFAULT_DEMO_STRATEGY, DEMO_STRATEGIES, _parser
-from phalanx.demo import STRATEGIES, default_strategy_name, run_demo
+from phalanx.cli.demo import STRATEGIES, default_strategy_name, run_demo
 from support.cluster import run_python
 
 pytestmark = pytest.mark.multiprocess  # the command-line tests start processes

@@ -61,3 +61,15 @@ def test_estimator_example_trains_and_evaluates_locally(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "local done; evaluation:" in done.stdout
     assert "at global step 100" in done.stdout
+
+
+def test_model_parallel_example_splits_the_model_over_two_workers(tmp_path):
+    script = EXAMPLES / "model_parallel.py"
+    done = run_python(
+        "-m", "phalanx", "launch", "--workers", 2, script, "--steps", 10, timeout=240, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[worker-1] worker 1: wq (64, 64), held here (32, 64)" in done.stdout
+    final = float(done.stdout.split("[worker-0] final loss ")[1].split()[0])
+    first = float(done.stdout.split("[worker-0] step 0: loss ")[1].split()[0])
+    assert final < first  # it learns

@@ -1,5 +1,5 @@
 """A collective that one worker makes in the middle of training fails at once on every worker,
-on every transport, before any result of it is used (`phalanx.communication.collective_check`).
+on every transport, before any result of it is used (`phalanx.communication.checks.collective_check`).
 
 Each case runs tests/faults/scripts/desync.py on a real 2-worker cluster: both workers must
 exit non-zero with `CollectiveMismatchError` naming both call sites, and hold the weights of
@@ -212,7 +212,7 @@ def test_forced_tls_on_one_machine_meets_a_broadcast_with_the_all_reduce_it_pair
 @reads(("in_backward_all", "gloo"), ("plain", "gloo"))
 def test_a_collective_inside_backward_on_every_worker_is_no_mismatch(desync):
     # over gloo it breaks the announced gradient all-reduces on every worker alike
-    # (phalanx.communication.gloo_transport): the sums stay right
+    # (phalanx.communication.transports.gloo.transport): the sums stay right
     runs = {mode: desync(mode, "gloo")[0] for mode in ("in_backward_all", "plain")}
     for run in runs.values():
         assert "finished without an error" in run.output, run.output

@@ -105,7 +105,7 @@ def test_detail_mode_names_the_first_collective_whose_shapes_differ():
         for part in (
             "(loss.backward at stall_paths.py:",
             # 178 gradients, 2 flags for each of 4 parameters, and the element the gloo transport
-            # may mark a broken announcement in (phalanx.communication.gloo_transport)
+            # may mark a broken announcement in (phalanx.communication.transports.gloo.transport)
             "[all_reduce(SUM) of float32[187]]",
             "(strategy.reduce at stall_paths.py:",
             "[all_reduce(SUM) of float32[]]",

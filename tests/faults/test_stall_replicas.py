@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import phalanx
-from phalanx.communication.stall_inspector import CollectiveMismatchError
+from phalanx.communication.checks.stall_inspector import CollectiveMismatchError
 from support.cluster import run_python
 
 

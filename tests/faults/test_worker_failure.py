@@ -13,7 +13,7 @@ import pytest
 
 import phalanx
 from phalanx.cluster import SimpleClusterResolver, launch
-from phalanx.communication.worker_group import PeerUnavailableError
+from phalanx.communication.group.worker_group import PeerUnavailableError
 from support.cluster import LocalCluster, free_ports
 
 pytestmark = pytest.mark.multiprocess

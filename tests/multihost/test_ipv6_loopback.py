@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from multihost.cluster import SCRIPTS, base_env, tf_config
-from phalanx.communication.interfaces import interface_addresses
+from phalanx.communication.transports.interfaces import interface_addresses
 from support import oracle
 
 pytestmark = [

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.communication._work import QueuedWork
-from phalanx.communication.shared_memory import (
+from phalanx.communication.group.work import QueuedWork
+from phalanx.communication.transports.shm.shared_memory import (
     SHARED_MEMORY_ENV,
     SharedMemoryAllReduce,
     _alive,

@@ -1,5 +1,5 @@
 """A group a user makes with ``torch.distributed.new_group()`` inside a MultiWorkerMirrored
-program is checked as the job's group is (`phalanx.communication.subgroups`): a collective one
+program is checked as the job's group is (`phalanx.communication.group.subgroups`): a collective one
 worker alone makes on it in the middle of training is named on both workers, at once."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """MultiWorkerMirrored collectives over the TLS ring between real worker processes (127.0.0.1):
-the same numbers as gloo, on every worker (`phalanx.communication.tls_ring`)."""
+the same numbers as gloo, on every worker (`phalanx.communication.transports.tls.ring`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A user's own torch.distributed calls inside a MultiWorkerMirrored program run on phalanx's
-process group (`phalanx.communication.process_group`) on every transport, with no
+process group (`phalanx.communication.group.process_group`) on every transport, with no
 init_process_group of their own."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _repeats(tmp_path, mode: str) -> list[dict]:
 
 
 def test_a_repeated_all_reduce_over_gloo_is_one_call_once_predicted_and_sums_right(tmp_path):
-    # `phalanx.communication._gloo_repeats`: W = 2, a first message is 1064 float32 (1054 payload)
+    # `phalanx.communication.transports.gloo.repeats`: W = 2, a first message is 1064 float32 (1054 payload)
     for result in _repeats(tmp_path, "alike"):
         sums, calls = result["staged"]
         assert sums == [3.0, 5.0, 7.0, 9.0, 11.0]

@@ -1,5 +1,5 @@
 """The TLS ring that carries MultiWorkerMirrored collectives between machines
-(`phalanx.communication.tls_ring`): real TLS connections on 127.0.0.1 between rings made on
+(`phalanx.communication.transports.tls.ring`): real TLS connections on 127.0.0.1 between rings made on
 threads of this process. What travels is unreadable and tamper-evident, a peer without the
 token is refused in the handshake both ways, and every failure names the worker."""
 
@@ -15,12 +15,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from phalanx.cluster._certificates import task_certificate
-from phalanx.communication import tls_links, tls_ring
-from phalanx.communication._work import PeerGoneError
-from phalanx.communication.tls_links import RingLinks
-from phalanx.communication.tls_ring import TlsRing
-from phalanx.communication.transport_choice import collectives_mode, ring_if_needed
+from phalanx.communication.group.work import PeerGoneError
+from phalanx.communication.transports.choice import collectives_mode, ring_if_needed
+from phalanx.communication.transports.tls import links as tls_links
+from phalanx.communication.transports.tls import ring as tls_ring
+from phalanx.communication.transports.tls.links import RingLinks
+from phalanx.communication.transports.tls.ring import TlsRing
+from phalanx.security.certificates import task_certificate
 
 TOKEN = "the-cluster-secret-0123456789abcdef"
 OTHER = "another-clusters-secret-0123456789"
@@ -412,10 +413,10 @@ def _on_threads(world, run):
 
 def test_a_users_own_collectives_on_the_phalanx_group_travel_encrypted():
     # what torch.distributed.all_reduce / all_gather / broadcast call on the default group
-    # of a MultiWorkerMirrored job under TLS (phalanx.communication.process_group)
+    # of a MultiWorkerMirrored job under TLS (phalanx.communication.group.process_group)
     from datetime import timedelta
 
-    from phalanx.communication.process_group import PhalanxProcessGroup
+    from phalanx.communication.group.process_group import PhalanxProcessGroup
 
     store = dist.HashStore()
     relay = _Relay(_real_port(store, 1))

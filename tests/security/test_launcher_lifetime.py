@@ -15,7 +15,7 @@ import pytest
 
 from phalanx.cluster._ports import free_ports
 from phalanx.cluster._processes import GRACE_SECONDS
-from phalanx.cluster._token import TOKEN_ENV, new_token
+from phalanx.security.token import TOKEN_ENV, new_token
 from security.helpers import SCRIPTS, alive, port_is_free, wait_for
 
 pytestmark = pytest.mark.multiprocess

@@ -17,7 +17,7 @@ import pytest
 import phalanx
 from phalanx.cluster import TFConfigClusterResolver, launch
 from phalanx.cluster._ports import free_ports
-from phalanx.cluster._token import TOKEN_ENV, cluster_token
+from phalanx.security.token import TOKEN_ENV, cluster_token
 from security.helpers import SCRIPTS, port_is_free
 
 W2 = {"worker": ["a:1", "a:2"]}

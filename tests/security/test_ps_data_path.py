@@ -1,4 +1,4 @@
-"""The parameter-server data path (`phalanx.ps.data_server`): outsiders, relays, bad frames.
+"""The parameter-server data path (`phalanx.ps.data_path.server`): outsiders, relays, bad frames.
 
 Against a real `RpcServer` in its own process (tests/security/scripts/data_path_server.py)
 whose ``assign`` runs on the data path and writes a canary line: a caller without the
@@ -24,14 +24,14 @@ import time
 import pytest
 import torch
 
-from phalanx.cluster._certificates import task_certificate
-from phalanx.communication.tls_links import tls_contexts
+from phalanx.communication.transports.tls.links import tls_contexts
 from phalanx.ps import wire
-from phalanx.ps.data_client import DataClient
-from phalanx.ps.data_frames import FRAME, MAGIC, Kind, read_frame, read_message, send_frame
-from phalanx.ps.rpc_common import DATA_PATH_METHOD
-from phalanx.ps.rpc_errors import MessageTooLargeError, TaskUnavailableError
+from phalanx.ps.data_path.client import DataClient
+from phalanx.ps.data_path.frames import FRAME, MAGIC, Kind, read_frame, read_message, send_frame
+from phalanx.ps.rpc.common import DATA_PATH_METHOD
+from phalanx.ps.rpc.errors import MessageTooLargeError, TaskUnavailableError
 from phalanx.ps.transport import RpcClient
+from phalanx.security.certificates import task_certificate
 from security.helpers import SCRIPTS
 from security.impostor import own_tls_identity
 from support.cluster import child_env

@@ -15,9 +15,9 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from phalanx.communication import rendezvous
-from phalanx.communication.health import HealthCheck
-from phalanx.communication.rendezvous import AuthenticatedStore, StoreAuthenticationError
+from phalanx.communication.checks.health import HealthCheck
+from phalanx.communication.membership import rendezvous
+from phalanx.communication.membership.rendezvous import AuthenticatedStore, StoreAuthenticationError
 from security.helpers import SCRIPTS
 from support.cluster import run_cluster
 

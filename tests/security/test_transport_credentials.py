@@ -22,9 +22,9 @@ import pytest
 import torch
 from grpc import StatusCode
 
-from phalanx.cluster._certificates import task_certificate
 from phalanx.ps import wire
 from phalanx.ps.transport import PeerAuthenticationError, RpcClient
+from phalanx.security.certificates import task_certificate
 from security.helpers import SCRIPTS
 from security.impostor import own_tls_identity
 from support.cluster import child_env

@@ -11,8 +11,8 @@ import pytest
 import torch.distributed as dist
 
 from phalanx.cluster._ports import free_ports
-from phalanx.communication.membership import ElasticSettings, Membership
-from phalanx.communication.rendezvous import listening_socket
+from phalanx.communication.membership.membership import ElasticSettings, Membership
+from phalanx.communication.membership.rendezvous import listening_socket
 
 TOKEN = "m" * 32
 

@@ -10,7 +10,6 @@ import torch
 
 import phalanx
 from phalanx import config, experimental
-from phalanx.input.numpy_dataset import make_numpy_dataset
 
 
 def test_experimental_names_are_the_strategies_and_options():
@@ -97,7 +96,7 @@ def test_a_gpu_cannot_be_split(monkeypatch):
 def test_numpy_dataset_rows_are_distributed_across_replicas():
     features = np.arange(20, dtype=np.float32).reshape(10, 2)
     labels = np.arange(10)
-    dataset = make_numpy_dataset((features, labels))
+    dataset = phalanx.get_strategy().make_experimental_numpy_dataset((features, labels))
     assert dataset.cardinality() == 10
     strategy = phalanx.MirroredStrategy(["cpu:0", "cpu:1"])
     seen = []
@@ -113,13 +112,15 @@ def test_numpy_dataset_rows_are_distributed_across_replicas():
 
 def test_numpy_dataset_shares_the_arrays_memory():
     array = np.zeros([4, 3], dtype=np.float64)
-    first = next(iter(make_numpy_dataset({"x": array})))
+    first = next(iter(phalanx.get_strategy().make_experimental_numpy_dataset({"x": array})))
     array[0, 0] = 7.0
     assert first["x"].dtype == torch.float64
-    assert float(next(iter(make_numpy_dataset({"x": array})))["x"][0]) == 7.0
+    assert (
+        float(next(iter(phalanx.get_strategy().make_experimental_numpy_dataset({"x": array})))["x"][0]) == 7.0
+    )
 
 
 @pytest.mark.parametrize("bad", [[1, 2, 3], torch.ones(3), np.float32(1.0), (np.ones(3), "labels")])
 def test_numpy_dataset_refuses_other_values(bad):
     with pytest.raises(ValueError, match="HINT: for tensors or other values use"):
-        make_numpy_dataset(bad)
+        phalanx.get_strategy().make_experimental_numpy_dataset(bad)

@@ -26,7 +26,7 @@ def _joining(model: Any) -> bool:
     membership = getattr(model.strategy, "membership", None)
     if membership is None or not membership.joined:
         return False
-    from phalanx.keras._elastic_loop import elastic_sync_of
+    from phalanx.checkpoint.failure_handling.fit_state import elastic_sync_of
 
     return elastic_sync_of(model)[0].joining
 

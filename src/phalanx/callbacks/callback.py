@@ -2,7 +2,7 @@
 
 Under several workers every worker runs every callback, in the same order: a hook may
 read a metric (a collective) or save the model (all workers take part). Only the writing of
-files is the chief's (see `phalanx.strategies._distributed_files`), and only the chief prints.
+files is the chief's (see `phalanx.strategies.workers.distributed_files`), and only the chief prints.
 """
 
 from __future__ import annotations

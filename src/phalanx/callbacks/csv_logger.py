@@ -9,7 +9,11 @@ from typing import IO, Any
 import torch
 
 from phalanx.callbacks.callback import Callback, Logs
-from phalanx.strategies._distributed_files import remove_temp_dir_with_filepath, strategy_of, write_filepath
+from phalanx.strategies.workers.distributed_files import (
+    remove_temp_dir_with_filepath,
+    strategy_of,
+    write_filepath,
+)
 
 __all__ = ["CSVLogger"]
 

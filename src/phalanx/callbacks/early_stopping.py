@@ -8,7 +8,7 @@ import torch
 
 from phalanx.callbacks.callback import Logs
 from phalanx.callbacks.monitor_callback import MonitorCallback
-from phalanx.strategies._distributed_files import chief_print
+from phalanx.strategies.workers.distributed_files import chief_print
 
 __all__ = ["EarlyStopping"]
 

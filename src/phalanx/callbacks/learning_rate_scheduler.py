@@ -12,7 +12,7 @@ import torch
 
 from phalanx.callbacks._optimizer_lr import get_lr, optimizer_of, set_lr
 from phalanx.callbacks.callback import Callback, Logs
-from phalanx.strategies._distributed_files import chief_print
+from phalanx.strategies.workers.distributed_files import chief_print
 
 __all__ = ["LearningRateScheduler"]
 

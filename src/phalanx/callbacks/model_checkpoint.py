@@ -8,8 +8,8 @@ from typing import Any
 
 from phalanx.callbacks.callback import Logs
 from phalanx.callbacks.monitor_callback import MonitorCallback
-from phalanx.keras._model_files import writes_sharded
-from phalanx.strategies._distributed_files import (
+from phalanx.checkpoint._sharded_state import writes_sharded
+from phalanx.strategies.workers.distributed_files import (
     chief_print,
     remove_temp_dir_with_filepath,
     strategy_of,

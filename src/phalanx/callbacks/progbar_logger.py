@@ -6,7 +6,7 @@ from typing import Any
 
 from phalanx.callbacks._progbar import Progbar
 from phalanx.callbacks.callback import Callback, Logs
-from phalanx.strategies._distributed_files import is_chief, strategy_of
+from phalanx.strategies.workers.distributed_files import is_chief, strategy_of
 
 __all__ = ["ProgbarLogger"]
 

@@ -7,7 +7,7 @@ import numpy as np
 from phalanx.callbacks._optimizer_lr import get_lr, optimizer_of, set_lr
 from phalanx.callbacks.callback import Logs
 from phalanx.callbacks.monitor_callback import MonitorCallback
-from phalanx.strategies._distributed_files import chief_print
+from phalanx.strategies.workers.distributed_files import chief_print
 
 __all__ = ["ReduceLROnPlateau"]
 

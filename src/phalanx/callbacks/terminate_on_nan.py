@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from phalanx.callbacks.callback import Callback, Logs
-from phalanx.strategies._distributed_files import chief_print
+from phalanx.strategies.workers.distributed_files import chief_print
 
 __all__ = ["TerminateOnNaN"]
 

@@ -18,10 +18,12 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 from torch.distributed.tensor import DTensor
 
 from phalanx.checkpoint._objects import load_into, state_of
+from phalanx.checkpoint._sharded import SUFFIX
 from phalanx.checkpoint.weights import meta as meta_loads
+from phalanx.checkpoint.weights.safetensors_files import SUFFIX as SAFETENSORS_SUFFIX
 from phalanx.state_views import sharded_state_dicts
 
-__all__ = ["FORMAT", "apply", "collect", "is_sharded", "prepare", "sharded_state_dicts"]
+__all__ = ["FORMAT", "apply", "collect", "is_sharded", "prepare", "sharded_state_dicts", "writes_sharded"]
 
 FORMAT = "phalanx.checkpoint.sharded/1"
 
@@ -93,3 +95,13 @@ def apply(objects: Mapping[str, Any], state: Mapping[str, Any], strategy: Any) -
                 set_optimizer_state_dict(_model_of(obj, modules, name), obj, state[name])
             else:
                 load_into(obj, state[name], name)
+
+
+def writes_sharded(model: Any, filepath: str) -> bool:
+    """Whether a save of ``model`` to ``filepath`` writes a sharded folder: the path ends in
+    ``.dcp``, or the model is sharded (FullyShardedStrategy: each worker writes its part, and
+    no worker gathers the whole model). A ``.safetensors`` path is written by every worker
+    alike (each its own rows; the chief what no worker shards)."""
+    module = getattr(model, "module", None)  # a callback may be given any model-like object
+    sharded = isinstance(module, nn.Module) and is_sharded({"model": module})
+    return str(filepath).endswith((SUFFIX, SAFETENSORS_SUFFIX)) or sharded

@@ -90,6 +90,7 @@ def run_tasks(
     out: IO[str] | None,
     stop_auxiliary: bool,
     elastic: ElasticLaunch | None = None,
+    on_exit: Callable[[str, int], None] | None = None,
 ) -> int:
     """Starts one process per task, streams their output, and waits for the policy's verdict.
 
@@ -105,6 +106,8 @@ def run_tasks(
 
     With ``elastic`` (an elastic launch), a trainer that exits with an error is marked lost
     and restarted while restarts remain (`phalanx.cluster.elastic`).
+    ``on_exit(task name, exit code)`` is called once per process that exits while the tasks
+    are supervised (the status page's launcher side).
 
     Raises:
         ValueError: A process could not be started (e.g. ``python`` does not exist).
@@ -127,7 +130,7 @@ def run_tasks(
         try:
             for task in tasks:
                 running.append(start(task))
-            decision = _supervise(running, timeout, stop_auxiliary, signals, elastic, restart)
+            decision = _supervise(running, timeout, stop_auxiliary, signals, elastic, restart, on_exit)
             _report(decision, running, output)
             return decision.exit_code
         finally:
@@ -179,10 +182,14 @@ def _supervise(
     signals: _Signals,
     elastic: ElasticLaunch | None = None,
     restart: Callable[[str], None] = lambda name: None,
+    on_exit: Callable[[str, int], None] | None = None,
 ) -> Decision:
     deadline = None if timeout is None else time.monotonic() + timeout
+    told: set[int] = set()  # the processes whose exit on_exit heard of
     while True:
         timed_out = deadline is not None and time.monotonic() >= deadline
+        if on_exit is not None:
+            _tell_exits(running, told, on_exit)
         states = [r.state() for r in running]
         if elastic is not None and signals.first is None:
             elastic.handle_exits(elastic_states(running), restart)
@@ -200,6 +207,14 @@ def _supervise(
         if decision.outcome is not Outcome.RUNNING:
             return decision
         time.sleep(POLL_SECONDS)
+
+
+def _tell_exits(running: Sequence[_Running], told: set[int], on_exit: Callable[[str, int], None]) -> None:
+    for r in running:
+        code = r.process.poll()
+        if code is not None and r.process.pid not in told:
+            told.add(r.process.pid)
+            on_exit(r.task.name, code)
 
 
 def _stop(running: Sequence[_Running], signals: _Signals) -> None:

@@ -39,8 +39,8 @@ class ElasticLaunch:
         import torch.distributed as dist  # only elastic launches need torch in the launcher
 
         from phalanx.cluster._ports import free_ports
-        from phalanx.communication.membership import PREFIX
-        from phalanx.communication.rendezvous import AuthenticatedStore, listening_socket
+        from phalanx.communication.membership.membership import PREFIX
+        from phalanx.communication.membership.rendezvous import AuthenticatedStore, listening_socket
 
         self.min_workers, self.max_restarts, self._note = min_workers, max_restarts, note
         self.restarts = 0
@@ -69,13 +69,13 @@ class ElasticLaunch:
     def environment(self) -> dict[str, str]:
         """The variables every task gets: where the store is and the minimum. (Shared memory
         stays on: a re-formed group agrees on fresh segments, `open_transports`.)"""
-        from phalanx.communication.membership import ELASTIC_STORE_ENV, MIN_WORKERS_ENV
+        from phalanx.communication.membership.membership import ELASTIC_STORE_ENV, MIN_WORKERS_ENV
 
         return {MIN_WORKERS_ENV: str(self.min_workers), ELASTIC_STORE_ENV: self.address}
 
     def incarnation_env(self, name: str) -> dict[str, str]:
         """The variable that tells a (re)started task its incarnation."""
-        from phalanx.communication.membership import INCARNATION_ENV
+        from phalanx.communication.membership.membership import INCARNATION_ENV
 
         return {INCARNATION_ENV: str(self._incarnation.get(name, 0))}
 

@@ -29,18 +29,25 @@ Example::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
+from phalanx import settings
 from phalanx.cluster._ports import free_ports
 from phalanx.cluster._processes import run_tasks
 from phalanx.cluster._target import Target, build_command
-from phalanx.cluster._tasks import NodeTasks, cluster_from, local_cluster, plan_tasks, select_node_tasks
-from phalanx.cluster._token import TOKEN_ENV, check_token, missing_token_error, new_token
+from phalanx.cluster._tasks import (
+    NodeTasks,
+    PlannedTask,
+    cluster_from,
+    local_cluster,
+    plan_tasks,
+    select_node_tasks,
+)
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.cluster.elastic import ElasticLaunch
+from phalanx.security.token import TOKEN_ENV, check_token, missing_token_error, new_token
 
 __all__ = [
     "add_launch_arguments",
@@ -69,6 +76,7 @@ def launch(
     out: IO[str] | None = None,
     min_workers: int | None = None,
     max_restarts: int = 0,
+    status: str | None = None,
 ) -> int:
     """Runs ``target`` once per task of a cluster on 127.0.0.1 and waits for it.
 
@@ -92,6 +100,9 @@ def launch(
             docs/multi_worker.md, Elastic training). None: a lost worker ends the job.
         max_restarts: With ``min_workers``: how many times lost workers are started again
             (in all); a restarted worker joins the running job.
+        status: ``HOST:PORT``: serve the job's status page there while it runs (from this
+            process, so it outlives any task; docs/status_page.md). Loopback needs no token;
+            another address needs ``PHALANX_CLUSTER_TOKEN`` given by the user.
 
     Returns:
         0 when every chief/worker task exited 0 (elastic: every one still in the job); else
@@ -113,11 +124,42 @@ def launch(
     # secret: the user's, or a fresh one
     token = _given_token(env)
     env = {**(env or {}), TOKEN_ENV: check_token(token) if token is not None else new_token()}
+    tasks = plan_tasks(spec, _all_tasks(spec))
+    page = _status_page(status, token, env[TOKEN_ENV], out)
+    if page is None:
+        return _run_local(argv, tasks, env, timeout, out, min_workers, max_restarts)
+    try:
+        env = {**env, **page.environment()}
+        return _run_local(argv, tasks, env, timeout, out, min_workers, max_restarts, page.task_exited)
+    finally:
+        page.stop()
+
+
+def _run_local(
+    argv: list[str],
+    tasks: Sequence[PlannedTask],
+    env: dict[str, str],
+    timeout: float | None,
+    out: IO[str] | None,
+    min_workers: int | None,
+    max_restarts: int,
+    on_exit: Callable[[str, int], None] | None = None,
+) -> int:
     elastic = _elastic_launch(min_workers, max_restarts, env, out)
     if elastic is not None:
         env = {**elastic.environment(), **env}
-    tasks = plan_tasks(spec, _all_tasks(spec))
-    return run_tasks(argv, tasks, env, timeout, out, stop_auxiliary=True, elastic=elastic)
+    return run_tasks(argv, tasks, env, timeout, out, True, elastic, on_exit)
+
+
+def _status_page(status: str | None, given: str | None, token: str, out: IO[str] | None) -> Any:
+    """The launcher's status page (``--status``, a `LaunchedPage` serving already), or None."""
+    if status is None:
+        return None
+    from phalanx.cluster._status_page import LaunchedPage  # phalanx.status imports this package
+
+    page = LaunchedPage(status, token, user_given=given is not None)
+    print(f"[launcher] status page at {page.url}", file=out if out is not None else sys.stderr, flush=True)
+    return page
 
 
 def _check_elastic(min_workers: int | None, max_restarts: int, trainers: int, ps: int) -> None:
@@ -238,7 +280,7 @@ def node_environments(
 
 
 def _given_token(env: Mapping[str, str] | None) -> str | None:
-    token = (env or {}).get(TOKEN_ENV, os.environ.get(TOKEN_ENV))
+    token = (env or {}).get(TOKEN_ENV, settings.current().cluster_token or None)
     return token or None
 
 
@@ -291,6 +333,13 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     elastic.add_argument(
         "--max-restarts", type=int, default=0, help="start lost workers again, this many times in all"
     )
+    parser.add_argument(
+        "--status",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve a live status page of the job there (127.0.0.1:PORT; another address needs "
+        "PHALANX_CLUSTER_TOKEN)",
+    )
     parser.add_argument("script", help="the training script, or module:function")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -331,6 +380,7 @@ def _run(ns: argparse.Namespace) -> int:
             timeout=timeout,
             min_workers=get("min_workers"),
             max_restarts=get("max_restarts") or 0,
+            status=get("status"),
         )
     if get("min_workers") is not None:
         raise ValueError(
@@ -340,8 +390,13 @@ def _run(ns: argparse.Namespace) -> int:
         )
     _check_per_node_flags(get("workers"), get("ps"), bool(get("chief")), node, tasks)
     node_tasks: NodeTasks = [_parse_task(t) for t in tasks] if tasks else node
+    # per node, the chief serves the page (no launcher sees every task): the address is its
+    from phalanx.status.settings import ADDRESS_ENV  # phalanx.status imports this package
+
+    status = get("status")
+    env = {ADDRESS_ENV: str(status)} if status else None
     return launch_node(
-        ns.script, tf_config, node_tasks=node_tasks, nproc_per_node=nproc, args=args, timeout=timeout
+        ns.script, tf_config, node_tasks=node_tasks, nproc_per_node=nproc, args=args, timeout=timeout, env=env
     )
 
 

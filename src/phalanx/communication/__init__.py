@@ -1,6 +1,6 @@
 """How values move between replicas: in-process cross-device ops and cross-process collectives."""
 
-from phalanx.communication.cross_device_ops import (
+from phalanx.communication.local.cross_device_ops import (
     CrossDeviceOps,
     HierarchicalCopyAllReduce,
     NcclAllReduce,

@@ -21,7 +21,7 @@ from typing import Any
 
 from phalanx.estimator.estimator import Estimator
 from phalanx.estimator.specs import EvalSpec, TrainSpec
-from phalanx.ps.server import Server
+from phalanx.server import Server
 from phalanx.train.hooks import CheckpointSaverListener
 
 __all__ = ["train_and_evaluate"]

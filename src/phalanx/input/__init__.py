@@ -7,7 +7,6 @@
 * `splitting`: how one global batch is cut into replica slices.
 * `per_worker`: the per-worker datasets of parameter-server training
   (`ClusterCoordinator.create_per_worker_dataset`).
-* `numpy_dataset`: `Strategy.make_experimental_numpy_dataset`.
 """
 
 from phalanx.input.distributed_dataset import (

@@ -27,6 +27,7 @@ class LoopModel(Protocol):
     stop_training: bool
     training: bool
     _steps_done: int
+    _accumulation: Any
 
     @property
     def strategy(self) -> Any: ...
@@ -57,7 +58,7 @@ def train_epoch(
     logs: dict[str, float] = {}
     for step, batch in enumerate(_distributed(model, handler, epoch, skip), start=skip):
         callbacks.on_train_batch_begin(step)
-        strategy.run(model._train_step, args=batch)
+        model._accumulation.run(strategy, model._train_step, batch)
         model._steps_done = step + 1
         logs = model._logs()
         callbacks.on_train_batch_end(step, logs)

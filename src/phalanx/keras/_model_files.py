@@ -26,7 +26,6 @@ __all__ = [
     "save_model",
     "save_weights",
     "summary_lines",
-    "writes_sharded",
 ]
 
 FORMAT = "phalanx.model/1"
@@ -54,19 +53,9 @@ def _description(model: Any) -> dict[str, Any]:
     }
 
 
-def writes_sharded(model: Any, filepath: str) -> bool:
-    """Whether a save of ``model`` to ``filepath`` writes a sharded folder: the path ends in
-    ``.dcp``, or the model is sharded (FullyShardedStrategy: each worker writes its part, and
-    no worker gathers the whole model). A ``.safetensors`` path is written by every worker
-    alike (each its own rows; the chief what no worker shards)."""
-    module = getattr(model, "module", None)  # a callback may be given any model-like object
-    sharded = isinstance(module, nn.Module) and _sharded_state.is_sharded({"model": module})
-    return str(filepath).endswith((_sharded.SUFFIX, safetensors_files.SUFFIX)) or sharded
-
-
 def save_model(model: Any, filepath: str) -> None:
     """Writes `model` to ``filepath`` atomically (all workers call it; the chief's file is
-    kept), or as a sharded folder (see `writes_sharded`).
+    kept), or as a sharded folder (see `phalanx.checkpoint._sharded_state.writes_sharded`).
 
     Raises:
         ValueError: ``filepath`` ends in ``.safetensors``, which holds weights only.
@@ -77,7 +66,7 @@ def save_model(model: Any, filepath: str) -> None:
             f"safetensors file cannot hold. Received: {filepath!r}. HINT: model.save_weights(path) "
             "writes the weights as safetensors; model.save(path) with another suffix writes the rest."
         )
-    if writes_sharded(model, filepath):
+    if _sharded_state.writes_sharded(model, filepath):
         description = io.BytesIO()
         torch.save(_description(model), description)  # read back with weights_only=True
         objects = {"model": model.module}
@@ -119,11 +108,12 @@ def read_description(filepath: str) -> dict[str, Any]:
 
 def save_weights(model: Any, filepath: str) -> None:
     """Writes the wrapped module's state dict (plain tensors) atomically, as a sharded folder
-    (see `writes_sharded`), or to a ``.safetensors`` file (each worker writing its rows)."""
+    (see `phalanx.checkpoint._sharded_state.writes_sharded`), or to a ``.safetensors`` file
+    (each worker writing its rows)."""
     if str(filepath).endswith(safetensors_files.SUFFIX):
         safetensors_files.save_safetensors(model.module, filepath)
         return
-    if writes_sharded(model, filepath):
+    if _sharded_state.writes_sharded(model, filepath):
         state = _sharded_state.collect({"model": model.module}, model.strategy)
         state["format"], state["save_counter"] = _sharded_state.FORMAT, 0
         _sharded.save(state, filepath)

@@ -9,6 +9,7 @@ from torch import nn
 
 from phalanx import mixed_precision
 from phalanx.keras import _model_files, optimizers
+from phalanx.keras._accumulation import Accumulation, check_steps, check_strategy
 from phalanx.keras._elastic_loop import MoveTo
 from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch, validation_pass
 from phalanx.keras.compile_utils import LossContainer, identifier_config, resolve_metrics
@@ -60,6 +61,7 @@ class Model(nn.Module):
         self._epoch = 0
         self._policy = mixed_precision.Policy("float32")  # the global policy at compile()
         self._loss_scale: mixed_precision.GradScaler | None = None
+        self._accumulation = Accumulation()
 
     @property
     def strategy(self) -> Any:
@@ -77,6 +79,7 @@ class Model(nn.Module):
         metrics: Any = None,
         loss_weights: Any = None,
         jit_compile: bool = False,
+        gradient_accumulation_steps: int | None = None,
     ) -> None:
         """Configures training: optimizer, loss(es) and metrics by Keras name or as objects.
 
@@ -85,8 +88,20 @@ class Model(nn.Module):
         (`phalanx.mixed_precision.set_global_policy`) is read here: ``fit``, ``evaluate``
         and ``predict`` compute under its autocast, with float32 variables, outputs, losses
         and metrics; ``"mixed_float16"`` adds dynamic loss scaling, as TF's compile does.
+
+        ``gradient_accumulation_steps=k`` (Keras 3's optimizer argument): the model updates
+        every ``k`` training steps with the mean of their gradients, and the steps between
+        updates move no gradients between replicas or workers (`phalanx.keras._accumulation`).
+
+        Raises:
+            TypeError: ``gradient_accumulation_steps`` is not an int.
+            ValueError: ``gradient_accumulation_steps`` is below 1, or above 1 under a
+                strategy whose ``fit`` cannot accumulate (ParameterServerStrategy, elastic jobs).
         """
         from phalanx import metrics as metrics_module
+
+        steps = check_steps(gradient_accumulation_steps)
+        check_strategy(steps, self._strategy)
 
         with self._strategy.scope():
             self.optimizer = optimizers.get(optimizer, self.parameters())
@@ -103,7 +118,9 @@ class Model(nn.Module):
             "metrics": identifier_config(metrics),
             "loss_weights": loss_weights,
             "jit_compile": jit_compile,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
         }
+        self._accumulation = Accumulation(steps)
 
     @property
     def metrics(self) -> list[Any]:
@@ -137,15 +154,21 @@ class Model(nn.Module):
         assert self.optimizer is not None
         y_pred = self._forward(x)
         loss, tracked, tracked_weight = self._losses.replica_loss(y, y_pred, sample_weight)
+        accumulation = self._accumulation
+        if accumulation.steps > 1:  # the update applies the mean of the steps' gradients
+            loss = loss * accumulation.loss_factor
         scaler = self._loss_scale
         if scaler is None:
             loss.backward()
-            self.optimizer.step()
-        else:  # an overflow anywhere skips the step on every replica (see mixed_precision)
+        else:
             scaler.scale(loss).backward()
-            scaler.step(self.optimizer)
-            scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        if accumulation.updates_now:
+            if scaler is None:
+                self.optimizer.step()
+            else:  # an overflow anywhere skips the step on every replica (see mixed_precision)
+                scaler.step(self.optimizer)
+                scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
             self._update_metrics(y, _detach(y_pred), sample_weight, tracked.detach(), tracked_weight)
 

@@ -117,6 +117,7 @@ def load_model(
             metrics=rebuild(config["metrics"], metrics),
             loss_weights=config.get("loss_weights"),
             jit_compile=bool(config.get("jit_compile")),
+            gradient_accumulation_steps=config.get("gradient_accumulation_steps"),
         )
         if folder:  # weights and optimizer state, each worker what its tensors hold
             Checkpoint(model=net, optimizer=optimizer).read(filepath)

@@ -1,4 +1,4 @@
-"""The messages of a ps task's RPC table (`phalanx.ps.store.VariableStore.handlers`), built
+"""The messages of a ps task's RPC table (`phalanx.ps.variable_store.store.VariableStore.handlers`), built
 and read here so no caller re-implements them: gradients (dense, or sparse as indices and
 values), optimizer state (tensor entries apart from the rest) and optimizer classes."""
 

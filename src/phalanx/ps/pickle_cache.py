@@ -40,7 +40,6 @@ import collections
 import copyreg
 import io
 import math
-import os
 import pickle
 import sys
 import threading
@@ -51,6 +50,7 @@ from typing import Any
 import cloudpickle
 import torch
 
+from phalanx import settings
 from phalanx.ps import pickling
 
 __all__ = ["PICKLE_CACHE_ENV", "PickleCache", "pickle_cache_enabled"]
@@ -65,13 +65,7 @@ def pickle_cache_enabled() -> bool:
     Raises:
         ValueError: Another value.
     """
-    value = os.environ.get(PICKLE_CACHE_ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(
-            f"{PICKLE_CACHE_ENV} must be 0 or 1. Received: {value!r}. HINT: unset it (the default, 1) "
-            "or set 0 to pickle every scheduled closure again."
-        )
-    return value == "1"
+    return settings.current().ps_pickle_cache
 
 
 _SCALARS = (str, bytes, int, bool, complex, type(None))

@@ -44,8 +44,8 @@ from phalanx.ps.worker import context
 
 if TYPE_CHECKING:
     from phalanx.input.per_worker import WorkerIterator
+    from phalanx.protocols import DistributionStrategy
     from phalanx.ps.handles import VariableHandle
-    from phalanx.strategies.parameter_server_worker import WorkerStrategy
 
 __all__ = [
     "ChiefObjects",
@@ -222,7 +222,7 @@ def scaler_on_worker(
     return scaler
 
 
-def strategy_on_worker() -> WorkerStrategy:
+def strategy_on_worker() -> DistributionStrategy:
     """The worker's strategy (what ``strategy`` is inside a scheduled function)."""
     return _worker().strategy
 

@@ -416,7 +416,7 @@ class PSClient:
         return [out[i] for i in range(n)]
 
     def optimizer_state(self, key: str) -> list[dict[str, Any]]:
-        """Each ps task's state of optimizer ``key`` (see `phalanx.ps.store`)."""
+        """Each ps task's state of optimizer ``key`` (see `phalanx.ps.variable_store.store`)."""
         replies = self._calls({ps: _Call("optimizer_state", {"key": key}) for ps in range(self.num_ps)})
         return [messages.decode_optimizer_state(*replies[ps]) for ps in range(self.num_ps)]
 

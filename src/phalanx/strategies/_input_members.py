@@ -7,8 +7,10 @@ changes where input goes through its ``_fetch_devices`` hook, not here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
 
 from phalanx.values import PerReplica
 
@@ -49,11 +51,25 @@ class StrategyInput:
         def first_replica_id(self) -> int: ...
 
     def make_experimental_numpy_dataset(self, numpy_input: Any) -> Any:
-        """A dataset of the rows of ``numpy_input`` (tf.distribute.Strategy's method of that
-        name); see `phalanx.input.numpy_dataset.make_numpy_dataset`, which it calls."""
-        from phalanx.input.numpy_dataset import make_numpy_dataset
+        """A `phalanx.data.Dataset` with one element per row of ``numpy_input``
+        (tf.distribute.Strategy's method of that name).
 
-        return make_numpy_dataset(numpy_input)
+        TF copies the arrays once to each worker's host CPU instead of embedding them as graph
+        constants. phalanx has no graph: the rows stay where NumPy put them, shared with the
+        dataset's tensors (no copy). Batch it (``.batch(global_batch_size)``) and give it to
+        `experimental_distribute_dataset` to split each batch across the replicas.
+
+        Args:
+            numpy_input: A NumPy array, or a tuple, list or dict of arrays with the same number
+                of rows.
+
+        Raises:
+            ValueError: A leaf is not a NumPy array of rank >= 1, or the row counts differ.
+        """
+        from phalanx.data.dataset import Dataset
+
+        _check_numpy_leaves(numpy_input, "numpy_input")
+        return Dataset.from_tensor_slices(numpy_input)
 
     def experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None = None) -> Any:
         """Splits each *global* batch of ``dataset`` across replicas (and workers).
@@ -85,3 +101,19 @@ class StrategyInput:
             for i in range(self.num_local_replicas)
         ]
         return values[0] if len(values) == 1 else PerReplica(values)
+
+
+def _check_numpy_leaves(value: Any, path: str) -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_numpy_leaves(item, f"{path}[{key!r}]")
+    elif isinstance(value, (tuple, list)):
+        for index, item in enumerate(value):
+            _check_numpy_leaves(item, f"{path}[{index}]")
+    elif not isinstance(value, np.ndarray) or value.ndim == 0:
+        raise ValueError(
+            "make_experimental_numpy_dataset takes NumPy arrays of rank >= 1, or tuples, lists or dicts "
+            f"of them. Received: {path} = {type(value).__name__}"
+            f"{' of rank 0' if isinstance(value, np.ndarray) else ''}. HINT: for tensors or other "
+            "values use phalanx.data.Dataset.from_tensor_slices."
+        )

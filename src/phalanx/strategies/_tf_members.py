@@ -20,7 +20,7 @@ from phalanx.variables import DistributedVariable
 
 if TYPE_CHECKING:
     from phalanx.input.input_options import InputContext, InputOptions
-    from phalanx.strategies._variable_policy import VariablePolicy
+    from phalanx.strategies.replicas.variable_policy import VariablePolicy
 
 __all__ = ["TFStrategyMembers"]
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from phalanx.cluster._token import cluster_token
 from phalanx.cluster.cluster_spec import ClusterSpec
 from phalanx.cluster.resolvers import ClusterResolver, SimpleClusterResolver, resolve_cluster
 from phalanx.protocols import StepSync
@@ -34,6 +33,7 @@ from phalanx.ps.coordinator.optimizer_state import OptimizerStates
 from phalanx.ps.messages import hyperparameters, optimizer_key
 from phalanx.ps.transport import RpcClient
 from phalanx.ps.variables import PSClient, VariableHandle
+from phalanx.security.token import cluster_token
 from phalanx.strategies.parameter_server_worker import PushGradients
 from phalanx.strategies.strategy import Strategy
 

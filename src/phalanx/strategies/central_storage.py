@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from phalanx.communication.cross_device_ops import CrossDeviceOps
-from phalanx.communication.packing import unpack
+from phalanx.communication.local.cross_device_ops import CrossDeviceOps
+from phalanx.communication.local.packing import unpack
 from phalanx.devices import canonical_name, torch_device
-from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
-from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.strategies.mirrored import default_devices
+from phalanx.strategies.replicas.rendezvous import ReplicaRendezvous
+from phalanx.strategies.replicas.variable_policy import VariablePolicy
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 from phalanx.variables import (
     _GRAD_SET,

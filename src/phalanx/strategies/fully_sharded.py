@@ -20,11 +20,11 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from phalanx.checkpoint.weights import meta as meta_loads
 from phalanx.checkpoint.weights.slices import local_part
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
-from phalanx.communication.communication_options import CommunicationOptions
+from phalanx.communication.local.options import CommunicationOptions
 from phalanx.state_views import sharded_state_dicts, sharded_views_open
-from phalanx.strategies._meta_init import MetaInit, post_order
-from phalanx.strategies._sharding_plan import ShardingPlan
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+from phalanx.strategies.sharding.meta_init import MetaInit, post_order
+from phalanx.strategies.sharding.plan import ShardingPlan
 from phalanx.strategies.step_sync import StepSync
 from phalanx.variables import DistributedVariable
 
@@ -227,6 +227,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         self._own_group = False  # this strategy initialised torch.distributed (one worker)
         self._sharded: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]] = {}
         self._adopted: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+        # FSDP2's units and whether they reduce-scatter in backward now (`no_sync()` turns it off)
+        self._units: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self._units_sync = True
 
     @property
     def step_sync(self) -> StepSync:
@@ -314,6 +317,11 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         super()._before_run()  # the chief's initial values first: shards are cut from them
         if self._plan.pending:
             self._shard_pending()
+        syncing = self._sync_switch.syncing()
+        if syncing != self._units_sync:  # FSDP2's own switch: accumulate unsharded, no reduce-scatter
+            for unit in self._units:
+                unit.set_requires_gradient_sync(syncing, recurse=False)  # type: ignore[operator]
+            self._units_sync = syncing
 
     def _broadcast_from_chief(self) -> None:
         """The chief's initial values of buffers; parameters about to be sharded get theirs
@@ -371,6 +379,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # SUM on gloo too
                 if filled:
                     self._meta.allocate(unit)
+                unit.set_requires_gradient_sync(self._units_sync, recurse=False)  # type: ignore[operator]
+                self._units.add(unit)
                 self._scatter_materialized(slots)
                 del made, slots  # the unit's full parameters: one unit's at a time
             after = dict(root.named_parameters(remove_duplicate=False))

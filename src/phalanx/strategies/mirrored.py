@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from phalanx import config
-from phalanx.communication.cross_device_ops import CrossDeviceOps
+from phalanx.communication.local.cross_device_ops import CrossDeviceOps
 from phalanx.devices import canonical_name
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 

@@ -10,13 +10,9 @@ import torch
 
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.cluster.validation import validate_for_strategy
-from phalanx.communication.bucketing import GradientBuckets
-from phalanx.communication.communication_options import CommunicationImplementation, CommunicationOptions
-from phalanx.communication.gloo_transport import DataFlag
-from phalanx.communication.group_sockets import GroupSockets
-from phalanx.communication.membership import ElasticSettings, Membership
-from phalanx.communication.stall_inspector import StallSettings
-from phalanx.communication.worker_group import (
+from phalanx.communication.checks.stall_inspector import StallSettings
+from phalanx.communication.engine.bucketing import GradientBuckets
+from phalanx.communication.group.worker_group import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_JOIN_TIMEOUT,
     HEARTBEAT_TIMEOUT_ENV,
@@ -25,12 +21,18 @@ from phalanx.communication.worker_group import (
     WorkerGroup,
     seconds_from_env,
 )
+from phalanx.communication.local.options import CommunicationImplementation, CommunicationOptions
+from phalanx.communication.membership.membership import ElasticSettings, Membership
+from phalanx.communication.transports.gloo.sockets import GroupSockets
+from phalanx.communication.transports.gloo.transport import DataFlag
 from phalanx.protocols import StepSync
-from phalanx.strategies import _elastic_groups
-from phalanx.strategies._bucket_sync import BucketSync, group_buckets
-from phalanx.strategies._worker_setup import deprecated_communication, local_devices, task_name
+from phalanx.status.counters import COUNTERS
+from phalanx.status.taking_part import join_status
 from phalanx.strategies.run_options import RunOptions
 from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
+from phalanx.strategies.workers import elastic_groups as _elastic_groups
+from phalanx.strategies.workers.bucket_sync import BucketSync, group_buckets
+from phalanx.strategies.workers.setup import deprecated_communication, local_devices, task_name
 from phalanx.values import ReduceOp
 from phalanx.variables import DistributedVariable
 
@@ -49,7 +51,7 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     * **One local replica** (the DDP layout): parameters stay plain ``nn.Parameter``s; their
       gradients are summed across workers in buckets while backward runs (see
-      `phalanx.communication.bucketing`); ``backward()`` returns with the sums in ``.grad``.
+      `phalanx.communication.engine.bucketing`); ``backward()`` returns with the sums in ``.grad``.
     * **Several local replicas**: parameters are `MirroredVariable`s; at the step gradients
       are summed over the local replicas, then across workers.
     * Gradients are **summed** over all replicas (TF's convention; DDP averages). Divide the
@@ -59,7 +61,7 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     Every collective has a deadline and a health check: a worker that dies or stops answering
     becomes a `PeerUnavailableError` naming it on the others, within ``heartbeat_timeout`` +
-    1.5 s (about 12 s by default; see `phalanx.communication.worker_group`).
+    1.5 s (about 12 s by default; see `phalanx.communication.group.worker_group`).
 
     Args:
         cluster_resolver: Where the workers are; default ``phalanx.cluster.resolve_cluster()``.
@@ -132,11 +134,31 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._bucket_sync: BucketSync | None = None
         self._membership: Membership | None = None
         self._group_sockets: GroupSockets | None = None  # an elastic group's connections
+        self._status = join_status(self._status_name(), resolver.is_chief, self._membership_epoch)
         if self._num_workers > 1:
-            self._group = self._join(join_timeout, heartbeat_timeout)
+            self._group = self._joined(join_timeout, heartbeat_timeout)
             if self._num_local_replicas == 1:
                 self._buckets = group_buckets(self, self._group)
                 self._bucket_sync = BucketSync(self._gradient_sync, self._buckets, self)
+        if self._status is not None:
+            self._status.running()
+
+    def _joined(self, join_timeout: float | None, heartbeat_timeout: float | None) -> WorkerGroup:
+        """`_join`, its error kept for the status page."""
+        try:
+            return self._join(join_timeout, heartbeat_timeout)
+        except Exception as exc:
+            if self._status is not None:
+                self._status.failed(exc)
+            raise
+
+    def _status_name(self) -> str:
+        """``"worker:1"``: this task as the status page names it."""
+        job, index = self._resolver.task_type, self._resolver.task_id
+        return f"{job}:{index}" if job is not None and index is not None else f"worker:{self._worker_index}"
+
+    def _membership_epoch(self) -> int | None:
+        return self._membership.epoch if self._membership is not None else None
 
     @property
     def step_sync(self) -> StepSync:
@@ -202,7 +224,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         the new members the chief's state (`phalanx.checkpoint.failure_handling.elastic`).
         ``admit=False``: waiting joiners are left waiting (a re-form inside an evaluation pass).
         What is still in flight on the dropped group fails at once, on every member
-        (`phalanx.communication.group_sockets`).
+        (`phalanx.communication.transports.gloo.sockets`).
 
         Raises:
             RuntimeError: The strategy is not elastic.
@@ -276,13 +298,13 @@ class MultiWorkerMirroredStrategy(Strategy):
         ``dirpath/workertemp_<task_id>`` (created here), which `remove_temp_dirpath` removes.
         A file path (``model.pt``) is answered as ``write_filepath`` would.
         """
-        from phalanx.strategies import _distributed_files
+        from phalanx.strategies.workers import distributed_files as _distributed_files
 
         return _distributed_files.write_dirpath(dirpath, self)
 
     def remove_temp_dirpath(self, dirpath: str) -> None:
         """Removes this worker's ``workertemp_<task_id>`` folder under ``dirpath`` (non-chief)."""
-        from phalanx.strategies import _distributed_files
+        from phalanx.strategies.workers import distributed_files as _distributed_files
 
         _distributed_files.remove_temp_dirpath(dirpath, self)
 
@@ -370,7 +392,13 @@ class MultiWorkerMirroredStrategy(Strategy):
             )
         self._running = True
         try:
-            return super().run(fn, args, kwargs, options)
+            result = super().run(fn, args, kwargs, options)
+        except Exception as exc:
+            COUNTERS.failed(exc)  # the status page's last error
+            raise
+        else:
+            COUNTERS.stepped()
+            return result
         finally:
             self._running = False
             if self._buckets is not None:
@@ -471,6 +499,8 @@ class MultiWorkerMirroredStrategy(Strategy):
         if self._closed:
             return
         self._closed = True
+        if self._status is not None:
+            self._status.close()
         try:
             if self._buckets is not None:
                 self._buckets.close()

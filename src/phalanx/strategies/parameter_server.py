@@ -27,6 +27,7 @@ from phalanx.protocols import StepSync
 from phalanx.ps.coordinator.chief import DEFAULT_CONNECT_TIMEOUT, Chief
 from phalanx.ps.coordinator.cluster_coordinator import ClusterCoordinator
 from phalanx.ps.variables import VariableHandle
+from phalanx.status.taking_part import join_status
 from phalanx.strategies.strategy import Strategy
 
 __all__ = ["ParameterServerStrategy"]
@@ -94,8 +95,13 @@ class ParameterServerStrategy(Strategy):
             )
         super().__init__(["cpu:0"])
         self._resolver = cluster_resolver or resolve_cluster()
+        job, index = self._resolver.task_type, self._resolver.task_id
+        task = f"{job}:{index}" if job is not None and index is not None else "chief:0"
+        self._status = join_status(task, is_chief=True)  # the coordinator's task serves the page
         self._chief = Chief(self, self._resolver, variable_partitioner, connect_timeout)
         self._ps = self._chief.ps  # the ps tasks' client (benchmarks read variables through it)
+        if self._status is not None:
+            self._status.running()
 
     @property
     def step_sync(self) -> StepSync:
@@ -152,3 +158,5 @@ class ParameterServerStrategy(Strategy):
         if coordinator is not None:
             coordinator.shutdown()
         self._chief.close()
+        if self._status is not None:
+            self._status.close()

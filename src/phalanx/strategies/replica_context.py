@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from phalanx import context
-from phalanx.strategies._replica_collectives import all_gather_structure, all_reduce_structure
+from phalanx.strategies.replicas.collectives import all_gather_structure, all_reduce_structure
 from phalanx.values import ReduceOp, regroup, select_replica
 
 if TYPE_CHECKING:
-    from phalanx.communication.communication_options import CommunicationOptions
+    from phalanx.communication.local.options import CommunicationOptions
     from phalanx.protocols import DistributionStrategy
 
 __all__ = ["ReplicaContext"]

@@ -3,7 +3,7 @@
 `StepSync` is defined with the other protocols between the layers (`phalanx.protocols`);
 each strategy holds one object that satisfies it (``Strategy.step_sync``):
 
-* `phalanx.strategies._gradients.GradientSync`: in-process replicas meet and sum gradients
+* `phalanx.strategies.replicas.gradients.GradientSync`: in-process replicas meet and sum gradients
   (Mirrored, CentralStorage, MultiWorkerMirrored with several local replicas);
 * MultiWorkerMirrored's bucket sync: waits for the gradient buckets all-reduced during backward;
 * the parameter-server coordinator's: refuses steps (they belong in scheduled functions);

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from phalanx import _hooks, context
-from phalanx.communication.cross_device_ops import (
+from phalanx import _hooks, context, settings
+from phalanx.communication.local.cross_device_ops import (
     CrossDeviceOps,
     destination_devices,
     select_cross_device_ops,
@@ -28,15 +27,16 @@ from phalanx.mixed_precision.loss_scale import adopt_torch_grad_scalers
 from phalanx.nn import _registration
 from phalanx.nn._module_tensors import ReplicaWriteGuard
 from phalanx.strategies._batches import BatchLedger
-from phalanx.strategies._gradients import GradientSync
 from phalanx.strategies._input_members import StrategyInput, ValueContext
-from phalanx.strategies._reduction import CrossReplicaReduction
-from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
-from phalanx.strategies._replica_threads import ReplicaThreads, thread_modes
 from phalanx.strategies._run_checks import check_gpus_exist, check_run_call, device_scope
 from phalanx.strategies._tf_members import TFStrategyMembers
-from phalanx.strategies._variable_policy import VariablePolicy
+from phalanx.strategies.accumulation import SyncSwitch
 from phalanx.strategies.replica_context import ReplicaContext
+from phalanx.strategies.replicas.gradients import GradientSync
+from phalanx.strategies.replicas.reduction import CrossReplicaReduction
+from phalanx.strategies.replicas.rendezvous import ReplicaRendezvous
+from phalanx.strategies.replicas.threads import ReplicaThreads, thread_modes
+from phalanx.strategies.replicas.variable_policy import VariablePolicy
 from phalanx.strategies.run_options import RunOptions, check_run_options
 from phalanx.strategies.step_sync import StepSync
 from phalanx.values import ReduceOp, local_results, regroup, select_replica
@@ -44,7 +44,7 @@ from phalanx.variables import DistributedVariable
 
 if TYPE_CHECKING:
     from phalanx.cluster import ClusterResolver
-    from phalanx.communication.communication_options import CommunicationOptions
+    from phalanx.communication.local.options import CommunicationOptions
 
 __all__ = ["Strategy", "ValueContext"]
 
@@ -102,6 +102,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
         self._batches = BatchLedger()
         self._run_count = 0
         self._variable_policy = self._make_variable_policy()
+        self._sync_switch = SyncSwitch(type(self).__name__)
         self._reduction = CrossReplicaReduction(self, self._cross_device_ops)
         # The in-process gradient path: sums at the end of backward passes inside `run`
         # (prepared before each run); also the default `step_sync`.
@@ -123,6 +124,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
             policy=self._variable_policy,
             num_workers=lambda: self._num_workers,
             cross_worker_sparse_sum=self._cross_worker_sparse_sum,
+            syncing=self._sync_switch.syncing,
         )
 
     # ------------------------------------------------------------------ identity
@@ -232,6 +234,20 @@ class Strategy(StrategyInput, TFStrategyMembers):
         first example offset) for the `run` it is given to (called by the input pipeline)."""
         self._batches.remember(batch, global_count, offsets)
 
+    # ------------------------------------------------------------------ gradient accumulation
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """Marks the ``run`` calls inside as accumulate-only (all workers, around ``run``).
+
+        Their backward passes add to each replica's local gradients and nothing moves
+        between replicas or workers; the next backward pass outside sums everything
+        accumulated since the last sum, once (DDP's ``no_sync()``, FSDP2's
+        ``set_requires_gradient_sync(False)``). See `phalanx.strategies.accumulation`.
+
+        Raises:
+            RuntimeError: Entered inside ``run``; or ``optimizer.step()`` ran inside it.
+        """
+        return self._sync_switch.no_sync(context.current_replica() is not None)
+
     # ------------------------------------------------------------------ scope
     @contextlib.contextmanager
     def scope(self) -> Iterator[Strategy]:
@@ -260,7 +276,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
         _hooks.install()
         if self._num_local_replicas > 1 or hasattr(self.step_sync, "before_unscale"):
             adopt_torch_grad_scalers()  # per-replica state; sharded parameters before unscale_
-        if os.environ.get("PHALANX_TIMELINE"):  # opt-in tracing starts with the first scope
+        if settings.current().timeline:  # opt-in tracing starts with the first scope
             from phalanx import timeline
 
             timeline.start()

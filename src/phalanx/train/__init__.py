@@ -13,7 +13,7 @@ A client outside the cluster that drives the workers (the article's session targ
 
 from phalanx.checkpoint import Checkpoint, CheckpointManager, latest_checkpoint
 from phalanx.cluster.cluster_spec import ClusterSpec
-from phalanx.ps.server import Server
+from phalanx.server import Server
 from phalanx.strategies.between_graph import BetweenGraphStrategy, replica_device_setter
 from phalanx.train.hooks import (
     CheckpointSaverHook,

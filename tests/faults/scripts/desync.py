@@ -35,7 +35,7 @@ IN_BACKWARD = MODE in ("in_backward", "in_backward_all", "plain")
 BETWEEN = MODE == "between_passes"
 # a bucket per tensor: the last layer's weight is the first all-reduce of a backward pass; the
 # first layer's weight does not fit in gloo's first message, so gloo announces the pass's
-# all-reduces (phalanx.communication.gloo_transport) and the collective inside breaks that
+# all-reduces (phalanx.communication.transports.gloo.transport) and the collective inside breaks that
 options = phalanx.CommunicationOptions(bytes_per_pack=64) if IN_BACKWARD or BETWEEN else None
 strategy = phalanx.MultiWorkerMirroredStrategy(communication_options=options)
 rank = strategy.cluster_resolver.worker_index

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 import phalanx
-from phalanx.communication import rendezvous
+from phalanx.communication.membership import rendezvous
 
 out_dir, epochs = sys.argv[1], int(sys.argv[2])
 kills = dict(zip(map(int, sys.argv[3].split(",")), sys.argv[4].split(","), strict=True))

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import phalanx
-from phalanx.communication.stall_inspector import CollectiveMismatchError
+from phalanx.communication.checks.stall_inspector import CollectiveMismatchError
 
 MODE = sys.argv[1]
 STEPS = 4

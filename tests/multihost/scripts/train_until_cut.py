@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import phalanx
-from phalanx.communication.worker_group import PeerUnavailableError
+from phalanx.communication.group.worker_group import PeerUnavailableError
 
 out_dir = sys.argv[1]
 strategy = phalanx.MultiWorkerMirroredStrategy()

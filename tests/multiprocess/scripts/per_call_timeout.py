@@ -6,7 +6,7 @@ import time
 import torch
 
 import phalanx
-from phalanx.communication.worker_group import PeerUnavailableError
+from phalanx.communication.group.worker_group import PeerUnavailableError
 
 strategy = phalanx.MultiWorkerMirroredStrategy()
 rank = strategy.cluster_resolver.worker_index

@@ -1,4 +1,4 @@
-"""Repeated all-reduces over gloo (`phalanx.communication._gloo_repeats`): once predicted, one
+"""Repeated all-reduces over gloo (`phalanx.communication.transports.gloo.repeats`): once predicted, one
 gloo call each (staged with the codes) or two back to back (large: the codes beside it), and
 a prediction broken by every worker alike, or by one worker only.
 
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import phalanx
-from phalanx.communication.stall_inspector import CollectiveMismatchError
+from phalanx.communication.checks.stall_inspector import CollectiveMismatchError
 
 out_dir, mode = Path(sys.argv[1]), sys.argv[2]
 strategy = phalanx.MultiWorkerMirroredStrategy()

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import phalanx
-from phalanx.communication.shared_memory import CHUNK_ELEMENTS, TWO_SHOT_ELEMENTS
+from phalanx.communication.transports.shm.shared_memory import CHUNK_ELEMENTS, TWO_SHOT_ELEMENTS
 
 out_dir = sys.argv[1]
 strategy = phalanx.MultiWorkerMirroredStrategy()

@@ -1,5 +1,5 @@
 """A group made with ``torch.distributed.new_group()`` (no backend) inside a MultiWorkerMirrored
-program: its collectives are signed as the job's are (`phalanx.communication.subgroups`).
+program: its collectives are signed as the job's are (`phalanx.communication.group.subgroups`).
 
 Every step trains, then all-reduces the loss on the subgroup (every worker) and prints
 ``STEP <i> <summed loss> <checksum of the weights>``. With ``stray``, worker:1 alone makes

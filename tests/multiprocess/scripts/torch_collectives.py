@@ -1,5 +1,5 @@
 """A MultiWorkerMirrored program that calls torch.distributed itself, with no
-init_process_group of its own: the default group is phalanx's (`phalanx.communication.process_group`).
+init_process_group of its own: the default group is phalanx's (`phalanx.communication.group.process_group`).
 
 Writes ``torch-<rank>.json`` to OUT_DIR: the backend torch reports, the transport used and the
 results of the user's own collectives, DDP, a DCP save/load and FSDP2.

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import phalanx
-from phalanx.communication.worker_group import PeerUnavailableError
+from phalanx.communication.group.worker_group import PeerUnavailableError
 
 signal_rank, signal_step, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 signum = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}[sys.argv[4] if len(sys.argv) > 4 else "KILL"]

@@ -7,7 +7,7 @@ all-reduces the worker made (``agreements``).
 
 usage: uneven_epoch.py OUT_DIR [wide]
   wide: a model whose gradients gloo announces, so the next step's end-of-data flag rides with
-        each step's gradients (phalanx.communication.gloo_transport)
+        each step's gradients (phalanx.communication.transports.gloo.transport)
 """
 
 import json

@@ -11,8 +11,8 @@ usage: data_path_server.py CANARY
 import sys
 from pathlib import Path
 
-from phalanx.cluster._token import cluster_token
 from phalanx.ps.transport import RpcServer
+from phalanx.security.token import cluster_token
 
 canary = Path(sys.argv[1])
 

@@ -9,8 +9,8 @@ usage: rpc_server.py CANARY
 import sys
 from pathlib import Path
 
-from phalanx.cluster._token import cluster_token
 from phalanx.ps.transport import RpcServer
+from phalanx.security.token import cluster_token
 
 canary = Path(sys.argv[1])
 

@@ -1,4 +1,4 @@
-"""The elastic membership's waits and beacons (`phalanx.communication.beacons`) do not count
+"""The elastic membership's waits and beacons (`phalanx.communication.membership.beacons`) do not count
 the time in which nobody could act: torch's TCPStore resolves each new client's address on its
 server's one event loop, so a resolver that drops a query stalls every call of every client for
 5 s (CI saw a first group fail so). A fake clock, moved by the test, and a real TCPStore in this process."""
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from phalanx.communication import beacons as beacons_module
-from phalanx.communication.beacons import STORE_CALL_SECONDS, Beacons, Member, Wait
+from phalanx.communication.membership import beacons as beacons_module
+from phalanx.communication.membership.beacons import STORE_CALL_SECONDS, Beacons, Member, Wait
 from support.membership import membership
 
 

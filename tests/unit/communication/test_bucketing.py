@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from phalanx.communication.bucketing import DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES, GradientBuckets
+from phalanx.communication.engine.bucketing import DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES, GradientBuckets
 
 WORKERS = 3
 

@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from phalanx.communication.interfaces import interface_addresses
-from phalanx.communication.rendezvous import listening_socket
-from phalanx.communication.worker_group import WorkerGroup
+from phalanx.communication.group.worker_group import WorkerGroup
+from phalanx.communication.membership.rendezvous import listening_socket
+from phalanx.communication.transports.interfaces import interface_addresses
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])

@@ -1,4 +1,4 @@
-"""Signed collectives (`phalanx.communication.collective_check`, `signed_gloo`): codes that are
+"""Signed collectives (`phalanx.communication.checks.collective_check`, `signed_gloo`): codes that are
 the same on every worker for the same collective, headers that survive every reduction in
 every dtype, and the switch."""
 
@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from phalanx.communication import signed_gloo
-from phalanx.communication.collective_check import (
+from phalanx.communication.checks.collective_check import (
     CHECK_ENV,
     CollectiveCheck,
     Signed,
     check_enabled,
     code_of,
 )
+from phalanx.communication.transports.gloo import signed as signed_gloo
 from phalanx.errors import CollectiveMismatchError
 
 

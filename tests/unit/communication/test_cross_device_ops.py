@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phalanx.communication.cross_device_ops import (
+from phalanx.communication.local.cross_device_ops import (
     CrossDeviceOps,
     HierarchicalCopyAllReduce,
     NcclAllReduce,

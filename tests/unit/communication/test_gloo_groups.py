@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from phalanx.communication.gloo_groups import (
+from phalanx.communication.transports.gloo.groups import (
     GLOO_CONNECTIONS,
     GLOO_CONNECTIONS_ENV,
     gloo_connections,

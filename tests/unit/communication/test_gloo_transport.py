@@ -1,5 +1,5 @@
 """The gloo transport's ordering without processes: a fake one-worker gloo group that records
-every call (`phalanx.communication.gloo_transport`). Two real workers, mismatches included, run
+every call (`phalanx.communication.transports.gloo.transport`). Two real workers, mismatches included, run
 in tests/faults/test_desync.py."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from phalanx.communication._gloo_repeats import PIPELINE_BYTES, Repeats
-from phalanx.communication.collective_check import Signed, code_of, codes_after
-from phalanx.communication.gloo_transport import DataFlag, GlooTransport, announced_tail
-from phalanx.communication.signatures import Signature
-from phalanx.communication.signed_gloo import first_bytes
+from phalanx.communication.checks.collective_check import Signed, code_of, codes_after
+from phalanx.communication.checks.signatures import Signature
+from phalanx.communication.transports.gloo.repeats import PIPELINE_BYTES, Repeats
+from phalanx.communication.transports.gloo.signed import first_bytes
+from phalanx.communication.transports.gloo.transport import DataFlag, GlooTransport, announced_tail
 
 
 class FakeWork:

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from phalanx.cluster._ports import free_ports
-from phalanx.communication.group_sockets import GroupSockets, open_sockets
-from phalanx.communication.recent_works import RecentWorks
-from phalanx.communication.worker_group import WorkerGroup
+from phalanx.communication.group.recent_works import RecentWorks
+from phalanx.communication.group.worker_group import WorkerGroup
+from phalanx.communication.transports.gloo.sockets import GroupSockets, open_sockets
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from phalanx.communication.worker_group import HealthCheck, seconds_from_env
+from phalanx.communication.group.worker_group import HealthCheck, seconds_from_env
 
 
 class Clock:
@@ -97,15 +97,16 @@ def test_the_thread_beats_until_stopped():
 
 
 def test_seconds_from_env(monkeypatch):
-    monkeypatch.delenv("PHALANX_TEST_SECONDS", raising=False)
-    assert seconds_from_env("PHALANX_TEST_SECONDS", 7.0) == 7.0
-    monkeypatch.setenv("PHALANX_TEST_SECONDS", " 2.5 ")
-    assert seconds_from_env("PHALANX_TEST_SECONDS", 7.0) == 2.5
+    monkeypatch.delenv("PHALANX_CLOSURE_TIMEOUT_SECONDS", raising=False)
+    assert seconds_from_env("PHALANX_CLOSURE_TIMEOUT_SECONDS", 7.0) == 7.0
+    monkeypatch.setenv("PHALANX_CLOSURE_TIMEOUT_SECONDS", " 2.5 ")
+    assert seconds_from_env("PHALANX_CLOSURE_TIMEOUT_SECONDS", 7.0) == 2.5
     for bad in ("soon", "0", "-3"):
-        monkeypatch.setenv("PHALANX_TEST_SECONDS", bad)
-        message = rf"PHALANX_TEST_SECONDS must be a positive number of seconds. Received: \w+='{bad}'"
+        monkeypatch.setenv("PHALANX_CLOSURE_TIMEOUT_SECONDS", bad)
+        name = "PHALANX_CLOSURE_TIMEOUT_SECONDS"
+        message = rf"{name} must be a positive number of seconds. Received: \w+='{bad}'"
         with pytest.raises(ValueError, match=message):
-            seconds_from_env("PHALANX_TEST_SECONDS", 7.0)
+            seconds_from_env("PHALANX_CLOSURE_TIMEOUT_SECONDS", 7.0)
 
 
 def test_a_round_that_never_finishes_loses_the_chief_after_the_timeout():

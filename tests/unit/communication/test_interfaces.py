@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from phalanx.communication import interfaces
-from phalanx.communication.interfaces import (
+from phalanx.communication.transports import interfaces
+from phalanx.communication.transports.interfaces import (
     GLOO_INTERFACE_ENV,
     bind_gloo_to,
     interface_addresses,

@@ -1,6 +1,6 @@
 """The elastic membership protocol on a real TCPStore in this process: the first formation,
 re-forming without a lost member, the minimum, admitting a joiner, and the watcher that turns
-a lost member into a failure of the group (`phalanx.communication.membership`)."""
+a lost member into a failure of the group (`phalanx.communication.membership.membership`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from phalanx.communication.health import PeerUnavailableError
-from phalanx.communication.membership import (
+from phalanx.communication.checks.health import PeerUnavailableError
+from phalanx.communication.membership.membership import (
     BelowMinimumWorkersError,
     ElasticSettings,
     Member,

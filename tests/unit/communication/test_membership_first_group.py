@@ -12,9 +12,9 @@ import time
 import pytest
 import torch.distributed as dist
 
-from phalanx.communication.health import HealthCheck, PeerUnavailableError
-from phalanx.communication.membership import BelowMinimumWorkersError, Member, Membership
-from phalanx.communication.rendezvous import Rendezvous
+from phalanx.communication.checks.health import HealthCheck, PeerUnavailableError
+from phalanx.communication.membership.membership import BelowMinimumWorkersError, Member, Membership
+from phalanx.communication.membership.rendezvous import Rendezvous
 from support.membership import membership, run_together
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch.distributed as dist
 
 from phalanx.cluster._ports import free_ports
-from phalanx.communication import membership as membership_module
-from phalanx.communication.health import PeerUnavailableError
+from phalanx.communication.checks.health import PeerUnavailableError
+from phalanx.communication.membership import membership as membership_module
 from support.membership import membership
 
 

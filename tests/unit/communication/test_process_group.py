@@ -1,5 +1,5 @@
 """The phalanx process group's mapping of torch's collectives onto the engine's three
-(`phalanx.communication.process_group`), on one worker, and the errors it raises. Two workers
+(`phalanx.communication.group.process_group`), on one worker, and the errors it raises. Two workers
 on every transport: tests/multiprocess/test_torch_collectives.py."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from phalanx.communication import process_group
-from phalanx.communication._work import QueuedWork
-from phalanx.communication.call_sites import call_site
-from phalanx.communication.process_group import PhalanxProcessGroup, _create
-from phalanx.communication.subgroups import SubgroupEngine
+from phalanx.communication.checks.call_sites import call_site
+from phalanx.communication.group import process_group
+from phalanx.communication.group.process_group import PhalanxProcessGroup, _create
+from phalanx.communication.group.subgroups import SubgroupEngine
+from phalanx.communication.group.work import QueuedWork
 
 
 class _OneWorker:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from phalanx.communication.recent_works import RecentWorks
+from phalanx.communication.group.recent_works import RecentWorks
 
 
 class Clock:

@@ -9,8 +9,8 @@ import secrets
 import pytest
 import torch.distributed as dist
 
-from phalanx.communication import shared_memory
-from phalanx.communication.shared_memory import same_machine_pids, shared_memory_supported
+from phalanx.communication.transports.shm import shared_memory
+from phalanx.communication.transports.shm.shared_memory import same_machine_pids, shared_memory_supported
 
 pytestmark = pytest.mark.skipif(not shared_memory_supported(), reason="needs /dev/shm on x86-64 Linux")
 
@@ -69,7 +69,7 @@ def test_a_worker_with_the_transport_switched_off_shares_nothing(probe_file, mon
 
 
 def test_two_shot_is_chosen_only_with_a_core_per_worker_unless_forced(monkeypatch):
-    from phalanx.communication.shared_memory import TWO_SHOT_ENV, _wants_two_shot
+    from phalanx.communication.transports.shm.shared_memory import TWO_SHOT_ENV, _wants_two_shot
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv(TWO_SHOT_ENV, raising=False)

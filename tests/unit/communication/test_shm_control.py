@@ -14,9 +14,9 @@ import time
 import pytest
 import torch
 
-from phalanx.communication._shm_control import CALLS, CODES, SUMS, ControlBlock
-from phalanx.communication._work import PeerGoneError
-from phalanx.communication.collective_check import Signed
+from phalanx.communication.checks.collective_check import Signed
+from phalanx.communication.group.work import PeerGoneError
+from phalanx.communication.transports.shm.control import CALLS, CODES, SUMS, ControlBlock
 
 
 class _Mismatch(Exception):

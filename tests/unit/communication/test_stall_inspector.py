@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 
 from phalanx import CommunicationOptions
-from phalanx.communication.call_sites import call_site
-from phalanx.communication.collective_watch import CollectiveWatch
-from phalanx.communication.health import HealthCheck
-from phalanx.communication.signatures import Signature, WorkerState, shapes_of
-from phalanx.communication.stall_inspector import CollectiveMismatchError, StallSettings
+from phalanx.communication.checks.call_sites import call_site
+from phalanx.communication.checks.collective_watch import CollectiveWatch
+from phalanx.communication.checks.health import HealthCheck
+from phalanx.communication.checks.signatures import Signature, WorkerState, shapes_of
+from phalanx.communication.checks.stall_inspector import CollectiveMismatchError, StallSettings
 
 SETTINGS = StallSettings(timeout=30.0, warning=10.0)
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from phalanx.cluster._ports import free_ports
-from phalanx.cluster._token import TOKEN_ENV
 from phalanx.estimator import DNNClassifier, RunConfig, numeric_column
-from phalanx.ps.server import Server
+from phalanx.security.token import TOKEN_ENV
+from phalanx.server import Server
 
 X = torch.randn(128, 4, generator=torch.Generator().manual_seed(0))
 Y = (X[:, 0] - X[:, 2] > 0).long()

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from phalanx import callbacks as C
-from phalanx.strategies import _distributed_files as files
+from phalanx.strategies.workers import distributed_files as files
 
 
 def rows(path, delimiter=","):

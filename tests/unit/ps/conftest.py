@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from phalanx.cluster._ports import free_ports
-from phalanx.cluster._token import TOKEN_ENV
 from phalanx.cluster.resolvers import SimpleClusterResolver
-from phalanx.ps.server import Server
+from phalanx.security.token import TOKEN_ENV
+from phalanx.server import Server
 
 
 class Cluster:

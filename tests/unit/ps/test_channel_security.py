@@ -13,10 +13,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from phalanx.cluster import _certificates
-from phalanx.cluster._certificates import CA_FILE_ENV, CERT_FILE_ENV, KEY_FILE_ENV, task_certificate
-from phalanx.ps.channel_security import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_ENV, max_message_bytes
 from phalanx.ps.transport import MessageTooLargeError, PeerAuthenticationError, RpcClient, RpcServer
+from phalanx.security import certificates as _certificates
+from phalanx.security.certificates import CA_FILE_ENV, CERT_FILE_ENV, KEY_FILE_ENV, task_certificate
+from phalanx.security.channels import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_ENV, max_message_bytes
 
 TOKEN = "test-secret-0123456789"
 MIB = 1 << 20

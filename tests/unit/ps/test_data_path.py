@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from phalanx.ps import wire
-from phalanx.ps.data_frames import SEGMENT_RESERVED, Segment
-from phalanx.ps.data_server import data_path_mode
-from phalanx.ps.rpc_errors import MessageTooLargeError, RemoteError
+from phalanx.ps.data_path.frames import SEGMENT_RESERVED, Segment
+from phalanx.ps.data_path.server import data_path_mode
+from phalanx.ps.rpc.errors import MessageTooLargeError, RemoteError
 from phalanx.ps.transport import RpcClient, RpcServer
 
 TOKEN = "data-path-secret-0123456789"

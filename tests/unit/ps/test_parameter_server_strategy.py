@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.cluster._token import TOKEN_ENV
 from phalanx.cluster.resolvers import SimpleClusterResolver
 from phalanx.coordinator import (
     ClosureAbortedError,
@@ -17,8 +16,9 @@ from phalanx.coordinator import (
     OutOfRangeError,
     PerWorkerValues,
 )
-from phalanx.ps.server import Server
 from phalanx.ps.transport import AuthenticationError, TaskUnavailableError
+from phalanx.security.token import TOKEN_ENV
+from phalanx.server import Server
 
 
 def _data(n=8, seed=0):

@@ -10,7 +10,6 @@ import threading
 import pytest
 import torch
 
-from phalanx.cluster._token import cluster_token
 from phalanx.coordinator import ClusterCoordinator, OutOfRangeError, PerWorkerValues
 from phalanx.input.per_worker import PerWorkerDataset
 from phalanx.ps.coordinator.chief import Chief
@@ -21,12 +20,16 @@ from phalanx.ps.pickling import variable_on_worker as _worker_variable
 from phalanx.ps.transport import RpcClient
 from phalanx.ps.variables import PSClient, VariableHandle
 from phalanx.ps.worker.environment import WorkerEnvironment
+from phalanx.security.token import cluster_token
+from phalanx.strategies.parameter_server_worker import WorkerStrategy
 
 
 def _worker(cluster, index=1):
     """A worker's environment over the cluster's ps tasks (worker ``index`` of 2)."""
     clients = [RpcClient(a, cluster_token(), name=f"ps:{i} ({a})") for i, a in enumerate(cluster.spec["ps"])]
-    return WorkerEnvironment(PSClient(clients), worker_index=index, num_workers=2)
+    return WorkerEnvironment(
+        PSClient(clients), worker_index=index, num_workers=2, make_strategy=WorkerStrategy
+    )
 
 
 def _run(chief, env, fn, *args):

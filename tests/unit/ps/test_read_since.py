@@ -13,7 +13,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from phalanx.ps import messages, wire
 from phalanx.ps.handles import VariableHandle
-from phalanx.ps.store import VariableStore
+from phalanx.ps.variable_store.store import VariableStore
 from phalanx.ps.variables import PSClient
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.ps.server import Server
+from phalanx.server import Server
 
 
 def test_server_errors(ps_2workers_1ps):

@@ -1,4 +1,4 @@
-"""The ps's row update for Adagrad (`phalanx.ps.sparse_adagrad`) writes what torch's sparse
+"""The ps's row update for Adagrad (`phalanx.ps.variable_store.sparse_adagrad`) writes what torch's sparse
 Adagrad writes, bit for bit, and leaves every case it does not take to torch."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.optim import optimizer as torch_optimizer
 
-from phalanx.ps import sparse_adagrad
-from phalanx.ps.store_optimizer import StoreOptimizer
+from phalanx.ps.variable_store import sparse_adagrad
+from phalanx.ps.variable_store.optimizer import StoreOptimizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse invariant checks")
 

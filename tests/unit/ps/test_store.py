@@ -1,4 +1,5 @@
-"""phalanx.ps.store: a ps task's variables, its optimizers (one push at a time) and its RPC table.
+"""phalanx.ps.variable_store.store: a ps task's variables, its optimizers (one push at a time) and its
+RPC table.
 
 Messages go through `phalanx.ps.wire` (pack, then unpack) as a client's would.
 """
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from phalanx.ps import messages, wire
-from phalanx.ps.store import VariableStore
+from phalanx.ps.variable_store.store import VariableStore
 
 OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),

@@ -14,7 +14,6 @@ import torch
 
 from phalanx.cluster._ports import free_ports
 from phalanx.ps import transport, wire
-from phalanx.ps.channel_security import INSECURE_ENV
 from phalanx.ps.transport import (
     AuthenticationError,
     MessageTooLargeError,
@@ -24,6 +23,7 @@ from phalanx.ps.transport import (
     RpcServer,
     TaskUnavailableError,
 )
+from phalanx.security.channels import INSECURE_ENV
 
 TOKEN = "test-secret-0123456789"
 NAME = "ps:0 (test)"

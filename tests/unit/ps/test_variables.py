@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from phalanx.ps.rpc_errors import TaskUnavailableError
+from phalanx.ps.rpc.errors import TaskUnavailableError
 from phalanx.ps.variables import PSClient, _Call
 
 

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 import phalanx
-from phalanx.communication.stall_inspector import CollectiveMismatchError
+from phalanx.communication.checks.stall_inspector import CollectiveMismatchError
 from phalanx.devices import canonical_name
-from phalanx.strategies._replica_rendezvous import ReplicaAbortedError, ReplicaRendezvous, ReplicaTimeoutError
+from phalanx.strategies.replicas.rendezvous import ReplicaAbortedError, ReplicaRendezvous, ReplicaTimeoutError
 from phalanx.variables import set_aggregation
 
 

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 import phalanx
-from phalanx.communication.cross_device_ops import CrossDeviceOps
-from phalanx.strategies._gradients import GradientSync
-from phalanx.strategies._optimizer_state import PerReplicaState
-from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
-from phalanx.strategies._variable_policy import VariablePolicy
+from phalanx.communication.local.cross_device_ops import CrossDeviceOps
+from phalanx.strategies.replicas.gradients import GradientSync
+from phalanx.strategies.replicas.optimizer_state import PerReplicaState
+from phalanx.strategies.replicas.rendezvous import ReplicaRendezvous
+from phalanx.strategies.replicas.variable_policy import VariablePolicy
 from phalanx.values import ReduceOp
 from phalanx.variables import in_optimizer_step
 

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 import phalanx
-from phalanx.strategies._replica_rendezvous import ReplicaRendezvous
-from phalanx.strategies._variable_policy import VariablePolicy
 from phalanx.strategies.central_storage import CentralStoragePolicy
+from phalanx.strategies.replicas.rendezvous import ReplicaRendezvous
+from phalanx.strategies.replicas.variable_policy import VariablePolicy
 
 LAYOUT = {
     "default": (1, ("cpu",)),

@@ -12,8 +12,8 @@ import torch
 
 import phalanx
 from phalanx.cluster import SimpleClusterResolver
-from phalanx.strategies._distributed_files import remove_temp_dirpath, write_dirpath
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+from phalanx.strategies.workers.distributed_files import remove_temp_dirpath, write_dirpath
 
 
 @pytest.fixture(autouse=True)

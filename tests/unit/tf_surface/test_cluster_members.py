@@ -11,7 +11,6 @@ import phalanx
 from phalanx import rpc
 from phalanx.cluster import ClusterSpec
 from phalanx.cluster._ports import free_ports
-from phalanx.cluster._token import TOKEN_ENV
 from phalanx.cluster.cluster_def import ClusterDef, JobDef, ServerDef
 from phalanx.cluster.resolvers import (
     KubernetesClusterResolver,
@@ -20,6 +19,7 @@ from phalanx.cluster.resolvers import (
     SlurmClusterResolver,
     UnionResolver,
 )
+from phalanx.security.token import TOKEN_ENV
 
 TOKEN = "test-secret-0123456789"
 

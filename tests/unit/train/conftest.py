@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from phalanx.cluster._ports import free_ports
-from phalanx.cluster._token import TOKEN_ENV
-from phalanx.ps.server import Server
+from phalanx.security.token import TOKEN_ENV
+from phalanx.server import Server
 
 
 class TF1Cluster:

@@ -1,7 +1,7 @@
 """Messages between the workers' preemption handlers: errors, notices and exits, by task name.
 
 A job of several workers posts them in the MultiWorkerMirrored rendezvous store (the chief's
-TCPStore, whose values carry a MAC of the cluster token: `phalanx.communication.rendezvous`), on
+TCPStore, whose values carry a MAC of the cluster token: `phalanx.communication.membership.rendezvous`), on
 two connections of its own: one to post, one for the thread that reads every message as soon
 as it is posted. Messages are numbered (``event/1``, ``event/2``...; the number comes from an
 atomic counter), so the reader looks for the next number only (every 0.1 s). It reads eagerly
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.communication.rendezvous import Rendezvous
+from phalanx.communication.membership.rendezvous import Rendezvous
 
 __all__ = ["Board", "ClusterBoard", "LocalBoard", "Message", "board_for"]
 

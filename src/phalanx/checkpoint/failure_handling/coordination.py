@@ -29,8 +29,8 @@ import torch
 from phalanx.checkpoint.failure_handling.board import Board, Message, board_for
 from phalanx.checkpoint.failure_handling.policy import Decision, Flags, PreemptionPolicy
 from phalanx.checkpoint.failure_handling.termination import TerminationConfig, TerminationNotice
-from phalanx.communication.health import PeerUnavailableError
-from phalanx.communication.stall_inspector import CollectiveMismatchError
+from phalanx.communication.checks.health import PeerUnavailableError
+from phalanx.communication.checks.stall_inspector import CollectiveMismatchError
 
 __all__ = ["PEER_ERROR_WAIT", "PeerFailedError", "PreemptionCoordinator", "check_supported"]
 

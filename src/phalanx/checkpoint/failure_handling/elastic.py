@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from phalanx.communication.health import PeerUnavailableError
-from phalanx.communication.membership import BelowMinimumWorkersError
-from phalanx.communication.stall_inspector import CollectiveMismatchError
+from phalanx.communication.checks.health import PeerUnavailableError
+from phalanx.communication.checks.stall_inspector import CollectiveMismatchError
+from phalanx.communication.membership.membership import BelowMinimumWorkersError
 
 __all__ = ["MAX_RECOVERIES", "ElasticSync", "is_recoverable"]
 

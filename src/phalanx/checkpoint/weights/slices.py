@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 __all__ = ["BLOCK_BYTES", "Region", "byte_runs", "local_part", "region_of", "row_blocks", "writes_region"]
 
@@ -82,8 +82,13 @@ def local_part(full: torch.Tensor, like: DTensor) -> DTensor:
 
     ``full`` is only cut (a view): if it maps a file (``torch.load(path, mmap=True)``) no byte
     outside this worker's region is read, now or when the result is copied into ``like``.
-    Only that part is converted to ``like``'s device and dtype.
+    Only that part is converted to ``like``'s device and dtype. A layout other than plain
+    ``Shard`` / ``Replicate`` placements (FSDP2 over tensor parallelism's strided shards) is cut
+    by torch's ``distribute_tensor`` from the whole tensor instead.
     """
+    if any(type(p) not in (Shard, Replicate) for p in like.placements):  # strided (2-D) layouts
+        whole = full.detach().to(device=like.device, dtype=like.dtype)  # torch's own cut: reads all
+        return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
     region = region_of(like)
     part = full.detach()[region.slices()].to(device=like.device, dtype=like.dtype)
     return DTensor.from_local(

@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from phalanx.cluster._token import cluster_token
 from phalanx.cluster.resolvers import ClusterResolver
 from phalanx.ps import pickling
 from phalanx.ps.coordinator.closure import Closure
@@ -43,6 +42,7 @@ from phalanx.ps.coordinator.remote_worker import RemoteWorker
 from phalanx.ps.pickle_cache import PickleCache, pickle_cache_enabled
 from phalanx.ps.transport import RpcClient
 from phalanx.ps.variables import BufferChanges, PSClient, VariableHandle
+from phalanx.security.token import cluster_token
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "Chief"]
 

@@ -36,9 +36,10 @@ from phalanx.ps.coordinator.worker_loss import Action, Decision, FailurePolicy, 
 from phalanx.ps.pickling import dumps
 from phalanx.ps.variables import BufferChanges
 from phalanx.ps.worker.running import ClosureAbandonedError
+from phalanx.status.counters import COUNTERS
 
 if TYPE_CHECKING:
-    from phalanx.strategies.strategy import Strategy
+    from phalanx.protocols import DistributionStrategy as Strategy
 
 __all__ = ["ClusterCoordinator"]
 
@@ -247,7 +248,10 @@ class ClusterCoordinator:
         """``worker`` was lost running ``closure``: fence the run, run it again elsewhere, and
         wait for the worker to come back."""
         self._chief.fence(self._session, worker.index, run)
-        self._act(self._worker_states.worker_lost(worker.index), closure)
+        decision = self._worker_states.worker_lost(worker.index)
+        retried = int(decision.action is Action.RETRY)
+        COUNTERS.closure(f"worker:{worker.index}", lost=1, rescheduled=retried)
+        self._act(decision, closure)
         log.warning(
             "Lost %s (%s); its function runs on another worker. Waiting for it to come back.",
             worker.name,
@@ -273,10 +277,12 @@ class ClusterCoordinator:
             log.warning("%s; it runs again.", exc)
             self._chief.fence(self._session, *run)
             self._queue.put_back(closure)
+            COUNTERS.closure(f"worker:{run[0]}", rescheduled=1)  # the status page's counts
         except BaseException as exc:
             self._queue.mark_failed(closure, exc)
         else:
             self._queue.mark_finished(closure, value)
+            COUNTERS.closure(f"worker:{run[0]}", done=1)
         self._chief.after_closure()
 
     def _wait_for(self, worker: RemoteWorker, idle: bool = False) -> None:

@@ -6,7 +6,7 @@ deadline               what it bounds                          environment varia
 =====================  ======================================  ==========================  =======
 ``closure_timeout``    one function on a worker that still     PHALANX_CLOSURE_TIMEOUT_    3600 s
                        answers heartbeats (then it fails)      SECONDS
-``heartbeat_timeout``  a worker silent this long is lost (its  PHALANX_HEARTBEAT_TIMEOUT_  5 s
+``heartbeat_timeout``  a worker silent this long is lost (its  PHALANX_HEARTBEAT_TIMEOUT_  10 s
                        function reruns elsewhere)              SECONDS
 ``wait_timeout``       ``join()``/``fetch()`` with no timeout  PHALANX_WAIT_TIMEOUT_       see
                        of their own: raise once no function    SECONDS                     below
@@ -29,7 +29,11 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from phalanx.communication.worker_group import HEARTBEAT_TIMEOUT_ENV, seconds_from_env
+from phalanx.communication.group.worker_group import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    HEARTBEAT_TIMEOUT_ENV,
+    seconds_from_env,
+)
 
 __all__ = [
     "CLOSURE_TIMEOUT_ENV",
@@ -46,7 +50,6 @@ __all__ = [
 CLOSURE_TIMEOUT_ENV = "PHALANX_CLOSURE_TIMEOUT_SECONDS"
 WAIT_TIMEOUT_ENV = "PHALANX_WAIT_TIMEOUT_SECONDS"
 DEFAULT_CLOSURE_TIMEOUT = 3600.0
-DEFAULT_HEARTBEAT_TIMEOUT = 5.0
 PS_CALL_TIMEOUT_ENV = "PHALANX_PS_CALL_TIMEOUT_SECONDS"
 DEFAULT_PS_CALL_TIMEOUT = 60.0
 _SLICE = 0.5  # how often a wait looks at the clock

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from phalanx.protocols import DistributionStrategy
     from phalanx.ps.handles import VariableHandle
-    from phalanx.strategies.parameter_server_worker import WorkerStrategy
 
 __all__ = ["Environment", "current", "running"]
 
@@ -30,7 +30,7 @@ class Environment(Protocol):
     num_workers: int
     resources: dict[str, Any]
     lazy: dict[str, VariableHandle]
-    strategy: WorkerStrategy
+    strategy: DistributionStrategy
 
     def variable(self, handle: VariableHandle) -> torch.Tensor: ...
     def is_lazy(self, tensor: torch.Tensor) -> bool: ...

@@ -18,7 +18,7 @@ import contextlib
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import torch
@@ -31,7 +31,9 @@ from phalanx.ps.variables import BufferChanges, PSClient, VariableHandle
 from phalanx.ps.worker import context, embedding
 from phalanx.ps.worker.after_push import AfterPush
 from phalanx.ps.worker.running import RunningClosure
-from phalanx.strategies.parameter_server_worker import WorkerStrategy
+
+if TYPE_CHECKING:
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = ["WorkerEnvironment"]
 
@@ -43,10 +45,19 @@ class WorkerEnvironment:
         ps: The client of the cluster's ps tasks.
         worker_index, num_workers: This worker and the size of the ``worker`` job.
         current: What it runs, for the heartbeat (the one whose tag ``ps``'s clients send).
+        make_strategy: Makes the strategy scheduled functions see, from this environment
+            (`phalanx.strategies.parameter_server_worker.WorkerStrategy`; given by `phalanx.Server`,
+            which sits above both this package and the strategies).
     """
 
     def __init__(
-        self, ps: PSClient, worker_index: int, num_workers: int, current: RunningClosure | None = None
+        self,
+        ps: PSClient,
+        worker_index: int,
+        num_workers: int,
+        current: RunningClosure | None = None,
+        *,
+        make_strategy: Callable[[WorkerEnvironment], DistributionStrategy],
     ) -> None:
         self.ps, self.worker_index, self.num_workers = ps, worker_index, num_workers
         self.variables: dict[str, torch.Tensor] = {}
@@ -60,7 +71,7 @@ class WorkerEnvironment:
         self.ps_version: dict[int, int] = {}  # the latest version seen of each ps task
         self.lazy: dict[str, VariableHandle] = {}  # sharded embedding tables, read by rows
         self.lookups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self.strategy = WorkerStrategy(self)
+        self.strategy = make_strategy(self)
         self.after_push = AfterPush(self._refresh_names)
         embedding.install()
         self._lock = threading.Lock()  # one function at a time

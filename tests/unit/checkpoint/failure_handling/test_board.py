@@ -6,8 +6,8 @@ import torch.distributed as dist
 
 from phalanx.checkpoint.failure_handling.board import ClusterBoard
 from phalanx.cluster._ports import free_ports
-from phalanx.cluster._token import TOKEN_ENV
-from phalanx.communication.rendezvous import Rendezvous
+from phalanx.communication.membership.rendezvous import Rendezvous
+from phalanx.security.token import TOKEN_ENV
 
 PREFIX = "phalanx-preemption/0/0/"
 

@@ -68,3 +68,33 @@ def test_a_missing_interpreter_is_named(tmp_path):
         ValueError, match="Could not start task worker-0: .* HINT: check the python= argument"
     ):
         launch(script, workers=1, python=str(tmp_path / "no-python"))
+
+
+def test_a_status_page_off_loopback_needs_a_token_the_user_chose(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("PHALANX_CLUSTER_TOKEN", raising=False)
+    script = tmp_path / "t.py"
+    script.write_text("")
+    assert run_launch(_parse("--status", "0.0.0.0:0", str(script))) == 2
+    err = capsys.readouterr().err
+    assert "A status page off loopback requires the cluster token" in err
+    assert "Received: --status 0.0.0.0:0 and no PHALANX_CLUSTER_TOKEN" in err
+
+
+def test_a_malformed_status_address_is_a_usage_error(capsys, tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    assert run_launch(_parse("--status", "8265", str(script))) == 2
+    assert "--status must be HOST:PORT" in capsys.readouterr().err
+
+
+def test_per_node_status_tells_the_tasks_where_the_chief_serves(monkeypatch):
+    seen = {}
+
+    def fake_launch_node(script, cluster, **kwargs):
+        seen.update(kwargs)
+        return 0
+
+    monkeypatch.setattr("phalanx.cluster.launcher.launch_node", fake_launch_node)
+    ns = _parse("--tf-config", '{"worker": ["a:1"]}', "--node", "a", "--status", "a:8265", "t.py")
+    assert run_launch(ns) == 0
+    assert seen["env"] == {"PHALANX_STATUS_ADDRESS": "a:8265"}

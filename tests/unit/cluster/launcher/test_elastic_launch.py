@@ -15,9 +15,9 @@ from phalanx.cluster import launch
 from phalanx.cluster._supervisor import Outcome, TaskState
 from phalanx.cluster.elastic import ElasticLaunch
 from phalanx.cluster.launcher import add_launch_arguments, run_launch
-from phalanx.communication.interfaces import interface_addresses
-from phalanx.communication.membership import PREFIX
-from phalanx.communication.rendezvous import AuthenticatedStore
+from phalanx.communication.membership.membership import PREFIX
+from phalanx.communication.membership.rendezvous import AuthenticatedStore
+from phalanx.communication.transports.interfaces import interface_addresses
 
 TOKEN = "t" * 32
 

@@ -20,11 +20,11 @@ def test_a_script_runs_with_its_arguments(tmp_path):
 
 
 def test_module_function_entry_goes_through_the_bootstrap():
-    argv = build_command("phalanx.demo:worker_main", ["1", "2"], "py")
+    argv = build_command("phalanx.cli.demo:worker_main", ["1", "2"], "py")
     assert argv[:3] == ["py", "-u", "-c"]
     assert "def main(argv" in argv[3]
     spec = json.loads(argv[4])
-    assert spec["entry"] == "phalanx.demo:worker_main"
+    assert spec["entry"] == "phalanx.cli.demo:worker_main"
     assert argv[5:] == ["1", "2"]
     assert all(path for path in spec["sys_path"])  # '' became the working directory
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.cluster._token import cluster_token
 from phalanx.ps.coordinator.chief import Chief
 from phalanx.ps.coordinator.cluster_coordinator import ClusterCoordinator
 from phalanx.ps.coordinator.fencing import FENCE_KEY, FencedRunError, Fences, TaggedRpcClient
 from phalanx.ps.transport import RemoteError
+from phalanx.security.token import cluster_token
 
 
 def test_a_fenced_run_and_the_earlier_runs_of_that_worker_are_refused_and_nothing_else():

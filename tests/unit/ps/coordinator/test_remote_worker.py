@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.cluster._token import cluster_token
 from phalanx.ps.coordinator.chief import Chief
 from phalanx.ps.coordinator.closure import Closure
 from phalanx.ps.coordinator.remote_worker import RemoteWorker, WorkerLostError
 from phalanx.ps.transport import RpcClient
+from phalanx.security.token import cluster_token
 
 
 def _payload(chief, fn):

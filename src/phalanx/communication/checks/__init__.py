@@ -1,0 +1,1 @@
+"""Checks on collectives: signatures, call sites, the stall inspector, heartbeats."""

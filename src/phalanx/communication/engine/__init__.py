@@ -1,0 +1,1 @@
+"""The gradient engine: backward rounds and DDP-style gradient buckets."""

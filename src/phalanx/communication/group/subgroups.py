@@ -1,0 +1,99 @@
+"""Groups a user makes with ``torch.distributed.new_group()`` inside a MultiWorkerMirrored program.
+
+Under MultiWorkerMirroredStrategy on CPUs the default process group is phalanx's
+(`phalanx.communication.group.process_group`), so ``new_group()`` without ``backend=`` asks the
+``"phalanx"`` backend for the new group. It gets a `PhalanxProcessGroup` whose engine is a
+`SubgroupEngine`: its collectives are signed and verified as the default group's are
+(`phalanx.communication.checks.collective_check`, over
+`phalanx.communication.transports.gloo.transport`), with a numbering of their own (a group of some
+of the workers makes collectives the others do not), and waited on with the job's deadline and
+health check (`WorkerGroup.wait`). So a collective that one member makes and another does not
+meets that member's next collective on the group, and the first whose signatures differ raises
+`CollectiveMismatchError` on every member, naming each side, before any result of it is used; the
+job's group fails with it (sticky), as after a mismatch on the default group.
+
+A group of every worker (``new_group()`` without ``ranks=``) is also watched by the job's
+stall inspector: a collective one worker makes on it while the others make none there (they
+wait in the job's next collective) is named on every worker within the stall bound, as on the
+default group. A group of some of the workers is not (its members count collectives the
+others do not make, so the inspector's numbering would differ between workers): such a stall
+is named by the job's deadline. What no subgroup has: shared memory and the TLS ring (its
+collectives go over gloo between its members; under TLS ``new_group()`` without ``backend=``
+is refused). ``new_group(backend="gloo")`` is torch's own ``ProcessGroupGloo``: phalanx does
+not replace torch's gloo backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from phalanx.communication.checks.collective_check import CollectiveCheck, Signed
+from phalanx.communication.checks.collective_watch import CollectiveWatch
+from phalanx.communication.checks.stall_inspector import StallSettings
+from phalanx.communication.group.collectives import GroupCollectives
+from phalanx.communication.transports.gloo.transport import GlooTransport
+
+__all__ = ["SubgroupEngine"]
+
+
+class SubgroupEngine(GroupCollectives):
+    """The engine of a ``new_group()`` of the job (see the module doc; all its members).
+
+    Made by `WorkerGroup.subgroup`, which passes its own deadline, health and failure state.
+
+    Args:
+        gloo: The gloo group between the members, which carries the collectives.
+        store: The new group's store (torch prefixes it per group): its mismatch reports.
+        rank, size: This worker's rank in the group and the group's size.
+        names: Each member's task name (``"worker:1 (host:port)"``), in the group's rank order.
+        checked: Whether the job's collectives are signed (every worker agreed).
+        keep: Holds gloo's works until the job's group is torn down (`RecentWorks.add`).
+        usable: ``usable(what)`` raises once the job's group is closed or failed.
+        wait: ``wait(work, what, timeout)``: the job's watched wait (`WorkerGroup.wait`).
+        watch: The job's stall-inspector watch, for a group of every worker; None: not watched.
+    """
+
+    def __init__(
+        self,
+        gloo: Any,
+        store: Any,
+        rank: int,
+        size: int,
+        names: Sequence[str],
+        checked: bool,
+        keep: Callable[[Any], Any],
+        usable: Callable[[str], None],
+        wait: Callable[[Any, str, float | None], None],
+        watch: CollectiveWatch | None = None,
+    ) -> None:
+        self.rank, self.world_size = rank, size
+        self._usable, self._wait = usable, wait
+        name: Callable[[int], str] = lambda r: names[r]  # noqa: E731
+        self._transport = None  # a subgroup's collectives go over its gloo
+        self._watch = watch or CollectiveWatch(rank, size, name, StallSettings(enabled=False))
+        self.check = CollectiveCheck(rank, size, name, checked)  # its own numbering
+        self.check.attach_store(store)
+        self._check = self.check
+        self._gloo = GlooTransport(gloo, rank, size, self.check.mismatch, keep, checked, self.wait)
+
+    def _sign(self, kind: str, tensor: torch.Tensor, what: str) -> tuple[Any, Signed]:
+        """The job's stall-inspector signature (job-wide numbering), and this group's code and
+        report signature (this group's numbering, which every member shares)."""
+        return self._watch.issue(kind, (tensor,), what), self._check.sign(kind, tensor, what)
+
+    @property
+    def uses_tls(self) -> bool:
+        return False
+
+    def _check_usable(self, what: str) -> None:
+        self._usable(what)
+
+    def _watched_wait(self, work: Any, what: str, timeout: float | None, where_issued: bool) -> None:
+        self._wait(work, what, timeout)
+
+    def wait(self, work: Any, what: str, timeout: float | None = None) -> None:
+        """Waits with the job's deadline and health check (a mismatch fails the job's group)."""
+        self._wait(work, what, timeout)

@@ -1,0 +1,1 @@
+"""In-process reduction: cross-device ops, packing, communication options, sparse sums."""

@@ -1,0 +1,1 @@
+"""Who is in the job: the rendezvous store, elastic membership, beacons."""

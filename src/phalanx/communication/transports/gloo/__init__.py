@@ -1,0 +1,1 @@
+"""The gloo transport: signed collectives over torch's ProcessGroupGloo."""

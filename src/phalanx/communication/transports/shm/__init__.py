@@ -1,0 +1,1 @@
+"""The same-machine shared-memory transport."""

@@ -1,0 +1,1 @@
+"""The mutual-TLS ring transport between machines."""

@@ -1,0 +1,1 @@
+"""The ps tasks' data path: reads and pushes outside gRPC."""

@@ -1,0 +1,1 @@
+"""gRPC calls between the chief, workers and ps tasks."""

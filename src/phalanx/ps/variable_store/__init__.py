@@ -1,0 +1,1 @@
+"""A ps task's variables, their optimizer and write versions."""

@@ -1,0 +1,1 @@
+"""The cluster token, the TLS certificates derived from it, and secure gRPC channels."""

@@ -1,0 +1,1 @@
+"""Replicas in one process: threads, the in-process rendezvous, gradients, variable policy."""

@@ -1,0 +1,1 @@
+"""Sharding plans and meta-device initialisation for the sharded strategies."""

@@ -1,0 +1,1 @@
+"""What multi-worker strategies share: worker setup, elastic groups, bucket sync, files."""
