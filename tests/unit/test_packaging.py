@@ -59,6 +59,7 @@ def test_a_plain_install_pulls_only_what_training_the_ps_and_security_need(wheel
     extras = {r.name: r for r in requirements if r.marker is not None}
     assert "torchmetrics" in extras  # optional, never plain
     assert "transformers" in extras
+    assert "safetensors" in extras  # safetensors files (phalanx.checkpoint.weights)
 
 
 def test_no_requirement_a_user_installs_is_pinned_exactly(wheel):

@@ -54,7 +54,7 @@ from phalanx.checkpoint._files import (
     remove_stale_temp_folders,
 )
 
-__all__ = ["SUFFIX", "SafeLoadPlanner", "SafeMetadataReader", "is_sharded", "load", "save"]
+__all__ = ["SUFFIX", "SafeLoadPlanner", "SafeMetadataReader", "is_sharded", "load", "save", "saved_keys"]
 
 SUFFIX = ".dcp"
 STAGING_WAIT_SECONDS = 3600.0  # how long a save waits for the previous one to free the staging copy
@@ -136,6 +136,19 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+def saved_keys(path: str) -> set[str]:
+    """The flattened keys of what the sharded checkpoint at ``path`` holds (``model.layer.weight``).
+
+    Raises:
+        ValueError: The metadata cannot be read (as `load` says it).
+    """
+    try:
+        metadata = SafeMetadataReader(path).read_metadata()
+    except Exception as exc:  # what DCP's load would report, reported as `load` does
+        raise ValueError(f"Cannot restore the sharded checkpoint {path!r}: {exc}") from exc
+    return {str(key) for key in metadata.state_dict_metadata}
 
 
 def is_sharded(path: str) -> bool:

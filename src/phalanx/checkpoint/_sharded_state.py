@@ -9,7 +9,7 @@ model. Anything else gives what the single-file format saves of it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -19,9 +19,11 @@ from torch.distributed.tensor import DTensor
 
 from phalanx.checkpoint._objects import load_into, state_of
 from phalanx.checkpoint._sharded import SUFFIX
+from phalanx.checkpoint.weights.safetensors_files import SUFFIX as SAFETENSORS_SUFFIX
 from phalanx.state_views import sharded_state_dicts
+from phalanx.strategies.sharding import loads as meta_loads
 
-__all__ = ["FORMAT", "apply", "collect", "is_sharded", "sharded_state_dicts", "writes_sharded"]
+__all__ = ["FORMAT", "apply", "collect", "is_sharded", "prepare", "sharded_state_dicts", "writes_sharded"]
 
 FORMAT = "phalanx.checkpoint.sharded/1"
 
@@ -54,6 +56,15 @@ def _prepare(objects: Mapping[str, Any], strategy: Any) -> list[nn.Module]:
             if isinstance(obj, torch.optim.Optimizer):
                 strategy.adopt(obj)  # the sharded parameters, if it was made before sharding
     return [obj for obj in objects.values() if isinstance(obj, nn.Module)]
+
+
+def prepare(objects: Mapping[str, Any], saved: Collection[str]) -> None:
+    """Before a read: gives modules built on the meta device memory for what the checkpoint
+    fills (``saved``: its flattened keys, ``model.layer.weight``), and no initial values
+    (`phalanx.strategies.sharding.loads`; every worker calls it)."""
+    for name, obj in objects.items():
+        if isinstance(obj, nn.Module):
+            meta_loads.prepare(obj, {key[len(name) + 1 :] for key in saved if key.startswith(name + ".")})
 
 
 def collect(objects: Mapping[str, Any], strategy: Any) -> dict[str, Any]:
@@ -89,7 +100,8 @@ def apply(objects: Mapping[str, Any], state: Mapping[str, Any], strategy: Any) -
 def writes_sharded(model: Any, filepath: str) -> bool:
     """Whether a save of ``model`` to ``filepath`` writes a sharded folder: the path ends in
     ``.dcp``, or the model is sharded (FullyShardedStrategy: each worker writes its part, and
-    no worker gathers the whole model)."""
+    no worker gathers the whole model). A ``.safetensors`` path is written by every worker
+    alike (each its own rows; the chief what no worker shards)."""
     module = getattr(model, "module", None)  # a callback may be given any model-like object
     sharded = isinstance(module, nn.Module) and is_sharded({"model": module})
-    return str(filepath).endswith(SUFFIX) or sharded
+    return str(filepath).endswith((SUFFIX, SAFETENSORS_SUFFIX)) or sharded

@@ -13,6 +13,7 @@ from phalanx.checkpoint._files import safe_load
 from phalanx.checkpoint._index import latest_checkpoint, record_checkpoint
 from phalanx.checkpoint._objects import load_into, state_of
 from phalanx.checkpoint.options import CheckpointOptions, CheckpointWriter
+from phalanx.checkpoint.weights import safetensors_files
 from phalanx.communication.compression.base import checkpoint_restored
 
 __all__ = ["Checkpoint", "Counter"]
@@ -148,13 +149,18 @@ class Checkpoint:
         self._writer.sync()
 
     def read(self, save_path: str, options: CheckpointOptions | None = None) -> Checkpoint:
-        """Restores every object saved under the same name.
+        """Restores every object saved under the same name; from a safetensors file or Hugging
+        Face folder, the weights of the one model this checkpoint tracks (each worker of a
+        sharded model reading only its rows).
 
         Raises:
             FileNotFoundError: No such checkpoint.
-            ValueError: The file is not a phalanx checkpoint, or lacks one of the objects.
+            ValueError: The file is not a phalanx checkpoint, or lacks one of the objects; a
+                safetensors source given a checkpoint that tracks more than one model.
         """
         self._writer.sync()  # the file may be one this checkpoint is still writing
+        if safetensors_files.is_safetensors(save_path):
+            return self._read_weights(save_path)
         if _sharded.is_sharded(save_path):
             return self._read_sharded(save_path)
         payload = safe_load(save_path)
@@ -175,10 +181,24 @@ class Checkpoint:
         checkpoint_restored()
         return self
 
+    def _read_weights(self, save_path: str) -> Checkpoint:
+        """The one model's weights from safetensors (which hold nothing else)."""
+        modules = {name: getattr(obj, "module", obj) for name, obj in self._objects.items()}
+        models = [m for m in modules.values() if isinstance(m, torch.nn.Module)]
+        if len(models) != 1 or len(modules) != 1:
+            raise ValueError(
+                f"{save_path!r} holds one model's weights (safetensors), and this Checkpoint tracks "
+                f"{sorted(self._objects)}. HINT: read it with a Checkpoint of the model alone, "
+                "Checkpoint(model=model).read(path), and restore the rest from a phalanx checkpoint."
+            )
+        safetensors_files.load_safetensors(models[0], save_path)
+        return self
+
     def _read_sharded(self, save_path: str) -> Checkpoint:
         from phalanx.strategies.default import get_strategy  # here: serving imports no strategy
 
         strategy = get_strategy()
+        _sharded_state.prepare(self._objects, _sharded.saved_keys(save_path))
         state = _sharded_state.collect(self._objects, strategy)
         state["format"], state["save_counter"] = "", 0
 
@@ -203,7 +223,8 @@ class Checkpoint:
         """`read`, accepting a directory (its latest checkpoint) or None (nothing to restore)."""
         if save_path is None:
             return self
-        if os.path.isdir(save_path) and not _sharded.is_sharded(save_path):
+        folder = os.path.isdir(save_path) and not _sharded.is_sharded(save_path)
+        if folder and not safetensors_files.is_safetensors(save_path):
             latest = latest_checkpoint(save_path)
             if latest is None:
                 raise FileNotFoundError(f"No checkpoint in directory {save_path!r}.")

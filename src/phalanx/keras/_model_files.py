@@ -16,6 +16,7 @@ from torch import nn
 
 from phalanx.checkpoint import _sharded, _sharded_state
 from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
+from phalanx.checkpoint.weights import safetensors_files
 from phalanx.keras import architecture
 
 __all__ = [
@@ -54,7 +55,17 @@ def _description(model: Any) -> dict[str, Any]:
 
 def save_model(model: Any, filepath: str) -> None:
     """Writes `model` to ``filepath`` atomically (all workers call it; the chief's file is
-    kept), or as a sharded folder (see `phalanx.checkpoint._sharded_state.writes_sharded`)."""
+    kept), or as a sharded folder (see `phalanx.checkpoint._sharded_state.writes_sharded`).
+
+    Raises:
+        ValueError: ``filepath`` ends in ``.safetensors``, which holds weights only.
+    """
+    if str(filepath).endswith(safetensors_files.SUFFIX):
+        raise ValueError(
+            "Model.save writes the architecture, compile settings and optimizer state, which a "
+            f"safetensors file cannot hold. Received: {filepath!r}. HINT: model.save_weights(path) "
+            "writes the weights as safetensors; model.save(path) with another suffix writes the rest."
+        )
     if _sharded_state.writes_sharded(model, filepath):
         description = io.BytesIO()
         torch.save(_description(model), description)  # read back with weights_only=True
@@ -96,8 +107,12 @@ def read_description(filepath: str) -> dict[str, Any]:
 
 
 def save_weights(model: Any, filepath: str) -> None:
-    """Writes the wrapped module's state dict (plain tensors) atomically, or as a sharded
-    folder (see `phalanx.checkpoint._sharded_state.writes_sharded`)."""
+    """Writes the wrapped module's state dict (plain tensors) atomically, as a sharded folder
+    (see `phalanx.checkpoint._sharded_state.writes_sharded`), or to a ``.safetensors`` file
+    (each worker writing its rows)."""
+    if str(filepath).endswith(safetensors_files.SUFFIX):
+        safetensors_files.save_safetensors(model.module, filepath)
+        return
     if _sharded_state.writes_sharded(model, filepath):
         state = _sharded_state.collect({"model": model.module}, model.strategy)
         state["format"], state["save_counter"] = _sharded_state.FORMAT, 0
@@ -109,9 +124,14 @@ def save_weights(model: Any, filepath: str) -> None:
 
 
 def load_weights(model: Any, filepath: str) -> None:
-    """Loads a `save_weights` or `save` file (or sharded folder) into the model (every
-    replica is updated)."""
+    """Loads a `save_weights` or `save` file (or sharded folder), or a safetensors file or
+    Hugging Face folder, into the model (every replica is updated; a sharded model's workers
+    read only their rows)."""
+    if safetensors_files.is_safetensors(filepath):
+        safetensors_files.load_safetensors(model.module, filepath)
+        return
     if _sharded.is_sharded(filepath):
+        _sharded_state.prepare({"model": model.module}, _sharded.saved_keys(filepath))
         state = _sharded_state.collect({"model": model.module}, model.strategy)
         state["format"] = ""
 

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import os
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,8 +24,10 @@ from phalanx.communication.local.options import CommunicationOptions
 from phalanx.memory.measure import map_large_allocations, release_free_memory
 from phalanx.state_views import sharded_state_dicts, sharded_views_open
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+from phalanx.strategies.sharding import loads as meta_loads
 from phalanx.strategies.sharding.meta_init import MetaInit, post_order
 from phalanx.strategies.sharding.plan import ShardingPlan
+from phalanx.strategies.sharding.slices import local_part
 from phalanx.strategies.step_sync import StepSync
 from phalanx.variables import DistributedVariable
 
@@ -51,9 +53,11 @@ def _one_device(resolver: ClusterResolver) -> str:
 class _StateDictHooks:
     """A module's state-dict hooks, installed when it registers a parameter in the scope:
     ``state_dict()`` gathers sharded parameters into full tensors (unless `sharded_state_dicts`
-    is open) and ``load_state_dict`` cuts full tensors into this worker's shards. Both first
-    give a model built on the meta device its memory and values (a collective, as the rest of
-    them), so a state saved or restored before the first step is the model's, not meta's."""
+    is open) and ``load_state_dict`` cuts full tensors into this worker's shards, reading only
+    its rows (of a ``torch.load(..., mmap=True)`` state dict, only those rows of the file). Both
+    first give a model built on the meta device its memory and values (a collective, as the rest
+    of them), so a state saved or restored before the first step is the model's, not meta's;
+    the layers a load fills whole get memory only (`phalanx.strategies.sharding.loads`)."""
 
     def __init__(self, owner: FullyShardedStrategy) -> None:
         self._owner = weakref.ref(owner)
@@ -63,6 +67,9 @@ class _StateDictHooks:
         module.register_state_dict_pre_hook(functools.partial(self.before_save))
         module.register_state_dict_post_hook(functools.partial(self.on_save))
         module.register_load_state_dict_pre_hook(functools.partial(self.on_load))
+        owner = self._owner()
+        if owner is not None:
+            meta_loads.register(module, owner)
 
     def _materialize(self) -> None:
         owner = self._owner()
@@ -81,7 +88,9 @@ class _StateDictHooks:
                 state_dict[prefix + name] = value.full_tensor()  # a collective: every worker saves
 
     def on_load(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        self._materialize()
+        owner = self._owner()
+        if owner is not None and owner._meta.pending:  # the first hook of a load: the top module's
+            owner.materialize_meta(meta_loads.supplied(module, prefix, state_dict))
         for name, param in module._parameters.items():
             value = state_dict.get(prefix + name)
             if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor):
@@ -89,11 +98,8 @@ class _StateDictHooks:
             if isinstance(value, DTensor):
                 continue
             if value.shape == param.shape:  # else load_state_dict's own shape error names it
-                full = value.detach().to(device=param.device, dtype=param.dtype)
-                # every worker holds the full value: each takes its shard, no communication
-                state_dict[prefix + name] = distribute_tensor(
-                    full, param.device_mesh, param.placements, src_data_rank=None
-                )
+                # every worker has the full value: each cuts its rows out, no communication
+                state_dict[prefix + name] = local_part(value, param)
 
 
 def _check_shardable(root: nn.Module) -> None:
@@ -305,11 +311,19 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         self._plan.note_parameter(module, param if made is None else made)
         return made
 
-    def materialize_meta(self) -> None:
+    def materialize_meta(self, loaded: Collection[int] = ()) -> None:
         """Shards the models made on the meta device now rather than at the next run (their
-        state dicts do it: a state saved or loaded before the first step). A collective."""
+        state dicts do it: a state saved or loaded before the first step). A collective.
+
+        Args:
+            loaded: ``id``s of the meta tensors that a load is about to write (the same on
+                every worker). A layer whose every meta tensor is among them gets memory for
+                this worker's shards only: no reset on the chief, no scatter.
+        """
         if self._meta.pending:
-            self._before_run()
+            super()._before_run()
+            if self._plan.pending:
+                self._shard_pending(loaded)
 
     def _create_buffer(self, module: nn.Module, name: str, buffer: Any) -> Any:
         """As MultiWorkerMirrored; a buffer made on the meta device gets zeros on the device,
@@ -323,6 +337,9 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
 
     def _note_submodule(self, parent: nn.Module, child: nn.Module) -> None:
         self._plan.note_submodule(parent, child)
+        if parent not in self._hooked:  # a load of the whole model reaches its top module first
+            self._hooked.add(parent)
+            self._state_dict_hooks.install(parent)
 
     def _before_run(self) -> None:
         super()._before_run()  # the chief's initial values first: shards are cut from them
@@ -357,10 +374,14 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         self.adopt(optimizer)
 
     # ---------------------------------------------------------------- sharding
-    def _shard_pending(self) -> None:
-        """``fully_shard``s the modules made since the last run (all workers, same order)."""
+    def _shard_pending(self, loaded: Collection[int] = ()) -> None:
+        """``fully_shard``s the modules made since the last run (all workers, same order); a
+        unit whose meta tensors are all in ``loaded`` on every worker gets memory, not values."""
         mesh = self.device_mesh
-        for root, units in self._plan.take().items():
+        plan = self._plan.take()
+        filled_by_load = [self._meta.loaded_whole(unit, loaded) for units in plan.values() for unit in units]
+        from_load = iter(self._agreed(filled_by_load))
+        for root, units in plan.items():
             if isinstance(root, FSDPModule):
                 raise RuntimeError(
                     f"Parameters were added to {type(root).__name__} after FullyShardedStrategy "
@@ -370,7 +391,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             _check_shardable(root)
             before = dict(root.named_parameters(remove_duplicate=False))
             for unit in units:
-                made = self._meta.materialize(unit, on_chief=self.worker_rank == 0)
+                filled = next(from_load)  # by the load that asked: memory only
+                made = {} if filled else self._meta.materialize(unit, on_chief=self.worker_rank == 0)
                 full = {id(p) for p in made.values()}
                 slots = [
                     (module, name, p)
@@ -383,6 +405,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 )
                 unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # TF's convention: sums
                 unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # SUM on gloo too
+                if filled:
+                    self._meta.allocate(unit)
                 unit.set_requires_gradient_sync(self._units_sync, recurse=False)  # type: ignore[operator]
                 self._units.add(unit)
                 self._scatter_materialized(slots)
@@ -400,6 +424,16 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             self._unbroadcast.extend(meta_buffers)
             self._broadcast_from_chief()
         self._meta.pending = False
+
+    def _agreed(self, flags: list[bool]) -> list[bool]:
+        """Each flag, true only where it is true on every worker (one all-reduce; every worker
+        has the same number of flags, one per unit): a unit filled by a load on some workers
+        only (a state dict given to the chief alone) gets its values as at a run everywhere."""
+        if not flags or self._num_workers == 1:
+            return flags
+        votes = torch.tensor(flags, dtype=torch.int32, device=self._devices[0])
+        dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=self.device_mesh.get_group())
+        return [bool(v) for v in votes.tolist()]
 
     def _scatter_materialized(self, slots: Sequence[tuple[nn.Module, str, torch.Tensor]]) -> None:
         """Gives every worker its shard of the values the chief's ``reset_parameters()`` gave

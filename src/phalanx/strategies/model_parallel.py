@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -245,8 +245,10 @@ class ModelParallelStrategy(FullyShardedStrategy):
         self._checked.update(roots)
 
     # ---------------------------------------------------------------- laying the model out
-    def _shard_pending(self) -> None:
-        """Splits and shards the models made since the last run (all workers, same order)."""
+    def _shard_pending(self, loaded: Collection[int] = ()) -> None:
+        """Splits and shards the models made since the last run (all workers, same order).
+        Every unit gets its values here (``loaded``, FullySharded's list of what a load fills,
+        is not used: the load then overwrites them)."""
         for root, units in self._plan.take().items():
             if isinstance(root, FSDPModule) or root in self._done:
                 raise RuntimeError(

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 __all__ = ["MetaInit", "post_order"]
 
@@ -142,6 +143,35 @@ class MetaInit:
         if on_chief:
             self._reset(made, resets, unit)
         return made
+
+    def loaded_whole(self, unit: nn.Module, loaded: Container[int]) -> bool:
+        """Whether a load writes every meta tensor of ``unit`` (``loaded`` holds their ``id``s:
+        its meta parameters and its meta-born buffers): it then needs memory, not values."""
+        modules = list(post_order(unit))
+        metas = [p for m in modules for p in m._parameters.values() if p is not None and p.is_meta]
+        buffers = [b for m in modules for n in self._buffer_names(m) if (b := m._buffers.get(n)) is not None]
+        tensors = [*metas, *buffers]
+        return bool(tensors) and all(id(t) in loaded for t in tensors)
+
+    def allocate(self, unit: nn.Module) -> None:
+        """Gives the meta parameters of ``unit``, sharded on the meta device (``fully_shard``
+        keeps them there), this worker's shard of memory on the device, without values: the
+        load that asked (`loaded_whole`) writes them. Tied parameters stay one parameter. FSDP2
+        adopts the new shards at its lazy initialisation or after a ``load_state_dict``."""
+        made: dict[int, nn.Parameter] = {}
+        for module in post_order(unit):
+            for name, p in module._parameters.items():
+                if not isinstance(p, DTensor) or not p.is_meta:
+                    continue
+                new = made.get(id(p))
+                if new is None:
+                    local = torch.empty(p.to_local().shape, dtype=p.dtype, device=self._device)
+                    shard = DTensor.from_local(
+                        local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+                    )
+                    new = made[id(p)] = nn.Parameter(shard, requires_grad=p.requires_grad)
+                module._parameters[name] = new
+            self._buffers.pop(id(module), None)  # its meta-born buffers: the load writes them too
 
     def _reset(
         self, made: dict[int, nn.Parameter], resets: list[Callable[[], None]], unit: nn.Module
