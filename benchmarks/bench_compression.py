@@ -1,12 +1,14 @@
-"""Gradient compression between simulated hosts: MultiWorkerMirrored with no compression,
-``"fp16"`` and `PowerSGD` beside DDP with the matching communication hook, on shaped links.
+"""Fewer bytes between simulated hosts: MultiWorkerMirrored with no compression, ``"fp16"``,
+`PowerSGD` and gradient accumulation beside DDP with the matching communication hook (or its
+``no_sync()``), on shaped links.
 
 Run (as root; uses tests/multihost/hosts.py):
     python benchmarks/bench_compression.py [--quick] [--rate 1gbit|10gbit] [--compression NAME]
 
-For each link rate (1 and 10 Gbit/s, ``tc ... tbf`` both ways) and each compression (none,
-fp16, PowerSGD rank 2), two hosts (network namespaces on a private bridge) run one worker each
-(gloo; 1 intra-op thread), and in the same processes:
+For each link rate (1 and 10 Gbit/s, ``tc ... tbf`` both ways) and each case (none, fp16,
+PowerSGD rank 2, and ``accum4``: each update's 256 examples as 4 micro-batches of 64, the first
+three under ``strategy.no_sync()`` / DDP's ``no_sync()``), two hosts (network namespaces on a
+private bridge) run one worker each (gloo; 1 intra-op thread), and in the same processes:
 
 * step time: MLP 784-1024-1024-10 at global batch 256, a phalanx custom loop
   (experimental_distribute_dataset, strategy.run, compute_average_loss, compressed gradient
@@ -19,14 +21,15 @@ fp16, PowerSGD rank 2), two hosts (network namespaces on a private bridge) run o
 * accuracy after a fixed budget on the digits demo (`phalanx.cli.demo.DigitsCNN`, the same steps
   and batches for phalanx and DDP; test accuracy).
 
-Gradient accumulation (k=4) is a row to add once the accumulation API is on this branch: it is
-printed as TODO, not measured. Nothing is asserted. Prints why and exits 0 where hosts cannot
-be simulated (not root, no iproute2). Both hosts share this machine's cores.
+Times and bytes are per update (256 examples) in every case. Nothing is asserted. Prints why
+and exits 0 where hosts cannot be simulated (not root, no iproute2). Both hosts share this
+machine's cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -44,7 +47,8 @@ sys.path.insert(0, str(REPO / "tests"))
 GLOBAL_BATCH = 256
 DIGITS_BATCH = 64
 RANK, START = 2, 2  # PowerSGD rank and start iteration, for phalanx and DDP alike
-COMPRESSIONS = ("none", "fp16", "powersgd")
+COMPRESSIONS = ("none", "fp16", "powersgd", "accum4")
+MICRO = 4  # micro-batches per update in the "accum4" case
 
 
 def _mlp() -> nn.Module:
@@ -71,6 +75,7 @@ def _options(name: str) -> Any:
         "none": None,
         "fp16": "fp16",
         "powersgd": phalanx.experimental.PowerSGD(rank=RANK, start_iteration=START),
+        "accum4": None,
     }[name]
     return phalanx.experimental.CommunicationOptions(compression=compression)
 
@@ -110,16 +115,22 @@ def _step_times(strategy: Any, name: str, group: Any, quick: bool) -> dict[str, 
         (torch.randn(GLOBAL_BATCH, 784, generator=g), torch.randint(0, 10, (GLOBAL_BATCH,), generator=g))
         for _ in range(steps)
     ]
-    share = GLOBAL_BATCH // world
+    micro = MICRO if name == "accum4" else 1
+    if micro > 1:  # each update's examples as `micro` global batches, in order
+        data = [(x[i::micro], y[i::micro]) for x, y in data for i in range(micro)]
+    share = GLOBAL_BATCH // micro // world
     mine = [(x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]) for x, y in data]
     ddp_model = _ddp(_mlp(), name, group)
     ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
 
     def ddp_epoch() -> None:
-        for x, y in mine:
-            nn.functional.cross_entropy(ddp_model(x), y).backward()
-            ddp_opt.step()
-            ddp_opt.zero_grad()
+        for i, (x, y) in enumerate(mine):
+            last = i % micro == micro - 1
+            with contextlib.nullcontext() if last else ddp_model.no_sync():
+                (nn.functional.cross_entropy(ddp_model(x), y) / micro).backward()
+            if last:
+                ddp_opt.step()
+                ddp_opt.zero_grad()
 
     with strategy.scope():
         model = _mlp()
@@ -128,15 +139,22 @@ def _step_times(strategy: Any, name: str, group: Any, quick: bool) -> dict[str, 
         data, phalanx.InputOptions(experimental_fetch_to_device=False)
     )
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+    def backward(x: torch.Tensor, y: torch.Tensor) -> None:
         per_example = nn.functional.cross_entropy(model(x), y, reduction="none")
         phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH).backward()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        backward(x, y)
         optimizer.step()
         optimizer.zero_grad()
 
     def phalanx_epoch() -> None:
-        for x, y in dataset:
-            strategy.run(step, args=(x, y))
+        for i, (x, y) in enumerate(dataset):
+            if i % micro == micro - 1:
+                strategy.run(step, args=(x, y))
+            else:
+                with strategy.no_sync():  # only accumulates: no traffic until the update
+                    strategy.run(backward, args=(x, y))
 
     phalanx_epoch(), ddp_epoch()  # warm up (and PowerSGD's uncompressed start iterations)
     ours, ddp = [], []
@@ -162,31 +180,43 @@ def _digits_accuracy(strategy: Any, name: str, group: Any, quick: bool) -> dict[
     steps = 10 if quick else 200
     order = torch.randperm(len(xs), generator=torch.Generator().manual_seed(2))
     batches = [order[(i * DIGITS_BATCH) % (len(xs) - DIGITS_BATCH) :][:DIGITS_BATCH] for i in range(steps)]
-    share = DIGITS_BATCH // world
+    micro = MICRO if name == "accum4" else 1
+    batches = [idx[i::micro] for idx in batches for i in range(micro)]  # `micro` per update
+    share = DIGITS_BATCH // micro // world
 
     torch.manual_seed(0)
     ddp_model = _ddp(DigitsCNN(), name, group)
     ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=0.05, momentum=0.9)
-    for idx in batches:
+    for i, idx in enumerate(batches):
         mine = idx[rank * share : (rank + 1) * share]
-        nn.functional.cross_entropy(ddp_model(xs[mine]), ys[mine]).backward()
-        ddp_opt.step()
-        ddp_opt.zero_grad()
+        last = i % micro == micro - 1
+        with contextlib.nullcontext() if last else ddp_model.no_sync():
+            (nn.functional.cross_entropy(ddp_model(xs[mine]), ys[mine]) / micro).backward()
+        if last:
+            ddp_opt.step()
+            ddp_opt.zero_grad()
 
     with strategy.scope():
         torch.manual_seed(0)
         model = DigitsCNN()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-    def step(idx: torch.Tensor) -> None:
+    def backward(idx: torch.Tensor) -> None:
         mine = idx[rank * share : (rank + 1) * share]
         per_example = nn.functional.cross_entropy(model(xs[mine]), ys[mine], reduction="none")
         phalanx.compute_average_loss(per_example, global_batch_size=DIGITS_BATCH).backward()
+
+    def step(idx: torch.Tensor) -> None:
+        backward(idx)
         optimizer.step()
         optimizer.zero_grad()
 
-    for idx in batches:
-        strategy.run(step, args=(idx,))
+    for i, idx in enumerate(batches):
+        if i % micro == micro - 1:
+            strategy.run(step, args=(idx,))
+        else:
+            with strategy.no_sync():
+                strategy.run(backward, args=(idx,))
     with torch.no_grad():
         return {
             "phalanx_acc": (model(xt).argmax(1) == yt).float().mean().item(),
@@ -270,9 +300,6 @@ def main() -> int:
                 continue
             base = result if name == "none" else base
             print(_report(rate, name, result, base), flush=True)
-        print(
-            f"{rate:>6} accum k=4  TODO: needs the gradient accumulation API (not on this branch)", flush=True
-        )
     return 0
 
 
