@@ -20,8 +20,8 @@ from torch.distributed.tensor import DTensor
 from phalanx.checkpoint._objects import load_into, state_of
 from phalanx.checkpoint._sharded import SUFFIX
 from phalanx.checkpoint.weights.safetensors_files import SUFFIX as SAFETENSORS_SUFFIX
+from phalanx.distribution import loads as meta_loads
 from phalanx.state_views import sharded_state_dicts
-from phalanx.strategies.sharding import loads as meta_loads
 
 __all__ = ["FORMAT", "apply", "collect", "is_sharded", "prepare", "sharded_state_dicts", "writes_sharded"]
 
@@ -61,7 +61,7 @@ def _prepare(objects: Mapping[str, Any], strategy: Any) -> list[nn.Module]:
 def prepare(objects: Mapping[str, Any], saved: Collection[str]) -> None:
     """Before a read: gives modules built on the meta device memory for what the checkpoint
     fills (``saved``: its flattened keys, ``model.layer.weight``), and no initial values
-    (`phalanx.strategies.sharding.loads`; every worker calls it)."""
+    (`phalanx.distribution.loads`; every worker calls it)."""
     for name, obj in objects.items():
         if isinstance(obj, nn.Module):
             meta_loads.prepare(obj, {key[len(name) + 1 :] for key in saved if key.startswith(name + ".")})

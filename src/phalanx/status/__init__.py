@@ -6,13 +6,28 @@ Turn it on with ``phalanx launch --status HOST:PORT`` or, for jobs started other
 
 from __future__ import annotations
 
-from phalanx.status.board import Board
-from phalanx.status.counters import COUNTERS
-from phalanx.status.reports import Reporter
-from phalanx.status.server import StatusServer
-from phalanx.status.settings import ADDRESS_ENV, StatusSettings
-from phalanx.status.straggler import find_straggler
-from phalanx.status.taking_part import TaskStatus, expect_steps, join_status
+import importlib
+from typing import Any
+
+_WHERE = {  # imported on first use: a worker that serves no page never loads http.server
+    "ADDRESS_ENV": "phalanx.status.settings",
+    "COUNTERS": "phalanx.status.counters",
+    "Board": "phalanx.status.board",
+    "Reporter": "phalanx.status.reports",
+    "StatusServer": "phalanx.status.server",
+    "StatusSettings": "phalanx.status.settings",
+    "TaskStatus": "phalanx.status.taking_part",
+    "expect_steps": "phalanx.status.taking_part",
+    "find_straggler": "phalanx.status.straggler",
+    "join_status": "phalanx.status.taking_part",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'phalanx.status' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
+
 
 __all__ = [
     "ADDRESS_ENV",

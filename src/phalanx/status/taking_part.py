@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from phalanx.status.board import Board
 from phalanx.status.counters import COUNTERS
 from phalanx.status.reports import Reporter
-from phalanx.status.server import StatusServer
 from phalanx.status.settings import StatusSettings
+
+if TYPE_CHECKING:
+    from phalanx.status.server import StatusServer  # made only where the page is served
 
 __all__ = ["TaskStatus", "expect_steps", "join_status"]
 
@@ -79,6 +82,8 @@ _SERVERS_LOCK = threading.Lock()
 
 
 def _server_for(settings: StatusSettings) -> StatusServer:
+    from phalanx.status.server import StatusServer  # http.server only in the process that serves
+
     """The chief's server at the settings' address: started by the first strategy of this
     process, kept by the next ones (a program that makes a strategy again reuses the page)."""
     key = (settings.host, settings.port)

@@ -21,13 +21,13 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.compression import HALF_PRECISION
 from phalanx.communication.local.options import CommunicationOptions
+from phalanx.distribution import loads as meta_loads
+from phalanx.distribution.slices import local_part
 from phalanx.memory.measure import map_large_allocations, release_free_memory
 from phalanx.state_views import sharded_state_dicts, sharded_views_open
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
-from phalanx.strategies.sharding import loads as meta_loads
 from phalanx.strategies.sharding.meta_init import MetaInit, post_order
 from phalanx.strategies.sharding.plan import ShardingPlan
-from phalanx.strategies.sharding.slices import local_part
 from phalanx.strategies.step_sync import StepSync
 from phalanx.variables import DistributedVariable
 
@@ -57,7 +57,7 @@ class _StateDictHooks:
     its rows (of a ``torch.load(..., mmap=True)`` state dict, only those rows of the file). Both
     first give a model built on the meta device its memory and values (a collective, as the rest
     of them), so a state saved or restored before the first step is the model's, not meta's;
-    the layers a load fills whole get memory only (`phalanx.strategies.sharding.loads`)."""
+    the layers a load fills whole get memory only (`phalanx.distribution.loads`)."""
 
     def __init__(self, owner: FullyShardedStrategy) -> None:
         self._owner = weakref.ref(owner)

@@ -25,7 +25,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 group = strategy._group
 result = {"backend": dist.get_backend(), "uses_tls": group.uses_tls, "uses_shm": group.uses_shared_memory}
 
-ring = group._transport.ring if group.transport_name == "tls" else None
+ring = group._transport.ring if group.uses_tls else None
 carried_before = ring._count if ring is not None else 0
 x = torch.full((5,), float(rank + 1))
 dist.all_reduce(x)
@@ -36,6 +36,41 @@ result["all_reduce_max"] = y.item()
 parts = [torch.empty(2, dtype=torch.int64) for _ in range(world)]
 dist.all_gather(parts, torch.tensor([rank, 10 * rank]))
 result["all_gather"] = [p.tolist() for p in parts]
+# all_gather_coalesced: outputs[rank][i] is worker rank's input i (torch's layout), with as
+# many inputs as workers (a transposed result would look alike) and with one more
+for count in (world, world + 1):
+    lists = [[torch.zeros(1) for _ in range(count)] for _ in range(world)]
+    dist.all_gather_coalesced(lists, [torch.tensor([10.0 * rank + i]) for i in range(count)])
+    result[f"all_gather_coalesced_{count}"] = [[t.item() for t in row] for row in lists]
+try:
+    dist.all_gather_coalesced([[torch.zeros(1)]], [torch.zeros(1)])
+except ValueError as exc:
+    result["all_gather_coalesced_error"] = str(exc)
+swapped = torch.empty(world)  # all_to_all: worker j gets every worker's element j
+dist.all_to_all_single(swapped, torch.tensor([10.0 * rank + j for j in range(world)]))
+result["all_to_all_single"] = swapped.tolist()
+if group.uses_tls:  # carried by the ring's all-gathers: splits that disagree fail on every worker
+    try:
+        dist.all_to_all_single(torch.empty(3), torch.zeros(2), [2, 1], [1, 1])
+    except ValueError as exc:
+        result["all_to_all_error"] = str(exc)
+everyone = dist.new_group()  # every worker: its own engine, or under TLS the job's ring
+summed = torch.tensor([rank + 1.0])
+dist.all_reduce(summed, group=everyone)
+result["new_group_all_reduce"] = summed.item()
+if group.uses_tls:
+    try:  # some workers: refused (only the members build a group with local synchronisation)
+        if rank == 0:
+            dist.new_group([0], use_local_synchronization=True)
+    except RuntimeError as exc:
+        result["new_group_error"] = str(exc)
+sparse = torch.sparse_coo_tensor([[rank, 2]], [1.0, 10.0 * (rank + 1)], (3,))  # entries differ per worker
+dist.all_reduce(sparse)
+result["sparse_all_reduce"] = sparse.to_dense().tolist()
+try:
+    dist.all_reduce(sparse, op=dist.ReduceOp.MAX)
+except ValueError as exc:
+    result["sparse_error"] = str(exc)
 flat = torch.empty(2 * world)
 dist.all_gather_into_tensor(flat, torch.tensor([rank + 0.5, -rank - 0.5]))
 result["all_gather_into_tensor"] = flat.tolist()

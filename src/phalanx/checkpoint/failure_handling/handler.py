@@ -56,6 +56,7 @@ def _strategy_of(cluster_resolver: Any) -> Any:
     owner = owners.owner_of(cluster_resolver) if cluster_resolver is not None else None
     if strategy.is_default and owner is not None:
         strategy = owner
+    check_supported(strategy, "PreemptionCheckpointHandler")  # workers that step together, first
     workers = getattr(cluster_resolver, "num_workers", 1) if cluster_resolver is not None else 1
     if workers > 1 and strategy.num_workers_in_sync < workers:
         raise ValueError(
@@ -119,7 +120,6 @@ class PreemptionCheckpointHandler:
         termination_config: TerminationConfig | None = None,
     ) -> None:
         strategy = _strategy_of(cluster_resolver)
-        check_supported(strategy, "PreemptionCheckpointHandler")
         config = termination_config if termination_config is not None else TerminationConfig()
         if not isinstance(config, TerminationConfig):
             raise TypeError(

@@ -5,7 +5,7 @@ in several files, ``model.safetensors.index.json`` (its ``weight_map`` names the
 tensor: Hugging Face's layout). Names are the model's ``state_dict()`` keys.
 
 Reading (every worker): a model built on the meta device first gets memory for the shards
-the files fill (`phalanx.strategies.sharding.loads`); then each worker reads, with safetensors'
+the files fill (`phalanx.distribution.loads`); then each worker reads, with safetensors'
 slice API, only the rows it keeps of each tensor, in blocks of at most `slices.BLOCK_BYTES`,
 and copies them into its shard. A tensor no worker shards (a buffer, a model under a strategy
 that does not shard) is read whole and put in with ``load_state_dict``, so the strategy's own
@@ -36,9 +36,8 @@ from torch.distributed.tensor import DTensor
 
 from phalanx.checkpoint import _sharded
 from phalanx.checkpoint._files import release_temp_folder
-from phalanx.state_views import sharded_state_dicts
-from phalanx.strategies.sharding import loads as meta_loads
-from phalanx.strategies.sharding.slices import (
+from phalanx.distribution import loads as meta_loads
+from phalanx.distribution.slices import (
     BLOCK_BYTES,
     Region,
     byte_runs,
@@ -46,6 +45,7 @@ from phalanx.strategies.sharding.slices import (
     row_blocks,
     writes_region,
 )
+from phalanx.state_views import sharded_state_dicts
 
 __all__ = [
     "INDEX",

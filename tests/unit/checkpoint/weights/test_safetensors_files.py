@@ -17,8 +17,8 @@ from torch.distributed.tensor import DTensor
 
 import phalanx
 from phalanx.checkpoint.weights import is_safetensors, load_safetensors, save_safetensors
+from phalanx.distribution import slices
 from phalanx.experimental import FullyShardedStrategy
-from phalanx.strategies.sharding import slices
 from phalanx.train import Checkpoint
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from phalanx.strategies.sharding.slices import Region, byte_runs, region_of, row_blocks, writes_region
+from phalanx.distribution.slices import Region, byte_runs, region_of, row_blocks, writes_region
 
 BOXES = [  # (shape, offsets, sizes)
     ((10, 4), (3, 0), (5, 4)),  # whole rows: one run
