@@ -13,6 +13,12 @@ See docs/architecture.md, "The torch footprint". Nothing here runs at import. Th
 * global forward hooks (`add_module_forward_hooks`): a parameter-server worker reads sharded
   embedding tables by rows (`phalanx.ps.worker.embedding`).
 
+It is also the one home of the torch internals phalanx reads or writes where torch has no
+public API for the job ("torch internals" below): a module's own tensor dicts as stored, a
+module's non-persistent buffer names, a tensor's version counter, a storage's identity, an
+optimizer's step hooks, a ``GradScaler``'s found-inf flags. Each is touched in one function
+here, so a torch upgrade that moves one is a one-line fix.
+
 Every strategy but the default one is tracked by a weak reference from the moment it is made
 (`track`); once the last one is garbage, every change is removed (`remove`, also public as
 `phalanx.remove_torch_hooks`). The next scope or run installs them again.
@@ -36,6 +42,7 @@ from torch.nn.modules.module import (
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
+from torch.optim import optimizer as torch_optimizer
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -49,11 +56,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_module_forward_hooks",
+    "found_inf_per_device",
     "install",
     "installed",
+    "non_persistent_buffer_names",
+    "optimizer_step_hooks",
+    "own_buffers",
+    "own_parameters",
     "remove",
     "remove_torch_hooks",
     "replace_methods",
+    "storage_key",
+    "tensor_version",
     "track",
 ]
 
@@ -235,3 +249,62 @@ def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
         guard = context.write_guard()
         if guard is not None:
             guard.snapshot()  # the step wrote the components: its writes are the allowed ones
+
+
+# ---------------------------------------------------------------------- torch internals
+# Where torch has no public API for what phalanx needs. `named_parameters(recurse=False)` and
+# friends skip None entries and cannot store a tensor without firing the registration hooks;
+# the dicts below can.
+
+
+def own_parameters(module: torch.nn.Module) -> dict[str, Any]:
+    """``module``'s own parameter dict as stored (``nn.Module._parameters``), None entries included.
+
+    Storing into it replaces a parameter without torch's registration hooks (so without this
+    module's hooks either). Inside a replica, ``d[name]`` may be the replica's plain component
+    (`phalanx.nn._module_tensors.ReplicaTensors`); ``items()``/``values()`` give the tensors as
+    registered.
+    """
+    return module._parameters
+
+
+def own_buffers(module: torch.nn.Module) -> dict[str, Any]:
+    """``module``'s own buffer dict as stored (``nn.Module._buffers``): see `own_parameters`."""
+    return module._buffers
+
+
+def non_persistent_buffer_names(module: torch.nn.Module) -> set[str]:
+    """The names of ``module``'s buffers left out of its ``state_dict`` (``persistent=False``)."""
+    return module._non_persistent_buffers_set
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """``tensor``'s version counter: it grows at every in-place write (autograd's own check)."""
+    return tensor._version
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """An identity of ``tensor``'s storage, the same for every view of it (and for meta tensors,
+    which have no data pointer to compare)."""
+    return tensor.untyped_storage()._cdata
+
+
+def optimizer_step_hooks(optimizer: torch.optim.Optimizer) -> tuple[list[Any], list[Any]]:
+    """The hooks ``optimizer.step()`` runs before and after the update, in torch's order: before,
+    the global ones (`register_optimizer_step_pre_hook`) then the optimizer's own; after, the
+    optimizer's own then the global ones."""
+    pre = [
+        *torch_optimizer._global_optimizer_pre_hooks.values(),
+        *optimizer._optimizer_step_pre_hooks.values(),
+    ]
+    post = [
+        *optimizer._optimizer_step_post_hooks.values(),
+        *torch_optimizer._global_optimizer_post_hooks.values(),
+    ]
+    return pre, post
+
+
+def found_inf_per_device(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> dict[Any, Any]:
+    """The found-inf flags (one tensor per device) ``scaler`` recorded when it unscaled
+    ``optimizer``'s gradients in this step: whether its last ``step`` skipped the update."""
+    return scaler._found_inf_per_device(optimizer)
