@@ -2,7 +2,7 @@
 
 Run: python benchmarks/bench_multiworker.py [--quick]
 
-1. All-reduce: phalanx's cross-worker path (``strategy._cross_worker_all_reduce``, the one
+1. All-reduce: phalanx's cross-worker path (``strategy.cross_worker_all_reduce``, the one
    reduce/all_reduce/gradient sync use: staging, deadline and health check included) against
    raw ``torch.distributed.all_reduce`` on the same gloo group, at 4 KB, 256 KB, 4 MB, 64 MB.
    ratio = raw time / phalanx time (goal >= 0.95 from 4 MB).
@@ -149,7 +149,7 @@ def _bench_all_reduce(strategy, reference, quick: bool) -> list[str]:
         repeats = max(3, (10 if quick else 50) * (1 << 16) // max(numel, 1 << 16))
         ours_buf, raw_buf = torch.ones(numel), torch.ones(numel)
         ours, raw = _best_alternating(
-            lambda b=ours_buf: strategy._cross_worker_all_reduce(b, "sum"),
+            lambda b=ours_buf: strategy.cross_worker_all_reduce(b, "sum"),
             lambda b=raw_buf: dist.all_reduce(b, group=reference),
             repeats,
             3 if quick else 5,

@@ -84,7 +84,7 @@ def worker(quick: bool) -> None:
     warnings.filterwarnings("ignore", message="Auto-sharding found no files")
     strategy = phalanx.MultiWorkerMirroredStrategy()
     small = torch.ones(1 << 10)
-    reduce = lambda: strategy._cross_worker_all_reduce(small, "sum")  # noqa: E731
+    reduce = lambda: strategy.cross_worker_all_reduce(small, "sum")  # noqa: E731
     on, off = _best_alternating(
         _switched(strategy, True, reduce), _switched(strategy, False, reduce), 200 if quick else 1000, 5
     )

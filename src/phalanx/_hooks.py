@@ -5,8 +5,9 @@ See docs/architecture.md, "The torch footprint". Nothing here runs at import. Th
 * five global hooks (`install`): parameter, buffer and submodule registration on every
   ``nn.Module``, and pre/post ``optimizer.step()`` on every optimizer. Each asks the strategy
   current on *this thread* and hands it the event through the strategy protocol
-  (`phalanx.strategies.strategy.Strategy`, "hooks called by phalanx._hooks"); outside a
-  scope they change nothing. Installed when a strategy's scope opens or it runs.
+  (`Strategy.parameter_registered`, `buffer_registered`, `submodule_registered`,
+  `before_optimizer_step`, ``step_sync.after_step``); outside a scope they change nothing.
+  Installed when a strategy's scope opens or it runs.
 * replaced methods of a torch class (`replace_methods`): ``torch.amp.GradScaler``'s ``scale``,
   ``unscale_``, ``step``, ``update``, ``get_scale`` learn per-replica state
   (`phalanx.mixed_precision.loss_scale`) under a strategy with several local replicas.
@@ -196,9 +197,7 @@ def _on_parameter(module: torch.nn.Module, name: str, param: Any) -> Any:
     if param is None or frame is None or frame.replica_context is not None:
         return None
     _refuse_meta(frame.strategy, module, name, param)
-    made = frame.strategy._create_parameter(module, name, param)
-    frame.strategy._made_in_scope(module, "_parameters", param if made is None else made)
-    return made
+    return frame.strategy.parameter_registered(module, name, param)
 
 
 def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
@@ -207,9 +206,7 @@ def _on_buffer(module: torch.nn.Module, name: str, buffer: Any) -> Any:
         return None
     if frame.replica_context is None:
         _refuse_meta(frame.strategy, module, name, buffer)
-        made = frame.strategy._create_buffer(module, name, buffer)
-        frame.strategy._made_in_scope(module, "_buffers", buffer if made is None else made)
-        return made
+        return frame.strategy.buffer_registered(module, name, buffer)
     # A module re-assigning its buffer inside `run` (self.buf = new): keep the distributed
     # variable and write the new value into this replica's component.
     return frame.strategy.variable_policy.reassign_buffer(module, name, buffer, frame.replica_context)
@@ -219,23 +216,17 @@ def _on_submodule(module: torch.nn.Module, name: str, submodule: Any) -> Any:
     frame = context.current_frame()
     if frame is None or submodule is None:
         return None
-    in_replica = frame.replica_context is not None
-    replacement = frame.strategy._registered_submodule(submodule, in_replica=in_replica)
-    if not in_replica:
-        frame.strategy._note_submodule(module, submodule if replacement is None else replacement)
-    return replacement
+    return frame.strategy.submodule_registered(module, submodule, frame.replica_context is not None)
 
 
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     replica = context.current_replica()
     if replica is not None:
-        replica[0]._sync_switch.check_step()
-        replica[0].step_sync.before_step(optimizer, replica[1])
+        replica[0].before_optimizer_step(optimizer, replica[1])
         return
     frame = context.current_frame()
     if frame is not None:
-        frame.strategy._sync_switch.check_step()
-        frame.strategy._step_outside_run(optimizer)
+        frame.strategy.before_optimizer_step(optimizer, None)
     # optimizer state kept per replica (`PerReplicaState`) refuses a step outside `run`
     check = getattr(optimizer.state, "check_step_outside_run", None)
     if check is not None:

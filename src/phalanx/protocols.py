@@ -86,18 +86,19 @@ class DistributionStrategy(Protocol):
     `local_devices`, `rendezvous`, `cross_device_ops`, `variable_policy`, `step_sync`,
     `replica_context`.
 
-    Hooks a strategy overrides (called by phalanx, never by users; see docs/architecture.md,
-    "Extension points"): `_create_parameter`, `_create_buffer`, `_made_in_scope`,
-    `_registered_submodule`, `_note_submodule` (`phalanx._hooks`, at registrations in the scope);
-    `_step_outside_run` (an ``optimizer.step()`` in the scope outside ``run``);
-    `_fetch_devices`, `_any_worker_has_data` (the input pipeline); `_cross_worker_all_reduce`,
-    `_cross_worker_all_gather` (reductions that cross processes).
+    What the torch hooks hand it (`phalanx._hooks`): `parameter_registered`,
+    `buffer_registered`, `submodule_registered`, `before_optimizer_step`; a copy of a variable
+    asks `create_variable`. Each calls hooks the strategy overrides (``_create_parameter``,
+    ``_create_buffer``, ``_made_in_scope``, ``_registered_submodule``, ``_note_submodule``,
+    ``_step_outside_run``: see docs/architecture.md, "Extension points").
 
-    `_sync_switch` (`phalanx.strategies.accumulation.SyncSwitch`): whether backward passes sum
-    now (``no_sync()``); the torch hooks refuse an ``optimizer.step()`` inside ``no_sync()``.
+    Across workers (overridden by cross-process strategies; identity in one process):
+    `cross_worker_all_reduce`, `cross_worker_all_gather`, `cross_worker_sparse_sum`. The input
+    pipeline: `_fetch_devices`, `_any_worker_has_data`.
+
+    `sync_switch` (`phalanx.strategies.accumulation.SyncSwitch`): whether backward passes sum
+    now (``no_sync()``); an ``optimizer.step()`` inside ``no_sync()`` is refused.
     """
-
-    _sync_switch: Any
 
     @property
     def is_default(self) -> bool:
@@ -160,26 +161,35 @@ class DistributionStrategy(Protocol):
     def remember_batch(self, batch: Any, global_count: int | None, offsets: list[int] | None) -> None:
         """Notes a distributed batch's global size and per-replica offsets for the next ``run``."""
 
-    def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any: ...
+    @property
+    def sync_switch(self) -> Any:
+        """Whether backward passes sum now (`phalanx.strategies.accumulation.SyncSwitch`)."""
 
-    def _create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any: ...
+    def parameter_registered(self, module: torch.nn.Module, name: str, param: Any) -> Any:
+        """What replaces a parameter registered in the scope outside ``run`` (None: keep it)."""
 
-    def _made_in_scope(self, module: torch.nn.Module, attribute: str, tensor: Any) -> None: ...
+    def buffer_registered(self, module: torch.nn.Module, name: str, buffer: Any) -> Any:
+        """What replaces a buffer registered in the scope outside ``run`` (None: keep it)."""
 
-    def _registered_submodule(self, submodule: torch.nn.Module, in_replica: bool) -> Any: ...
+    def submodule_registered(
+        self, parent: torch.nn.Module, submodule: torch.nn.Module, in_replica: bool
+    ) -> Any:
+        """What replaces a submodule registered in the scope or inside ``run`` (None: keep it)."""
 
-    def _note_submodule(self, parent: torch.nn.Module, child: torch.nn.Module) -> None: ...
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer, replica_index: int | None) -> None:
+        """Runs before ``optimizer.step()`` in the scope (``replica_index`` None outside ``run``)."""
 
-    def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None: ...
+    def create_variable(self, tensor: torch.Tensor, *, is_parameter: bool) -> Any:
+        """What the strategy makes of a tensor no module registers (None: keep it)."""
 
     def _fetch_devices(self) -> tuple[torch.device, ...] | None: ...
 
     def _any_worker_has_data(self, has_data: bool) -> bool: ...
 
-    def _cross_worker_all_reduce(
-        self, tensor: torch.Tensor, op: Any, options: Any = None
-    ) -> torch.Tensor: ...
+    def cross_worker_all_reduce(self, tensor: torch.Tensor, op: Any, options: Any = None) -> torch.Tensor: ...
 
-    def _cross_worker_all_gather(
+    def cross_worker_all_gather(
         self, tensor: torch.Tensor, axis: int, local_sizes: list[int], options: Any = None
     ) -> tuple[torch.Tensor, list[int]]: ...
+
+    def cross_worker_sparse_sum(self, tensor: torch.Tensor) -> torch.Tensor: ...

@@ -15,7 +15,7 @@ replica step, and again after the primary was written in cross-replica context.
 
 Modules do not pay for that dispatch inside a replica: a module whose tensors are distributed
 variables reads them through `phalanx.nn._module_tensors.ReplicaTensors`, which hands the
-replica its plain component (where ``_plain_in_replica``), so torch's fused kernels (the
+replica its plain component (where `plain_in_replica`), so torch's fused kernels (the
 ``nn.MultiheadAttention`` fast path) run as on one device. `ReplicaWriteGuard` keeps the
 rule that an in-place write of a mirrored parameter in a replica context needs an
 aggregation, for writes through those plain components.
@@ -44,6 +44,12 @@ __all__ = [
     "VariableSynchronization",
     "set_aggregation",
 ]
+
+# Keys of phalanx's marks in a tensor's ``__dict__`` (`set_aggregation`, copies of variables):
+# read with ``getattr(tensor, KEY, default)`` by the variable policies and the error messages.
+AGGREGATION_MARK = "_phalanx_aggregation"
+SYNCHRONIZATION_MARK = "_phalanx_synchronization"
+COPY_MARK = "_phalanx_copy_of"
 
 
 class VariableSynchronization(enum.Enum):
@@ -89,14 +95,15 @@ def set_aggregation(
     Returns:
         The same tensor, annotated.
     """
-    tensor._phalanx_aggregation = VariableAggregation.coerce(aggregation)  # type: ignore[attr-defined]
+    # phalanx's own marks on the user's tensor, read back with getattr by the variable policies
+    tensor.__dict__[AGGREGATION_MARK] = VariableAggregation.coerce(aggregation)
     if synchronization is not None:
         sync = VariableSynchronization(
             synchronization.value
             if isinstance(synchronization, VariableSynchronization)
             else synchronization.lower()
         )
-        tensor._phalanx_synchronization = sync  # type: ignore[attr-defined]
+        tensor.__dict__[SYNCHRONIZATION_MARK] = sync
     return tensor
 
 
@@ -147,10 +154,8 @@ def Variable(  # TF's spelling (tf.Variable), hence the capital
         if sync is VariableSynchronization.AUTO:
             sync = VariableSynchronization.ON_WRITE
         holder.register_buffer("value", set_aggregation(value, aggregation, sync))
-    # dict's own read: the variable itself, whatever context reads it
-    made = dict.get(holder._parameters if trainable else holder._buffers, "value")
-    assert made is not None  # registered just above
-    return made
+    # iterating the module's tensors gives the variable itself, whatever context reads it
+    return next(iter(holder.parameters() if trainable else holder.buffers()))
 
 
 # The property accessors torch routes through __torch_function__ (typed as Any: stubs
@@ -201,14 +206,18 @@ class DistributedVariable(torch.Tensor):
 
     The object itself aliases the primary component's storage, so it prints, pickles and
     saves like a plain tensor; all computation happens on the resolved component.
+
+    Besides what users read (`primary`, `components`, `replica_leaf`), a variable offers its
+    strategy and the strategy's parts (`phalanx.protocols.VariableHome`, the gradient path,
+    ``nn``'s replica reads) a small API: `strategy`, `aggregation`, `plain_in_replica`,
+    `stored_components`, `holds`, `resolve`, and the dirty flag (`dirty`, `mark_dirty`,
+    `mark_clean`).
     """
 
     _strategy: DistributionStrategy
     _components: list[torch.Tensor]
     _aggregation: VariableAggregation
     _dirty: bool  # the primary was written in cross-replica context: re-mirror before a step
-    # Modules hand a replica its plain component (phalanx.nn._module_tensors): only where
-    # every write a replica can make to it is a per-replica write anyway, or is guarded.
     _plain_in_replica: bool
 
     @staticmethod
@@ -219,19 +228,63 @@ class DistributedVariable(torch.Tensor):
         aggregation: VariableAggregation = VariableAggregation.NONE,
         is_parameter: bool = True,
     ) -> DistributedVariable:
-        obj = torch.Tensor._make_subclass(cls, primary.detach(), primary.requires_grad)
-        obj._strategy = strategy
-        obj._components = [primary]
-        obj._aggregation = aggregation
-        obj._is_param = is_parameter
-        obj._dirty = True
-        obj._plain_in_replica = cls._serves_plain(aggregation, is_parameter)
-        return obj
+        return torch.Tensor._make_subclass(cls, primary.detach(), primary.requires_grad)
+
+    def __init__(
+        self,
+        primary: torch.Tensor,
+        strategy: DistributionStrategy,
+        aggregation: VariableAggregation = VariableAggregation.NONE,
+        is_parameter: bool = True,
+    ) -> None:
+        self._strategy = strategy
+        self._components = [primary]
+        self._aggregation = aggregation
+        self._is_param = is_parameter  # torch's mark: isinstance(var, nn.Parameter) holds for it
+        self._dirty = True
+        self._plain_in_replica = self._serves_plain(aggregation, is_parameter)
 
     @classmethod
     def _serves_plain(cls, aggregation: VariableAggregation, is_parameter: bool) -> bool:
-        """Whether modules may hand a replica its plain component (see `_plain_in_replica`)."""
+        """Whether modules may hand a replica its plain component (see `plain_in_replica`)."""
         return False
+
+    # ------------------------------------------------------------------ the strategy's API
+    @property
+    def strategy(self) -> DistributionStrategy:
+        """The strategy that made this variable (in its scope)."""
+        return self._strategy
+
+    @property
+    def aggregation(self) -> VariableAggregation:
+        """How replicas' values combine: a sync-on-read read, a merged replica write."""
+        return self._aggregation
+
+    @property
+    def plain_in_replica(self) -> bool:
+        """Whether modules hand a replica its plain component (`phalanx.nn._module_tensors`):
+        only where every write a replica can make to it is a per-replica write anyway, or is
+        guarded (`ReplicaWriteGuard`)."""
+        return self._plain_in_replica
+
+    @property
+    def dirty(self) -> bool:
+        """Whether the primary may differ from the other components (it was written in
+        cross-replica context, or the variable is new): the policy re-mirrors before a step."""
+        return self._dirty
+
+    def mark_dirty(self) -> None:
+        """Notes that the primary was written (the chief's broadcast): re-mirror before a step."""
+        self._dirty = True
+
+    def mark_clean(self) -> None:
+        """Notes that every component holds the primary's value (the policy mirrored them, or
+        an update wrote each one)."""
+        self._dirty = False
+
+    def holds(self, tensor: Any) -> bool:
+        """Whether ``tensor`` is one of this variable's stored tensors (a component)."""
+        return any(tensor is component for component in self._components)
 
     def __hash__(self) -> int:
         # Identity hash everywhere: optimizer state built in one context must be found in
@@ -263,7 +316,7 @@ class DistributedVariable(torch.Tensor):
         if frame is not None and frame.replica_context is None and frame.strategy is self._strategy:
             copy = self._same_kind_in_scope(plain)
         else:
-            plain.__dict__["_phalanx_copy_of"] = repr(self._strategy)
+            plain.__dict__[COPY_MARK] = repr(self._strategy)
         memo[id(self)] = copy
         return copy
 
@@ -273,13 +326,8 @@ class DistributedVariable(torch.Tensor):
         if self._aggregation is not VariableAggregation.NONE or not self._is_param:
             set_aggregation(plain, self._aggregation)
         if isinstance(self, MirroredVariable) and not self._is_param:
-            plain.__dict__["_phalanx_synchronization"] = VariableSynchronization.ON_WRITE
-        module: Any = None  # the policies do not read the module of a parameter or buffer
-        strategy = self._strategy
-        if self._is_param:
-            made = strategy._create_parameter(module, "", plain)
-        else:
-            made = strategy._create_buffer(module, "", plain)
+            plain.__dict__[SYNCHRONIZATION_MARK] = VariableSynchronization.ON_WRITE
+        made = self._strategy.create_variable(plain, is_parameter=self._is_param)
         return plain if made is None else made
 
     @property
@@ -319,16 +367,30 @@ class DistributedVariable(torch.Tensor):
             kwargs = {}
         replica = context.current_replica()
         first = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes tensor=
-        target = first if isinstance(first, DistributedVariable) else None
-        if target is not None:
-            if replica is not None and replica[0] is target._strategy:
-                if func in _COMPONENT_READS and len(args) == 1 and not kwargs:
-                    return func(target._resolve(replica))
-                return target._replica_call(func, args, kwargs, replica[1])
-            return target._cross_replica_call(func, args, kwargs)
+        if isinstance(first, DistributedVariable):
+            return first.dispatch(func, args, kwargs, replica)
         return func(*_resolve_all(args, replica), **_resolve_kwargs(kwargs, replica))
 
-    def _resolve(self, replica: tuple[Any, int] | None) -> torch.Tensor:
+    def dispatch(
+        self,
+        func: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        replica: tuple[Any, int] | None,
+    ) -> Any:
+        """Runs torch's ``func`` whose first argument is this variable, in ``replica``
+        (`context.current_replica()`): on its component there, else in cross-replica context
+        (where writes re-mirror or set the aggregate). Called by ``__torch_function__``."""
+        if replica is not None and replica[0] is self._strategy:
+            if func in _COMPONENT_READS and len(args) == 1 and not kwargs:
+                return func(self.resolve(replica))
+            return self._replica_call(func, args, kwargs, replica[1])
+        return self._cross_replica_call(func, args, kwargs)
+
+    def resolve(self, replica: tuple[Any, int] | None) -> torch.Tensor:
+        """The plain tensor this variable is in ``replica`` (a ``(strategy, local index)`` pair,
+        as `context.current_replica()` gives, or None): the replica's component in a replica of
+        its strategy, else the cross-replica value."""
         if replica is not None and replica[0] is self._strategy:
             return self._components[replica[1]]
         return self._cross_replica_value()
@@ -366,9 +428,9 @@ def _resolve_all(args: Sequence[Any], replica: tuple[Any, int] | None) -> list[A
     out = []
     for a in args:
         if isinstance(a, DistributedVariable):
-            a = a._resolve(replica)
+            a = a.resolve(replica)
         elif isinstance(a, (list, tuple)) and any(isinstance(x, DistributedVariable) for x in a):
-            a = type(a)(x._resolve(replica) if isinstance(x, DistributedVariable) else x for x in a)
+            a = type(a)(x.resolve(replica) if isinstance(x, DistributedVariable) else x for x in a)
         out.append(a)
     return out
 
@@ -376,7 +438,7 @@ def _resolve_all(args: Sequence[Any], replica: tuple[Any, int] | None) -> list[A
 def _resolve_kwargs(kwargs: dict[str, Any], replica: tuple[Any, int] | None) -> dict[str, Any]:
     if not kwargs:
         return kwargs
-    return {k: v._resolve(replica) if isinstance(v, DistributedVariable) else v for k, v in kwargs.items()}
+    return {k: v.resolve(replica) if isinstance(v, DistributedVariable) else v for k, v in kwargs.items()}
 
 
 class MirroredVariable(DistributedVariable):

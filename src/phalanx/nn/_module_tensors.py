@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from phalanx import context
+from phalanx import _hooks, context
 from phalanx.variables import DistributedVariable, MirroredVariable
 
 if TYPE_CHECKING:
@@ -45,10 +45,10 @@ class ReplicaTensors(dict):  # type: ignore[type-arg]
         if (
             replica is not None
             and isinstance(value, DistributedVariable)
-            and value._plain_in_replica
-            and value._strategy is replica[0]
+            and value.plain_in_replica
+            and value.strategy is replica[0]
         ):
-            return value._resolve(replica)
+            return value.resolve(replica)
         return value
 
     def __reduce_ex__(self, protocol: Any) -> Any:
@@ -130,7 +130,7 @@ class ReplicaWriteGuard:
 
     def snapshot(self) -> None:
         """Records the version of every plain mirrored component of this replica."""
-        self._versions = [leaf._version for leaf in self._leaves]
+        self._versions = [_hooks.tensor_version(leaf) for leaf in self._leaves]
 
     def check(self) -> None:
         """Raises if a component changed since the last snapshot.
@@ -139,7 +139,7 @@ class ReplicaWriteGuard:
             RuntimeError: This replica wrote a mirrored parameter without aggregation.
         """
         for var, leaf, version in zip(self._vars, self._leaves, self._versions, strict=True):
-            if leaf._version != version:
+            if _hooks.tensor_version(leaf) != version:
                 raise RuntimeError(
                     "In a replica context, an in-place write on a MirroredVariable needs an "
                     "aggregation to keep the replicas equal, and this variable has none. Received: "
@@ -170,7 +170,7 @@ def _plain_leaves(
     if cached is None or cached[0] != policy.generation:
         weak: _Weak = ([], [])
         for var in policy.variables():
-            if isinstance(var, MirroredVariable) and var._plain_in_replica:
+            if isinstance(var, MirroredVariable) and var.plain_in_replica:
                 try:
                     leaf = var.replica_leaf(index)
                 except (IndexError, AttributeError):  # not materialised: no replica read it

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from phalanx.variables import DistributedVariable
+from phalanx import _hooks
+from phalanx.variables import COPY_MARK, DistributedVariable
 
 if TYPE_CHECKING:
     from phalanx.protocols import DistributionStrategy
@@ -59,11 +60,11 @@ def register_copies(submodule: nn.Module, strategy: DistributionStrategy) -> Non
     for module in submodule.modules():
         if module.__dict__.get(_SCOPE_MARK) != id(strategy):
             continue
-        for name, tensor in list(module._parameters.items()):
+        for name, tensor in list(module.named_parameters(recurse=False, remove_duplicate=False)):
             if _is_unseen_copy(tensor):
                 module.register_parameter(name, tensor)
-        transient = module._non_persistent_buffers_set
-        for name, buffer in list(module._buffers.items()):
+        transient = _hooks.non_persistent_buffer_names(module)
+        for name, buffer in list(module.named_buffers(recurse=False, remove_duplicate=False)):
             if _is_unseen_copy(buffer):
                 module.register_buffer(name, buffer, persistent=name not in transient)
 
@@ -85,8 +86,8 @@ def describe_foreign(param: torch.Tensor, owner: object) -> str:
 
 def _why(param: torch.Tensor, owner: object) -> str:
     if isinstance(param, DistributedVariable):
-        return f"it was made in the scope of another strategy, {param._strategy!r}"
-    copied_from = param.__dict__.get("_phalanx_copy_of")
+        return f"it was made in the scope of another strategy, {param.strategy!r}"
+    copied_from = param.__dict__.get(COPY_MARK)
     if copied_from is not None:
         return f"it was copied (copy.deepcopy) outside the scope from a variable of {copied_from}"
     if any(module.__dict__.get(_SCOPE_MARK) == id(owner) for module, _ in _holders(param)):

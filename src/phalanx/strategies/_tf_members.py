@@ -103,8 +103,7 @@ class TFStrategyMembers:
         if isinstance(value, DistributedVariable):
             return value
         for var in self.variable_policy.variables():
-            components = [*var._components, *getattr(var, "_compute", ())]
-            if any(value is component for component in components):
+            if var.holds(value):
                 return var
         return value
 

@@ -5,8 +5,8 @@ TF: tf.distribute.experimental.CentralStorageStrategy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,11 +20,15 @@ from phalanx.strategies.strategy import DEFAULT_TIMEOUT_SECONDS, Strategy
 from phalanx.variables import (
     _GRAD_SET,
     _REQUIRES_GRAD_SET,
+    AGGREGATION_MARK,
     DistributedVariable,
     MirroredVariable,
     VariableAggregation,
     in_optimizer_step,
 )
+
+if TYPE_CHECKING:
+    from phalanx.protocols import DistributionStrategy
 
 __all__ = ["CentralStoragePolicy", "CentralStorageStrategy"]
 
@@ -37,9 +41,17 @@ class CentralVariable(MirroredVariable):
     the central storage itself and the other replicas see no gradient.
     """
 
-    _compute: list[torch.Tensor]
+    def __init__(
+        self,
+        primary: torch.Tensor,
+        strategy: DistributionStrategy,
+        aggregation: VariableAggregation = VariableAggregation.NONE,
+        is_parameter: bool = True,
+    ) -> None:
+        super().__init__(primary, strategy, aggregation, is_parameter)
+        self._compute: list[torch.Tensor] = []  # one leaf per local replica, once materialised
 
-    def _resolve(self, replica: tuple[Any, int] | None) -> torch.Tensor:
+    def resolve(self, replica: tuple[Any, int] | None) -> torch.Tensor:
         if replica is not None and replica[0] is self._strategy:
             if replica[1] == 0 and in_optimizer_step():
                 return self._components[0]
@@ -48,6 +60,30 @@ class CentralVariable(MirroredVariable):
 
     def replica_leaf(self, index: int) -> torch.Tensor:
         return self._compute[index]
+
+    def holds(self, tensor: Any) -> bool:
+        """Whether ``tensor`` is the central storage or one of the compute leaves."""
+        return super().holds(tensor) or any(tensor is leaf for leaf in self._compute)
+
+    @property
+    def has_compute_leaves(self) -> bool:
+        """Whether the replicas' compute leaves were made (`make_compute_leaves`)."""
+        return bool(self._compute)
+
+    def make_compute_leaves(self, devices: Sequence[torch.device]) -> None:
+        """Makes one compute leaf per replica device: an alias of the central storage on its
+        own device, else a copy (called by `CentralStoragePolicy.materialize`)."""
+        self._compute = [_compute_leaf(self.primary, d) for d in devices]
+
+    def refresh(self, indices: Iterable[int]) -> None:
+        """Copies the central storage into the compute leaves ``indices`` that are copies
+        (after an update or a cross-replica write)."""
+        central = self.primary
+        with torch.no_grad():
+            for i in indices:
+                leaf = self._compute[i]
+                if leaf.data_ptr() != central.data_ptr():
+                    leaf.copy_(central)
 
     def _cross_replica_call(
         self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
@@ -90,10 +126,8 @@ class CentralStoragePolicy(VariablePolicy):
         if isinstance(param, DistributedVariable):
             return None
         central = param.detach().to(self.parameter_device).requires_grad_(param.requires_grad)
-        aggregation = getattr(param, "_phalanx_aggregation", VariableAggregation.NONE)
-        var = CentralVariable(central, self.strategy, aggregation, is_parameter=True)
-        var._compute = []
-        return self.register(var)
+        aggregation = getattr(param, AGGREGATION_MARK, VariableAggregation.NONE)
+        return self.register(CentralVariable(central, self.strategy, aggregation, is_parameter=True))
 
     _materialize_every_run = True  # a central variable's compute leaves are built apart
 
@@ -103,12 +137,11 @@ class CentralStoragePolicy(VariablePolicy):
         if not isinstance(var, CentralVariable):
             super().materialize(var)
             return
-        central = var.primary
-        if not var._compute:
-            var._compute = [_compute_leaf(central, d) for d in self.strategy.local_devices]
-        elif var._dirty:
-            _refresh(var, range(self.strategy.num_local_replicas))
-        var._dirty = False
+        if not var.has_compute_leaves:
+            var.make_compute_leaves(self.strategy.local_devices)
+        elif var.dirty:
+            var.refresh(range(self.strategy.num_local_replicas))
+        var.mark_clean()
 
     def install_gradients(
         self,
@@ -149,8 +182,8 @@ class CentralStoragePolicy(VariablePolicy):
         central = var.primary
         with torch.no_grad():
             func(central, merged.to(central.device))
-        if var._compute:
-            _refresh(var, range(self.strategy.num_local_replicas))
+        if var.has_compute_leaves:
+            var.refresh(range(self.strategy.num_local_replicas))
         return True
 
     def after_optimizer_step(self, index: int) -> None:
@@ -159,23 +192,14 @@ class CentralStoragePolicy(VariablePolicy):
         self._rendezvous.exchange(index, None, what="the end of optimizer.step()")
         for ref in self._variables:  # not self.variables(): a generator costs more per step
             var = ref()
-            if isinstance(var, CentralVariable) and var._compute:
-                _refresh(var, (index,))
+            if isinstance(var, CentralVariable) and var.has_compute_leaves:
+                var.refresh((index,))
 
 
 def _compute_leaf(central: torch.Tensor, device: torch.device) -> torch.Tensor:
     # Same device: share storage, so replicas see every update at once.
     leaf = central.detach() if device == central.device else central.detach().to(device, copy=True)
     return leaf.requires_grad_(central.requires_grad)
-
-
-def _refresh(var: CentralVariable, indices: Any) -> None:
-    central = var.primary
-    with torch.no_grad():
-        for i in indices:
-            leaf = var._compute[i]
-            if leaf.data_ptr() != central.data_ptr():
-                leaf.copy_(central)
 
 
 class CentralStorageStrategy(Strategy):

@@ -29,7 +29,7 @@ from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from phalanx.strategies.sharding.meta_init import MetaInit, post_order
 from phalanx.strategies.sharding.plan import ShardingPlan
 from phalanx.strategies.step_sync import StepSync
-from phalanx.variables import DistributedVariable
+from phalanx.variables import AGGREGATION_MARK, DistributedVariable
 
 __all__ = ["SHARD_MODES", "FullyShardedStrategy", "sharded_state_dicts"]
 
@@ -293,7 +293,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
     def _create_parameter(self, module: nn.Module, name: str, param: Any) -> Any:
         """A plain parameter on the device (broadcast from the chief before the first run),
         recorded for sharding with the module that registered it."""
-        if isinstance(param, DistributedVariable) or hasattr(param, "_phalanx_aggregation"):
+        if isinstance(param, DistributedVariable) or hasattr(param, AGGREGATION_MARK):
             raise ValueError(
                 f"FullyShardedStrategy shards plain parameters; {type(module).__name__}.{name} is "
                 "a distributed variable or has an aggregation set (phalanx.Variable's "
@@ -365,10 +365,10 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         with torch.no_grad():
             for var in fresh:
                 if isinstance(var, DistributedVariable):
-                    staged = self._stage(var._components[0])
+                    staged = self._stage(var.primary)
                     self._group.broadcast(staged, 0, what="the broadcast of initial values from the chief")
-                    var._components[0].copy_(staged)
-                    var._dirty = True
+                    var.primary.copy_(staged)
+                    var.mark_dirty()
 
     def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None:
         self.adopt(optimizer)

@@ -419,7 +419,7 @@ class ModelParallelStrategy(FullyShardedStrategy):
             return None
         return self.device_mesh.get_group(self._batch_axis)
 
-    def _cross_worker_all_reduce(
+    def cross_worker_all_reduce(
         self, tensor: torch.Tensor, op: Any, options: CommunicationOptions | None = None
     ) -> torch.Tensor:
         """Sums (or averages) ``tensor`` over the replicas, the workers along the batch axis
@@ -428,13 +428,13 @@ class ModelParallelStrategy(FullyShardedStrategy):
             return tensor
         group = self._batch_group()
         if group is None:
-            return super()._cross_worker_all_reduce(tensor, op, options)
+            return super().cross_worker_all_reduce(tensor, op, options)
         staged = self._stage(tensor).clone()
         dist.all_reduce(staged, group=group)
         result = staged.to(tensor.device)
         return result / self.num_replicas_in_sync if ReduceOp.coerce(op) is ReduceOp.MEAN else result
 
-    def _cross_worker_all_gather(
+    def cross_worker_all_gather(
         self,
         tensor: torch.Tensor,
         axis: int,
@@ -446,7 +446,7 @@ class ModelParallelStrategy(FullyShardedStrategy):
             return tensor, local_sizes
         group = self._batch_group()
         if group is None:
-            return super()._cross_worker_all_gather(tensor, axis, local_sizes, options)
+            return super().cross_worker_all_gather(tensor, axis, local_sizes, options)
         return gather_padded(tensor, axis, local_sizes, group, self._stage)
 
 

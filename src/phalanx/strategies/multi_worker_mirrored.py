@@ -33,7 +33,7 @@ from phalanx.strategies.workers.bucket_sync import BucketSync, group_buckets
 from phalanx.strategies.workers.elastic_groups import ElasticGroups
 from phalanx.strategies.workers.setup import deprecated_communication, local_devices, task_name
 from phalanx.values import ReduceOp
-from phalanx.variables import DistributedVariable
+from phalanx.variables import AGGREGATION_MARK, DistributedVariable
 
 __all__ = ["MultiWorkerMirroredStrategy"]
 
@@ -347,7 +347,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         if (
             self._num_local_replicas > 1
             or isinstance(param, DistributedVariable)
-            or hasattr(param, "_phalanx_aggregation")
+            or hasattr(param, AGGREGATION_MARK)
         ):
             return self._track(super()._create_parameter(module, name, param))
         known = self._plain.get(id(param))
@@ -398,7 +398,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                     start += t.numel()
         for var in fresh:
             if isinstance(var, DistributedVariable):
-                var._dirty = True
+                var.mark_dirty()
 
     def run(
         self,
@@ -461,7 +461,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             )
         return self._options.merge(options).timeout_seconds
 
-    def _cross_worker_all_reduce(
+    def cross_worker_all_reduce(
         self, tensor: torch.Tensor, op: Any, options: CommunicationOptions | None = None
     ) -> torch.Tensor:
         """Sums (or averages) ``tensor`` across workers (all workers; same shape and dtype).
@@ -479,7 +479,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             result = result / self._num_workers
         return result
 
-    def _cross_worker_all_gather(
+    def cross_worker_all_gather(
         self,
         tensor: torch.Tensor,
         axis: int,
@@ -507,15 +507,15 @@ class MultiWorkerMirroredStrategy(Strategy):
         gathered = torch.cat([p[:n] for p, n in zip(parts, per_worker, strict=True)]).movedim(0, axis)
         return gathered.to(tensor.device), all_sizes
 
-    def _cross_worker_sparse_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+    def cross_worker_sparse_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sums a sparse COO tensor across workers by gathering every worker's indices and
         values (all workers, same shape; they may hold different entries; blocks)."""
         if self._group is None:
             return tensor
         t = tensor.coalesce()
         indices, values = t.indices(), t.values()  # (sparse_dim, nnz), (nnz, *dense)
-        all_indices, _ = self._cross_worker_all_gather(indices, 1, [indices.shape[1]])
-        all_values, _ = self._cross_worker_all_gather(values, 0, [values.shape[0]])
+        all_indices, _ = self.cross_worker_all_gather(indices, 1, [indices.shape[1]])
+        all_values, _ = self.cross_worker_all_gather(values, 0, [values.shape[0]])
         # indices from other processes: checked (an out-of-range one raises, never corrupts memory)
         return torch.sparse_coo_tensor(all_indices, all_values, t.shape, check_invariants=True).coalesce()
 

@@ -120,10 +120,10 @@ class Strategy(StrategyInput, TFStrategyMembers):
             devices=self._devices,
             rendezvous=self._rendezvous,
             cross_device_ops=self._cross_device_ops,
-            cross_worker_all_reduce=self._cross_worker_all_reduce,
+            cross_worker_all_reduce=self.cross_worker_all_reduce,
             policy=self._variable_policy,
             num_workers=lambda: self._num_workers,
-            cross_worker_sparse_sum=self._cross_worker_sparse_sum,
+            cross_worker_sparse_sum=self.cross_worker_sparse_sum,
             syncing=self._sync_switch.syncing,
         )
 
@@ -228,6 +228,12 @@ class Strategy(StrategyInput, TFStrategyMembers):
     def replica_context(self, index: int) -> ReplicaContext:
         """The context of local replica ``index`` (the same object at every `run`)."""
         return self._replica_contexts[index]
+
+    @property
+    def sync_switch(self) -> SyncSwitch:
+        """Whether backward passes sum now (`no_sync`); ``optimizer.step()`` is refused inside
+        ``no_sync()`` (`before_optimizer_step`), the gradient paths ask it at every backward."""
+        return self._sync_switch
 
     def remember_batch(self, batch: Any, global_count: int | None, offsets: list[int] | None) -> None:
         """Notes a distributed iterator's batch (its global example count and each replica's
@@ -357,7 +363,8 @@ class Strategy(StrategyInput, TFStrategyMembers):
         return regroup(self._threads.run(call, self._rendezvous.abort, self._rendezvous))
 
     def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called when ``optimizer.step()`` runs in this strategy's scope outside ``run``."""
+        """Called (by `before_optimizer_step`) when ``optimizer.step()`` runs in this strategy's
+        scope outside ``run``."""
         return
 
     def _before_run(self) -> None:
@@ -365,19 +372,73 @@ class Strategy(StrategyInput, TFStrategyMembers):
         if self._variable_policy.has_variables:
             self._variable_policy.materialize_all()
 
+    # ------------------------------------------------------------------ torch's hooks
+    # What `phalanx._hooks` hands the current strategy (each calls the overridable hooks below).
+    def parameter_registered(self, module: torch.nn.Module, name: str, param: Any) -> Any:
+        """What replaces ``param``, registered by ``module`` in this strategy's scope outside
+        ``run`` (None: keep it): `_create_parameter`'s answer, with the module marked
+        (`_made_in_scope`). Called by `phalanx._hooks` at every such registration."""
+        made = self._create_parameter(module, name, param)
+        self._made_in_scope(module, "_parameters", param if made is None else made)
+        return made
+
+    def buffer_registered(self, module: torch.nn.Module, name: str, buffer: Any) -> Any:
+        """What replaces ``buffer``, registered by ``module`` in this strategy's scope outside
+        ``run`` (None: keep it); as `parameter_registered`, with `_create_buffer`."""
+        made = self._create_buffer(module, name, buffer)
+        self._made_in_scope(module, "_buffers", buffer if made is None else made)
+        return made
+
+    def submodule_registered(
+        self, parent: torch.nn.Module, submodule: torch.nn.Module, in_replica: bool
+    ) -> Any:
+        """What replaces ``submodule``, registered by ``parent`` in this strategy's scope or
+        inside its ``run`` (``in_replica``) (None: keep it): `_registered_submodule`'s answer;
+        outside ``run`` the strategy then learns the tree (`_note_submodule`). Called by
+        `phalanx._hooks`."""
+        replacement = self._registered_submodule(submodule, in_replica=in_replica)
+        if not in_replica:
+            self._note_submodule(parent, submodule if replacement is None else replacement)
+        return replacement
+
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer, replica_index: int | None) -> None:
+        """Runs before ``optimizer.step()`` in this strategy's scope: inside ``run`` (every
+        replica, ``replica_index`` its local index) the step sync's ``before_step``, outside
+        it (``replica_index`` None) `_step_outside_run`. Called by `phalanx._hooks`.
+
+        Raises:
+            RuntimeError: The step runs inside ``no_sync()``, or as the strategy refuses it.
+        """
+        self._sync_switch.check_step()
+        if replica_index is None:
+            self._step_outside_run(optimizer)
+        else:
+            self.step_sync.before_step(optimizer, replica_index)
+
+    def create_variable(self, tensor: torch.Tensor, *, is_parameter: bool) -> Any:
+        """What this strategy makes of ``tensor`` as a parameter (or buffer) that no module
+        registers (None: keep it as it is): a copy of a variable made in the scope
+        (`DistributedVariable.__deepcopy__`). The annotations on ``tensor`` (`set_aggregation`)
+        say the kind, as at a registration."""
+        module: Any = None  # the policies do not read the module of a parameter or buffer
+        if is_parameter:
+            return self._create_parameter(module, "", tensor)
+        return self._create_buffer(module, "", tensor)
+
     # ------------------------------------------------------------------ variables (hooks)
     def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any:
         """What replaces a parameter registered in this strategy's scope (None: keep it).
 
-        Called by `phalanx._hooks` when a module registers a parameter inside ``scope()``
-        (not inside ``run``). The base asks the variable policy (a `MirroredVariable`).
+        Called by `parameter_registered` when a module registers a parameter inside ``scope()``
+        (not inside ``run``), and by `create_variable`. The base asks the variable policy (a
+        `MirroredVariable`).
         """
         return self._variable_policy.create_parameter(module, name, param)
 
     def _create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any:
         """What replaces a buffer registered in this strategy's scope (None: keep it).
 
-        Called by `phalanx._hooks` like `_create_parameter`. The base asks the variable
+        Called by `buffer_registered` like `_create_parameter`. The base asks the variable
         policy (a `SyncOnReadVariable`).
         """
         return self._variable_policy.create_buffer(module, name, buffer)
@@ -388,14 +449,14 @@ class Strategy(StrategyInput, TFStrategyMembers):
         return
 
     def _made_in_scope(self, module: torch.nn.Module, attribute: str, tensor: Any) -> None:
-        """Called by `phalanx._hooks` after a module registered ``tensor`` (the replacement, if
-        any) in this strategy's scope outside ``run``; ``attribute`` is ``"_parameters"`` or
-        ``"_buffers"``."""
+        """Called by `parameter_registered` and `buffer_registered` after a module registered
+        ``tensor`` (the replacement, if any) in this strategy's scope outside ``run``;
+        ``attribute`` is ``"_parameters"`` or ``"_buffers"``."""
         _registration.made_in_scope(module, attribute, self, tensor)
 
     def _registered_submodule(self, submodule: torch.nn.Module, in_replica: bool) -> Any:
         """What replaces a submodule registered in this strategy's scope or inside its `run`
-        (``in_replica``) (None: keep it). Called by `phalanx._hooks`."""
+        (``in_replica``) (None: keep it). Called by `submodule_registered`."""
         return _registration.registered_submodule(submodule, self, in_replica, self._sync_batch_norm)
 
     def _fetch_devices(self) -> tuple[torch.device, ...] | None:
@@ -407,17 +468,21 @@ class Strategy(StrategyInput, TFStrategyMembers):
         return has_data
 
     # ------------------------------------------------------------------ cross-worker (overridden)
-    def _cross_worker_all_reduce(
+    # Called by the strategy's composed parts (reductions, replica collectives, the variable
+    # policy, the gradient paths) once per process, on behalf of its local replicas; a
+    # cross-process strategy overrides them. Not TF API: user code reduces with `reduce` or
+    # ``get_replica_context().all_reduce``.
+    def cross_worker_all_reduce(
         self, tensor: torch.Tensor, op: Any, options: CommunicationOptions | None = None
     ) -> torch.Tensor:
         """Reduces a tensor across workers (identity in one process)."""
         return tensor
 
-    def _cross_worker_sparse_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+    def cross_worker_sparse_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sums a sparse COO tensor across workers (identity in one process)."""
         return tensor
 
-    def _cross_worker_all_gather(
+    def cross_worker_all_gather(
         self,
         tensor: torch.Tensor,
         axis: int,
@@ -487,7 +552,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
             for i, component in enumerate(var.components):
                 results.append(fn(component, *select_replica(i, args), **select_replica(i, kwargs)))
         if isinstance(var, DistributedVariable):
-            var._dirty = False
+            var.mark_clean()
         return regroup(results) if group else tuple(results)
 
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any) -> Any:

@@ -4,7 +4,7 @@ Sparse gradients cannot travel in the packed dense buffers. Each replica says pe
 what it has (`kind`: none, dense or sparse); the kinds are summed over the replicas and
 across workers, so every worker agrees on which gradients nobody has (they stay None) and
 which are sparse somewhere. Those are summed apart: over the local replicas, then across
-workers by gathering every worker's indices and values (`Strategy._cross_worker_sparse_sum`),
+workers by gathering every worker's indices and values (`Strategy.cross_worker_sparse_sum`),
 in gradient order on every worker. Their slot in the packed buffers carries zeros.
 """
 

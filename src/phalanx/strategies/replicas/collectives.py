@@ -40,7 +40,7 @@ def _sum_across_replicas(
         out = []
         for k in range(len(values[0])):
             total = ops.reduce_to(ReduceOp.SUM, [v[k] for v in values], home)
-            out.append(strategy._cross_worker_all_reduce(total, ReduceOp.SUM, options))
+            out.append(strategy.cross_worker_all_reduce(total, ReduceOp.SUM, options))
         return out
 
     reduced = strategy.rendezvous.exchange(
@@ -120,7 +120,7 @@ class _AllGather(torch.autograd.Function):
         def lead(values: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
             local = torch.cat([v.to(home) for v in values], dim=axis)
             sizes = [v.shape[axis] for v in values]
-            gathered, all_sizes = strategy._cross_worker_all_gather(local, axis, sizes, options)
+            gathered, all_sizes = strategy.cross_worker_all_gather(local, axis, sizes, options)
             return gathered, all_sizes
 
         gathered, sizes = strategy.rendezvous.exchange(index, tensor, lead, what="all_gather")

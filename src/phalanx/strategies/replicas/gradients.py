@@ -114,7 +114,7 @@ class GradientSync:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 # policy.owns(p), inlined: this runs for every parameter at every step
-                if isinstance(p, DistributedVariable) and p._strategy is owner:
+                if isinstance(p, DistributedVariable) and p.strategy is owner:
                     params.append(p)
                 elif len(self._devices) > 1:
                     from phalanx.nn._scope_copies import describe_foreign  # error path only

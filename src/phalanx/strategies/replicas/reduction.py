@@ -4,7 +4,7 @@ A composed object rather than a mixin: `Strategy.reduce`, `Strategy.gather` and
 `Strategy.reduce_to` keep their documented signatures on the strategy and delegate here, so
 the arithmetic (partial batches, plain values counted once per replica, the cross-worker
 step) lives in one place that depends only on the strategy's public replica layout, its
-cross-device ops and its ``_cross_worker_*`` hooks.
+cross-device ops and its ``cross_worker_*`` hooks.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class CrossReplicaReduction:
         strategy: The strategy whose replicas' values are reduced: its local devices and
             replicas are read here (they are fixed when the strategy is made), its workers at
             each call (a multi-worker strategy learns them later); its
-            ``_cross_worker_all_reduce``/``_cross_worker_all_gather`` hooks cross workers.
+            ``cross_worker_all_reduce``/``cross_worker_all_gather`` hooks cross workers.
         cross_device_ops: Sums the local replicas' values onto the first local device.
     """
 
@@ -95,14 +95,14 @@ class CrossReplicaReduction:
             total = components[0]
         else:
             total = self._ops.reduce_to(ReduceOp.SUM, components, home)
-            total = s._cross_worker_all_reduce(total, ReduceOp.SUM)
+            total = s.cross_worker_all_reduce(total, ReduceOp.SUM)
         if op is ReduceOp.SUM:
             return total
         if axis is None:
             return total / s.num_replicas_in_sync if s.num_replicas_in_sync > 1 else total
         if workers > 1:
             count = int(
-                s._cross_worker_all_reduce(torch.tensor(float(count), device=home), ReduceOp.SUM).item()
+                s.cross_worker_all_reduce(torch.tensor(float(count), device=home), ReduceOp.SUM).item()
             )
         return total / count
 
@@ -122,7 +122,5 @@ class CrossReplicaReduction:
         home = self._home
         components = [c.reshape(1) if c.dim() == 0 else c for c in components]
         local = torch.cat([c.to(home) for c in components], dim=axis)
-        gathered, _ = self._strategy._cross_worker_all_gather(
-            local, axis, [c.shape[axis] for c in components]
-        )
+        gathered, _ = self._strategy.cross_worker_all_gather(local, axis, [c.shape[axis] for c in components])
         return gathered

@@ -21,9 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from phalanx import _hooks
 from phalanx.communication.local.packing import unpack
 from phalanx.values import ReduceOp
 from phalanx.variables import (
+    AGGREGATION_MARK,
+    SYNCHRONIZATION_MARK,
     DistributedVariable,
     MirroredVariable,
     SyncOnReadVariable,
@@ -47,7 +50,7 @@ class VariablePolicy:
 
     The policy reads the strategy's replica layout through its public properties at each
     call (a multi-worker strategy learns its workers after the policy is made) and reduces
-    across workers through the strategy's ``_cross_worker_all_reduce`` hook.
+    across workers through the strategy's ``cross_worker_all_reduce`` hook.
 
     Args:
         strategy: The strategy the variables belong to (their ``_strategy``).
@@ -95,7 +98,7 @@ class VariablePolicy:
 
     def owns(self, tensor: Any) -> bool:
         """Whether ``tensor`` is a distributed variable of this policy's strategy."""
-        return isinstance(tensor, DistributedVariable) and tensor._strategy is self._strategy
+        return isinstance(tensor, DistributedVariable) and tensor.strategy is self._strategy
 
     def materialize_all(self) -> None:
         """Readies every live variable for a step and forgets the dead ones (before each run)."""
@@ -106,7 +109,7 @@ class VariablePolicy:
             var = ref()
             if var is not None:
                 # `materialize`'s own test, inlined: this runs for every variable at every step
-                if every or var._dirty or len(var.stored_components) < n:
+                if every or var.dirty or len(var.stored_components) < n:
                     self.materialize(var)
                     self.generation += 1
                 alive.append(ref)
@@ -121,7 +124,7 @@ class VariablePolicy:
         if isinstance(param, DistributedVariable):
             return None
         primary = param.detach().to(self._strategy.local_devices[0]).requires_grad_(param.requires_grad)
-        aggregation = getattr(param, "_phalanx_aggregation", VariableAggregation.NONE)
+        aggregation = getattr(param, AGGREGATION_MARK, VariableAggregation.NONE)
         return self.register(MirroredVariable(primary, self._strategy, aggregation, is_parameter=True))
 
     def create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any:
@@ -130,8 +133,8 @@ class VariablePolicy:
             return None
         floating = buffer.is_floating_point() or buffer.is_complex()
         default = VariableAggregation.MEAN if floating else VariableAggregation.ONLY_FIRST_REPLICA
-        aggregation = getattr(buffer, "_phalanx_aggregation", default)
-        sync = getattr(buffer, "_phalanx_synchronization", VariableSynchronization.ON_READ)
+        aggregation = getattr(buffer, AGGREGATION_MARK, default)
+        sync = getattr(buffer, SYNCHRONIZATION_MARK, VariableSynchronization.ON_READ)
         primary = buffer.detach().to(self._strategy.local_devices[0])
         cls = MirroredVariable if sync is VariableSynchronization.ON_WRITE else SyncOnReadVariable
         return self.register(cls(primary, self._strategy, aggregation, is_parameter=False))
@@ -139,7 +142,7 @@ class VariablePolicy:
     def reassign_buffer(self, module: torch.nn.Module, name: str, value: Any, ctx: ReplicaContext) -> Any:
         """A module re-assigned its buffer inside ``run``: writes ``value`` into this replica's
         component and keeps the variable (None: not one of ours, let torch assign)."""
-        existing = module._buffers.get(name)
+        existing = _hooks.own_buffers(module).get(name)
         if not isinstance(existing, DistributedVariable) or not self.owns(existing):
             return None
         if value is existing:
@@ -156,15 +159,15 @@ class VariablePolicy:
         if len(components) < n:
             with torch.no_grad():
                 components.extend(self._make_component(var, i) for i in range(len(components), n))
-            var._dirty = False
-        elif var._dirty:
+            var.mark_clean()
+        elif var.dirty:
             self._mirror(var)
-            var._dirty = False
+            var.mark_clean()
 
     def _make_component(self, var: DistributedVariable, index: int) -> torch.Tensor:
         primary = var.primary
         device = self._strategy.local_devices[index]
-        if isinstance(var, SyncOnReadVariable) and var._aggregation is VariableAggregation.SUM:
+        if isinstance(var, SyncOnReadVariable) and var.aggregation is VariableAggregation.SUM:
             return torch.zeros_like(primary, device=device)
         copy = primary.detach().to(device, copy=True)
         return copy.requires_grad_(primary.requires_grad)
@@ -186,7 +189,7 @@ class VariablePolicy:
         """The cross-replica value of a sync-on-read variable (all workers, when several:
         the cross-worker sum is a collective)."""
         components = var.stored_components
-        aggregation = var._aggregation
+        aggregation = var.aggregation
         if aggregation in (VariableAggregation.ONLY_FIRST_REPLICA, VariableAggregation.NONE):
             return components[0]
         total = components[0]
@@ -194,7 +197,7 @@ class VariablePolicy:
             total = self._ops.reduce_to(ReduceOp.SUM, components, self._strategy.local_devices[0])
         workers = self._strategy.num_workers_in_sync
         if workers > 1:
-            total = self._strategy._cross_worker_all_reduce(total.clone(), ReduceOp.SUM)
+            total = self._strategy.cross_worker_all_reduce(total.clone(), ReduceOp.SUM)
         count = len(components) * workers  # before the first run: one component
         if aggregation is VariableAggregation.MEAN and count > 1:
             total = total / count
@@ -216,7 +219,7 @@ class VariablePolicy:
             NotImplementedError: Another write, or one with keyword arguments.
         """
         name = getattr(func, "__name__", repr(func))
-        if var._aggregation is VariableAggregation.NONE:
+        if var.aggregation is VariableAggregation.NONE:
             raise RuntimeError(
                 f"In a replica context, `{name}` on a MirroredVariable needs an aggregation to "
                 "keep the replicas equal, and this variable has none. HINT: annotate it with "
@@ -233,7 +236,7 @@ class VariablePolicy:
         value = torch.as_tensor(args[1]).to(device)
 
         def combine(values: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
-            merged = self._aggregate_values(var._aggregation, values)
+            merged = self._aggregate_values(var.aggregation, values)
             return merged, self._write_merged_once(var, func, merged)
 
         merged, written = self._rendezvous.exchange(index, value, combine, what=f"MirroredVariable.{name}")
@@ -253,7 +256,7 @@ class VariablePolicy:
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
             return values[0]
         total = self._ops.reduce_to(ReduceOp.SUM, values, self._strategy.local_devices[0])
-        total = self._strategy._cross_worker_all_reduce(total, ReduceOp.SUM)
+        total = self._strategy.cross_worker_all_reduce(total, ReduceOp.SUM)
         if aggregation is VariableAggregation.MEAN:
             total = total / self._strategy.num_replicas_in_sync
         return total

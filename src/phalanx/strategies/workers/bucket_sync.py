@@ -34,7 +34,7 @@ def group_buckets(strategy: Any, group: Any) -> GradientBuckets:
         group.wait,
         is_active,
         bucket_bytes=strategy._options.bytes_per_pack,
-        sum_sparse=strategy._cross_worker_sparse_sum,
+        sum_sparse=strategy.cross_worker_sparse_sum,
         workers=strategy._num_workers,
         announce=lambda specs: group.announce_all_reduces(specs, tail=group.announced_tail),
         announce_tail=group.announced_tail,
