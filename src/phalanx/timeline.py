@@ -77,6 +77,12 @@ class Timeline:
             else:
                 self.dropped += 1
 
+    @property
+    def recorded(self) -> int:
+        """Events seen so far, kept or dropped (the periodic flush writes when it changes)."""
+        with self._lock:
+            return len(self._events) + self.dropped
+
     def write(self) -> Path:
         """Writes every event so far as Chrome-trace JSON (atomically) and returns the path."""
         with self._lock:
@@ -168,7 +174,7 @@ def _flush_periodically(timeline: Timeline) -> None:
     written = 0
     while _timeline is timeline:
         time.sleep(seconds)
-        count = len(timeline._events) + timeline.dropped
+        count = timeline.recorded
         if _timeline is timeline and count != written:
             timeline.write()
             written = count

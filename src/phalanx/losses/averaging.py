@@ -86,8 +86,8 @@ def default_global_batch_size(local_batch_size: int) -> int:
             "global_batch_size. HINT: call it inside strategy.run, or pass global_batch_size."
         )
     ctx = context.current_replica_context()
-    if ctx is not None and ctx._global_batch_size is not None:
-        return ctx._global_batch_size
+    if ctx is not None and ctx.global_batch_size is not None:
+        return ctx.global_batch_size
     return local_batch_size * _num_replicas_in_sync()
 
 

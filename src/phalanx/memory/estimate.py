@@ -46,6 +46,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from phalanx import _hooks
+
 __all__ = [
     "STRATEGY_KINDS",
     "MemoryEstimate",
@@ -148,11 +150,11 @@ def activation_bytes(model: nn.Module, sample_input: Any, dtype: torch.dtype | N
     )
     meta_args = tuple(_meta_input(a) for a in args)
     params = _meta_parameters(model)
-    skip = {p.untyped_storage()._cdata for p in params.values()}
+    skip = {_hooks.storage_key(p) for p in params.values()}
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        key = t.untyped_storage()._cdata
+        key = _hooks.storage_key(t)
         if key not in skip:
             size = t.untyped_storage().nbytes()
             if dtype is not None and t.is_floating_point():

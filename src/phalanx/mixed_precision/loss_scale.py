@@ -253,7 +253,7 @@ class LossScaleOptimizer:
             Whether the update was applied (False: skipped on every replica after an overflow).
         """
         self._scaler.step(self.inner_optimizer)
-        found = self._scaler._found_inf_per_device(self.inner_optimizer)
+        found = _hooks.found_inf_per_device(self._scaler, self.inner_optimizer)
         overflowed = any(v.item() for v in found.values())
         self._scaler.update()
         return not overflowed

@@ -75,7 +75,7 @@ class Policy:
             yield
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Policy) and other._name == self._name
+        return isinstance(other, Policy) and other.name == self._name
 
     def __hash__(self) -> int:
         return hash(self._name)

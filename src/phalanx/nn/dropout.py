@@ -20,6 +20,7 @@ from phalanx import context
 
 __all__ = ["attach_keyed_dropout", "keyed_dropout_mask"]
 
+_KEYED_MARK = "_phalanx_keyed"  # module.__dict__ key: the keyed-dropout hook is registered
 _MASK31 = (1 << 31) - 1
 _C1 = 0xFF51AFD7ED558CCD - (1 << 64)
 _C2 = 0xC4CEB9FE1A85EC53 - (1 << 64)
@@ -60,10 +61,9 @@ def _keyed_dropout(module: nn.Dropout, args: tuple[Any, ...], output: torch.Tens
     x = args[0]
     if x.dim() == 0 or x.shape[0] == 0:
         return None
-    call = ctx._dropout_calls
-    ctx._dropout_calls = call + 1
+    call = ctx.next_dropout_call()
     key = hash((torch.initial_seed(), strategy.run_count, call)) & ((1 << 62) - 1)
-    keep = keyed_dropout_mask(x.shape, module.p, key, ctx._example_offset, x.device)
+    keep = keyed_dropout_mask(x.shape, module.p, key, ctx.example_offset, x.device)
     if module.p >= 1.0:
         return x * 0.0
     return x * keep.to(x.dtype) / (1.0 - module.p)
@@ -71,6 +71,7 @@ def _keyed_dropout(module: nn.Dropout, args: tuple[Any, ...], output: torch.Tens
 
 def attach_keyed_dropout(module: nn.Module) -> None:
     """Makes an `nn.Dropout` follow the seed rule above (idempotent)."""
-    if type(module) is nn.Dropout and not getattr(module, "_phalanx_keyed", False):
+    if type(module) is nn.Dropout and not module.__dict__.get(_KEYED_MARK, False):
         module.register_forward_hook(_keyed_dropout)
-        module._phalanx_keyed = True  # type: ignore[assignment]
+        # phalanx's mark in the module's __dict__: a deep copy carries it with the hook
+        module.__dict__[_KEYED_MARK] = True

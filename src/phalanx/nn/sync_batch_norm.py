@@ -123,39 +123,40 @@ class SyncBatchNorm(_BatchNorm):
         """
         output = module
         if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
-            output = cls._from_batchnorm(module)
+            output = _from_batchnorm(cls, module)
         for name, child in module.named_children():
             output.add_module(name, cls.convert_sync_batchnorm(child))
         return output
 
-    @classmethod
-    def _from_batchnorm(cls, module: _BatchNorm) -> SyncBatchNorm:
-        """A SyncBatchNorm holding ``module``'s tensors (see `convert_sync_batchnorm`)."""
-        if any(t is not None and is_lazy(t) for t in (module.weight, module.running_mean)):
-            raise ValueError(
-                f"Cannot convert the uninitialised lazy layer {module!r}. HINT: run one forward "
-                "pass (to infer num_features) before convert_sync_batchnorm."
-            )
-        extra: dict[str, Any] = {"bias": False} if module.affine and module.bias is None else {}
-        output = cls(
-            module.num_features,
-            module.eps,
-            module.momentum,
-            module.affine,
-            module.track_running_stats,
-            **extra,
+
+def _from_batchnorm(cls: type[SyncBatchNorm], module: _BatchNorm) -> SyncBatchNorm:
+    """A ``cls`` (SyncBatchNorm or a subclass) holding ``module``'s tensors (see
+    `SyncBatchNorm.convert_sync_batchnorm`)."""
+    if any(t is not None and is_lazy(t) for t in (module.weight, module.running_mean)):
+        raise ValueError(
+            f"Cannot convert the uninitialised lazy layer {module!r}. HINT: run one forward "
+            "pass (to infer num_features) before convert_sync_batchnorm."
         )
-        if module.affine:
-            output.weight = module.weight
-            if module.bias is not None:
-                output.bias = module.bias
-        output.running_mean = module.running_mean
-        output.running_var = module.running_var
-        output.num_batches_tracked = module.num_batches_tracked
-        output.train(module.training)
-        if hasattr(module, "qconfig"):
-            output.qconfig = module.qconfig
-        return output
+    extra: dict[str, Any] = {"bias": False} if module.affine and module.bias is None else {}
+    output = cls(
+        module.num_features,
+        module.eps,
+        module.momentum,
+        module.affine,
+        module.track_running_stats,
+        **extra,
+    )
+    if module.affine:
+        output.weight = module.weight
+        if module.bias is not None:
+            output.bias = module.bias
+    output.running_mean = module.running_mean
+    output.running_var = module.running_var
+    output.num_batches_tracked = module.num_batches_tracked
+    output.train(module.training)
+    if hasattr(module, "qconfig"):
+        output.qconfig = module.qconfig
+    return output
 
 
 def converted_in_scope(module: nn.Module) -> SyncBatchNorm | None:
@@ -179,7 +180,7 @@ def converted_in_scope(module: nn.Module) -> SyncBatchNorm | None:
             "sync_batch_norm and call phalanx.nn.SyncBatchNorm.convert_sync_batchnorm(model) in "
             "the scope after one forward pass."
         )
-    return SyncBatchNorm._from_batchnorm(module)
+    return _from_batchnorm(SyncBatchNorm, module)
 
 
 def _local_moments(input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from phalanx import _hooks
 from phalanx.cluster.resolvers import ClusterResolver, resolve_cluster
 from phalanx.communication.compression import HALF_PRECISION
 from phalanx.communication.local.options import CommunicationOptions
@@ -82,16 +83,16 @@ class _StateDictHooks:
     def on_save(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, metadata: Any) -> None:
         if sharded_views_open():
             return
-        for name, param in module._parameters.items():
+        for name, _ in module.named_parameters(recurse=False, remove_duplicate=False):
             value = state_dict.get(prefix + name)
-            if isinstance(value, DTensor) and param is not None:
+            if isinstance(value, DTensor):
                 state_dict[prefix + name] = value.full_tensor()  # a collective: every worker saves
 
     def on_load(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         owner = self._owner()
-        if owner is not None and owner._meta.pending:  # the first hook of a load: the top module's
+        if owner is not None and owner.meta_pending:  # the first hook of a load: the top module's
             owner.materialize_meta(meta_loads.supplied(module, prefix, state_dict))
-        for name, param in module._parameters.items():
+        for name, param in module.named_parameters(recurse=False, remove_duplicate=False):
             value = state_dict.get(prefix + name)
             if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor):
                 continue
@@ -138,7 +139,7 @@ class _ShardedStep:
         """Each worker updated its own shard; the layers FSDP2 gathered for the step are free
         now: with ``release_memory``, the C heap's free memory goes back to the system."""
         owner = self._owner()
-        if owner is not None and owner._release_memory:
+        if owner is not None and owner.release_memory:
             release_free_memory()
 
     def reset_thread(self) -> None:
@@ -272,6 +273,18 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         )
 
     @property
+    def release_memory(self) -> bool:
+        """Whether the C heap's free memory goes back to the system after each optimizer step
+        (``release_memory=True`` and several workers)."""
+        return self._release_memory
+
+    @property
+    def meta_pending(self) -> bool:
+        """Whether models made on the meta device still wait for memory and values
+        (`materialize_meta`, or the next ``run``)."""
+        return self._meta.pending
+
+    @property
     def shard(self) -> str:
         """What is sharded: ``"full"`` or ``"optimizer_and_gradients"`` (see the class)."""
         return self._shard
@@ -397,8 +410,8 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 slots = [
                     (module, name, p)
                     for module in post_order(unit)
-                    for name, p in module._parameters.items()
-                    if p is not None and id(p) in full
+                    for name, p in module.named_parameters(recurse=False, remove_duplicate=False)
+                    if id(p) in full
                 ]
                 fully_shard(
                     unit, mesh=mesh, reshard_after_forward=self._shard == "full", mp_policy=self._mp_policy
@@ -415,7 +428,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             self._scatter_from_chief(before, after)
             self._remember_sharded(before, after)
             for module in root.modules():  # modules no registration hook saw (deep copies)
-                sharded = any(isinstance(p, DTensor) for p in module._parameters.values())
+                sharded = any(isinstance(p, DTensor) for p in module.parameters(recurse=False))
                 if sharded and module not in self._hooked:
                     self._hooked.add(module)
                     self._state_dict_hooks.install(module)
@@ -441,7 +454,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         done: set[int] = set()
         with torch.no_grad():
             for module, name, full in slots:
-                new = module._parameters[name]
+                new = _hooks.own_parameters(module)[name]
                 if id(full) in done or not isinstance(new, DTensor):
                     continue
                 done.add(id(full))

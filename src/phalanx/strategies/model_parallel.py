@@ -262,7 +262,7 @@ class ModelParallelStrategy(FullyShardedStrategy):
             self._remember_sharded(before, after)
             self._kept.update((id(p), weakref.ref(p)) for p in after.values() if not isinstance(p, DTensor))
             for module in root.modules():  # modules no registration hook saw (deep copies)
-                split = any(isinstance(p, DTensor) for p in module._parameters.values())
+                split = any(isinstance(p, DTensor) for p in module.parameters(recurse=False))
                 if split and module not in self._hooked:
                     self._hooked.add(module)
                     self._state_dict_hooks.install(module)
@@ -303,8 +303,8 @@ class ModelParallelStrategy(FullyShardedStrategy):
             dict.fromkeys(
                 p
                 for m in post_order(unit)
-                for p in m._parameters.values()
-                if p is not None and not isinstance(p, DTensor)
+                for _, p in m.named_parameters(recurse=False, remove_duplicate=False)
+                if not isinstance(p, DTensor)
             )
         )
         self._broadcast_whole(own)  # every worker takes its part of the chief's values locally
@@ -316,8 +316,9 @@ class ModelParallelStrategy(FullyShardedStrategy):
             if style is not None:
                 parallelize_module(module, model, style, src_data_rank=None)
                 continue
-            for name, p in list(module._parameters.items()):  # replicated over the model axis
-                if p is not None and not isinstance(p, DTensor):
+            # replicated over the model axis
+            for name, p in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+                if not isinstance(p, DTensor):
                     local = DTensor.from_local(p.detach(), model, [Replicate()], run_check=False)
                     module.register_parameter(name, nn.Parameter(local, requires_grad=p.requires_grad))
         if data is not None:

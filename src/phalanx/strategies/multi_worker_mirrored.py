@@ -230,6 +230,17 @@ class MultiWorkerMirroredStrategy(Strategy):
         return own
 
     @property
+    def communication_options(self) -> CommunicationOptions:
+        """The options this strategy was made with: its collectives' defaults, the gradient
+        buckets' size (``bytes_per_pack``) and compression."""
+        return self._options
+
+    @property
+    def running(self) -> bool:
+        """Whether this worker is inside `run` now (the gradient buckets sum only then)."""
+        return self._running
+
+    @property
     def membership(self) -> Membership | None:
         """The elastic membership (``PHALANX_MIN_WORKERS`` set, several workers), else None."""
         return self._elastic.membership if self._elastic is not None else None

@@ -40,6 +40,39 @@ class ReplicaContext:
         """The strategy this replica belongs to."""
         return self._strategy
 
+    # ------------------------------------------------------------------ the step being run
+    # Set by `Strategy.run` for each step; read by the loss helpers and keyed dropout.
+    def begin_step(self, global_batch_size: int | None, example_offset: int) -> None:
+        """Starts a step (called by `Strategy.run` before the replica's function): the step's
+        global example count if the distributed input knows it, and the global index of this
+        replica's first example."""
+        self._global_batch_size = global_batch_size
+        self._example_offset = example_offset
+        self._dropout_calls = 0
+
+    def end_step(self) -> None:
+        """Forgets the step's global batch size (called by `Strategy.run` after a one-replica
+        step: that replica context is also the one code outside any run sees)."""
+        self._global_batch_size = None
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """Global examples of the step being run, when the distributed input knows it, else
+        None (`phalanx.compute_average_loss` then counts the replicas' batches)."""
+        return self._global_batch_size
+
+    @property
+    def example_offset(self) -> int:
+        """The global index of this replica's first example in the step (keyed dropout)."""
+        return self._example_offset
+
+    def next_dropout_call(self) -> int:
+        """The index of this keyed dropout call among the replica's calls in the step (0, 1, ...;
+        `phalanx.nn.dropout`): the same on every replica, so masks agree across replica counts."""
+        call = self._dropout_calls
+        self._dropout_calls = call + 1
+        return call
+
     @property
     def num_replicas_in_sync(self) -> int:
         """Replicas across all workers that take part in each step."""

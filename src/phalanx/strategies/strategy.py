@@ -328,9 +328,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
         gbs, offsets = self._batches.take(args, kwargs)
         self._run_count += 1
         for i, replica_ctx in enumerate(self._replica_contexts):
-            replica_ctx._global_batch_size = gbs
-            replica_ctx._example_offset = offsets[i] if offsets else 0
-            replica_ctx._dropout_calls = 0
+            replica_ctx.begin_step(gbs, offsets[i] if offsets else 0)
         if self._num_local_replicas == 1:
             previous = context.push_replica_frame(self._replica_frame, 0)
             try:
@@ -340,7 +338,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
                 self.step_sync.reset_thread()
                 # The default strategy's replica context is also the one code outside any run
                 # sees: the step's global batch size must not outlive the step.
-                self._replica_contexts[0]._global_batch_size = None
+                self._replica_contexts[0].end_step()
         grad_mode = torch.is_grad_enabled()
         modes = thread_modes()
         # modules hand replicas plain components: their in-place writes outside a step are checked

@@ -70,7 +70,7 @@ def test_a_remembered_batch_gives_run_its_global_batch_size(mirrored_2cpu):
 
     def facts(x):
         ctx = phalanx.get_replica_context()
-        return ctx._global_batch_size, ctx._example_offset
+        return ctx.global_batch_size, ctx.example_offset
 
     global_size, offsets = mirrored_2cpu.run(facts, args=(batch,))
     assert global_size == 10  # the same on both replicas: regrouped to a plain value

@@ -33,6 +33,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from phalanx import _hooks
+
 __all__ = ["MetaInit", "post_order"]
 
 
@@ -114,7 +116,7 @@ class MetaInit:
                 value after every reset (the chief raises; the others then name it as lost).
         """
         modules = list(post_order(unit))
-        metas = {id(p): p for m in modules for p in m._parameters.values() if p is not None and p.is_meta}
+        metas = {id(p): p for m in modules for p in m.parameters(recurse=False) if p.is_meta}
         owners = [m for m in modules if self._buffer_names(m)]
         if not metas and not owners:
             return {}
@@ -124,9 +126,10 @@ class MetaInit:
         }
         resets: list[Callable[[], None]] = []
         for module in modules:
-            own = [n for n, p in module._parameters.items() if p is not None and id(p) in made]
+            stored = _hooks.own_parameters(module)  # replaced as stored: no registration hooks
+            own = [n for n, p in stored.items() if p is not None and id(p) in made]
             for name in own:
-                module._parameters[name] = made[id(module._parameters[name])]
+                stored[name] = made[id(stored[name])]
             reset = _reset_of(module)
             if (own or self._buffer_names(module)) and reset is None:
                 what = [f"parameter {n}" for n in own] + [f"buffer {n}" for n in self._buffer_names(module)]
@@ -148,8 +151,13 @@ class MetaInit:
         """Whether a load writes every meta tensor of ``unit`` (``loaded`` holds their ``id``s:
         its meta parameters and its meta-born buffers): it then needs memory, not values."""
         modules = list(post_order(unit))
-        metas = [p for m in modules for p in m._parameters.values() if p is not None and p.is_meta]
-        buffers = [b for m in modules for n in self._buffer_names(m) if (b := m._buffers.get(n)) is not None]
+        metas = [p for m in modules for p in m.parameters(recurse=False) if p.is_meta]
+        buffers = [
+            b
+            for m in modules
+            for n in self._buffer_names(m)
+            if (b := _hooks.own_buffers(m).get(n)) is not None
+        ]
         tensors = [*metas, *buffers]
         return bool(tensors) and all(id(t) in loaded for t in tensors)
 
@@ -160,7 +168,8 @@ class MetaInit:
         adopts the new shards at its lazy initialisation or after a ``load_state_dict``."""
         made: dict[int, nn.Parameter] = {}
         for module in post_order(unit):
-            for name, p in module._parameters.items():
+            stored = _hooks.own_parameters(module)  # replaced as stored: no registration hooks
+            for name, p in stored.items():
                 if not isinstance(p, DTensor) or not p.is_meta:
                     continue
                 new = made.get(id(p))
@@ -170,7 +179,7 @@ class MetaInit:
                         local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
                     )
                     new = made[id(p)] = nn.Parameter(shard, requires_grad=p.requires_grad)
-                module._parameters[name] = new
+                stored[name] = new
             self._buffers.pop(id(module), None)  # its meta-born buffers: the load writes them too
 
     def _reset(

@@ -236,7 +236,7 @@ def replicated_blocks(root: nn.Module, layers: list[LayerSplit]) -> list[nn.Modu
             if any(True for _ in module.parameters()):
                 blocks.append(module)
             return
-        own = [n for n, p in module._parameters.items() if p is not None]
+        own = [n for n, _ in module.named_parameters(recurse=False, remove_duplicate=False)]
         if own and id(module) not in split:
             raise ValueError(
                 f"{path or 'The model'} ({type(module).__name__}) holds parameters {own} of its own and "

@@ -27,20 +27,21 @@ def group_buckets(strategy: Any, group: Any) -> GradientBuckets:
 
     def is_active() -> bool:
         owner = me()
-        return owner is not None and owner._running
+        return owner is not None and owner.running
 
+    options = strategy.communication_options
     return GradientBuckets(
         group.all_reduce_async,
         group.wait,
         is_active,
-        bucket_bytes=strategy._options.bytes_per_pack,
+        bucket_bytes=options.bytes_per_pack,
         sum_sparse=strategy.cross_worker_sparse_sum,
-        workers=strategy._num_workers,
+        workers=strategy.num_workers_in_sync,
         announce=lambda specs: group.announce_all_reduces(specs, tail=group.announced_tail),
         announce_tail=group.announced_tail,
         wait_at_end=lambda work, what: group.wait(work, what, where_issued=True),
-        syncing=strategy._sync_switch.syncing,
-        compressor=make_compressor(strategy._options.compression, group.world_size),
+        syncing=strategy.sync_switch.syncing,
+        compressor=make_compressor(options.compression, group.world_size),
     )
 
 
