@@ -339,9 +339,6 @@ class DistributedVariable(torch.Tensor):
         """The autograd leaf replica ``index`` computes with (its gradient lands there)."""
         return self._components[index]
 
-    def _replica_leaf(self, index: int) -> torch.Tensor:  # the name older code and tests use
-        return self.replica_leaf(index)
-
     @property
     def stored_components(self) -> list[torch.Tensor]:
         """The local components as stored, not materialised: the list the variable's policy

@@ -52,7 +52,7 @@ def test_kinds_in_a_mirrored_scope(mirrored_2cpu):
     assert type(counter) is MirroredVariable  # TF: non-trainable variables are mirrored on write
     assert not counter._is_param
     assert type(total) is SyncOnReadVariable
-    assert total._aggregation is VariableAggregation.SUM
+    assert total.aggregation is VariableAggregation.SUM
 
 
 def test_outside_a_scope_a_plain_parameter_or_tensor():

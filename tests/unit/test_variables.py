@@ -53,10 +53,10 @@ def test_modules_created_in_scope_hold_distributed_variables(mirrored_2cpu):
         buffer = getattr(bn, name)
         assert isinstance(buffer, phalanx.SyncOnReadVariable)
         assert not isinstance(buffer, nn.Parameter)
-        assert buffer._aggregation is VariableAggregation[aggregation]
-    assert custom.float_buf._aggregation is VariableAggregation.MEAN
-    assert custom.int_buf._aggregation is VariableAggregation.ONLY_FIRST_REPLICA
-    assert custom.total._aggregation is VariableAggregation.SUM
+        assert buffer.aggregation is VariableAggregation[aggregation]
+    assert custom.float_buf.aggregation is VariableAggregation.MEAN
+    assert custom.int_buf.aggregation is VariableAggregation.ONLY_FIRST_REPLICA
+    assert custom.total.aggregation is VariableAggregation.SUM
     assert isinstance(custom.on_write, phalanx.MirroredVariable)
 
     def fn():

@@ -26,8 +26,8 @@ def test_a_replica_reads_its_plain_components(mirrored_2cpu):
     mirrored_2cpu.run(read)
     for index, (weight, running_mean, mean) in seen.items():
         assert type(weight) is nn.Parameter or type(weight) is torch.Tensor
-        assert weight is layer.weight._replica_leaf(index)
-        assert running_mean is norm.running_mean._components[index]
+        assert weight is layer.weight.replica_leaf(index)
+        assert running_mean is norm.running_mean.stored_components[index]
         assert isinstance(mean, MirroredVariable)  # aggregated: its writes are merged, keep the variable
     assert isinstance(layer.weight, MirroredVariable)  # outside run: the variable
     assert all(isinstance(p, DistributedVariable) for p in layer.parameters())

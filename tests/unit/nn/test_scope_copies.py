@@ -114,10 +114,10 @@ def test_deepcopy_in_scope_gives_new_variables_of_the_same_kind(mirrored_2cpu):
     assert type(weight) is MirroredVariable
     assert clone.weight._is_param
     assert type(clone.total) is SyncOnReadVariable
-    assert clone.total._aggregation is VariableAggregation.SUM
+    assert clone.total.aggregation is VariableAggregation.SUM
     assert type(clone.step) is MirroredVariable
     assert not clone.step._is_param
-    assert clone.step._aggregation is VariableAggregation.MEAN
+    assert clone.step.aggregation is VariableAggregation.MEAN
     torch.testing.assert_close(clone.weight.primary, layer.weight.primary)
     with torch.no_grad():
         clone.weight.add_(1.0)  # the copy is independent of the original

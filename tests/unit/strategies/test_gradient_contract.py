@@ -219,7 +219,7 @@ def test_a_backward_that_raises_gives_the_gradients_back(mirrored_2cpu):
 
     with pytest.raises(Boom):
         mirrored_2cpu.run(step, args=(x,))
-    for leaf in (layer.bias._replica_leaf(i) for i in range(2)):
+    for leaf in (layer.bias.replica_leaf(i) for i in range(2)):
         torch.testing.assert_close(leaf.grad, torch.full((1,), 2.0))  # the first pass's sum
 
 

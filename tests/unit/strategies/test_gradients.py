@@ -72,7 +72,7 @@ def model(mirrored_2cpu):
     mirrored_2cpu.run(lambda: None)  # makes replica 1's components
     for i in range(2):
         for p in layer.parameters():
-            p._replica_leaf(i).grad = torch.full_like(p._replica_leaf(i), float(i + 1))
+            p.replica_leaf(i).grad = torch.full_like(p.replica_leaf(i), float(i + 1))
     return layer
 
 
@@ -126,7 +126,7 @@ def test_packed_path_sums_locally_then_across_workers_and_gives_each_replica_its
     assert reduced == [ReduceOp.SUM, ReduceOp.SUM]
     assert path._rendezvous.meetings == ["optimizer.step()"]
     for p in model.parameters():
-        grads = [p._replica_leaf(i).grad for i in range(2)]
+        grads = [p.replica_leaf(i).grad for i in range(2)]
         for g in grads:
             torch.testing.assert_close(g, torch.full_like(g, (1.0 + 2.0) * 3))
         assert grads[0].data_ptr() != grads[1].data_ptr()
@@ -145,7 +145,7 @@ def test_in_place_path_is_taken_only_when_the_ops_allow_it_and_one_worker_steps(
     assert path._rendezvous.meetings == ["optimizer.step()", "optimizer.step() (gradient sum)"]
     for p in model.parameters():
         for i in range(2):
-            torch.testing.assert_close(p._replica_leaf(i).grad, torch.full_like(p, 3.0))
+            torch.testing.assert_close(p.replica_leaf(i).grad, torch.full_like(p, 3.0))
     assert isinstance(optimizer.state, PerReplicaState)
 
 
@@ -157,17 +157,17 @@ def test_several_workers_never_sum_in_place(mirrored_2cpu, model):
     assert ops.reduce_calls == [2]
     assert reduced == [ReduceOp.SUM, ReduceOp.SUM]
     for p in model.parameters():
-        torch.testing.assert_close(p._replica_leaf(1).grad, torch.full_like(p, 6.0))
+        torch.testing.assert_close(p.replica_leaf(1).grad, torch.full_like(p, 6.0))
 
 
 def test_parameters_no_replica_has_a_gradient_for_stay_without_one(mirrored_2cpu, model):
     for i in range(2):
-        model.bias._replica_leaf(i).grad = None
+        model.bias.replica_leaf(i).grad = None
     path = _path(mirrored_2cpu, RecordingOps(in_place=False), workers=1, reduce_log=[])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     _on_both_replicas(lambda i: path.before_step(optimizer, i))
-    assert all(model.bias._replica_leaf(i).grad is None for i in range(2))
-    assert all(model.weight._replica_leaf(i).grad is not None for i in range(2))
+    assert all(model.bias.replica_leaf(i).grad is None for i in range(2))
+    assert all(model.weight.replica_leaf(i).grad is not None for i in range(2))
 
 
 def test_after_step_ends_the_write_permission_and_lets_the_policy_finish(mirrored_2cpu, model):

@@ -27,7 +27,7 @@ def test_the_deprecated_communication_argument_maps_to_communication_options():
     with pytest.warns(DeprecationWarning, match=r"communication=\.\.\.\) is deprecated"):
         strategy = MultiWorkerMirroredStrategy(communication=ring)
     try:
-        assert strategy._options.implementation is phalanx.CommunicationImplementation.RING
+        assert strategy.communication_options.implementation is phalanx.CommunicationImplementation.RING
     finally:
         strategy.close()
     with pytest.raises(ValueError, match=r"not both.*HINT: communication_options="):
