@@ -1,10 +1,11 @@
 """What happens to a module that registers a tensor or a submodule in a strategy's scope.
 
-`phalanx._hooks` hands each registration to the current strategy (`Strategy._made_in_scope`,
-`Strategy._registered_submodule`), which calls these functions (the default strategy does
-not): copies of scope-made modules are recognised, modules holding distributed variables
-read their replica's plain components inside ``run``, dropout is keyed per example and
-batch-norm layers may become `SyncBatchNorm`.
+`phalanx._hooks` hands each registration to the current strategy
+(`Strategy.parameter_registered` and its siblings, through the hooks ``_made_in_scope`` and
+``_registered_submodule``), which calls these functions (the default strategy does not):
+copies of scope-made modules are recognised, modules holding distributed variables read their
+replica's plain components inside ``run``, dropout is keyed per example and batch-norm layers
+may become `SyncBatchNorm`.
 """
 
 from __future__ import annotations
