@@ -90,3 +90,47 @@ def test_a_variable_policy_forgets_variables_that_died(mirrored_2cpu):
     assert list(policy.variables()) == [kept.weight, kept.bias]
     assert policy.has_variables
     assert len(policy._variables) == 2
+
+
+def test_a_variable_tells_its_strategy_when_it_needs_mirroring(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        layer = nn.Linear(2, 2)
+    weight = layer.weight
+    assert weight.strategy is mirrored_2cpu
+    assert weight.aggregation is phalanx.VariableAggregation.NONE
+    assert weight.plain_in_replica  # a parameter without aggregation: replicas read it plain
+    assert weight.dirty  # new: its other components are made before the first run
+    mirrored_2cpu.run(lambda: None)
+    assert not weight.dirty
+    assert weight.holds(weight.replica_leaf(1))
+    assert not weight.holds(weight.replica_leaf(1).clone())
+    with torch.no_grad():
+        weight.add_(1.0)  # cross-replica write of the primary
+    assert weight.dirty
+    mirrored_2cpu.run(lambda: None)
+    assert not weight.dirty
+    torch.testing.assert_close(weight.replica_leaf(1), weight.primary)
+
+
+def test_a_central_variable_holds_its_compute_leaves(central_storage_2cpu):
+    with central_storage_2cpu.scope():
+        layer = nn.Linear(2, 2)
+    weight = layer.weight
+    assert not weight.has_compute_leaves
+    central_storage_2cpu.run(lambda: None)
+    assert weight.has_compute_leaves
+    assert weight.holds(weight.primary)
+    assert weight.holds(weight.replica_leaf(1))
+    assert central_storage_2cpu.extended.value_container(weight.replica_leaf(1)) is weight
+
+
+def test_create_variable_makes_what_a_registration_would(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        param = mirrored_2cpu.create_variable(nn.Parameter(torch.ones(2)), is_parameter=True)
+        buffer = mirrored_2cpu.create_variable(torch.zeros(2), is_parameter=False)
+    assert isinstance(param, phalanx.MirroredVariable)
+    assert isinstance(buffer, phalanx.SyncOnReadVariable)
+    assert mirrored_2cpu.variable_policy.owns(param)
+    assert buffer.aggregation is phalanx.VariableAggregation.MEAN  # a float buffer's default
+    default = phalanx.get_strategy()
+    assert default.create_variable(torch.ones(1), is_parameter=True) is None
