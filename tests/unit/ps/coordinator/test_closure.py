@@ -147,7 +147,7 @@ def test_remote_value_fetch_times_out_with_a_hint():
     assert value.status == RemoteValueStatus.NOT_READY
     with pytest.raises(TimeoutError, match="join"):
         value.fetch(timeout=0.01)
-    value._set_value((torch.ones(2), 3))
+    value.set_result((torch.ones(2), 3))
     fetched = value.fetch()
     assert isinstance(fetched, tuple)
     assert fetched[1] == 3
