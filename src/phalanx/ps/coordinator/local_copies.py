@@ -149,6 +149,10 @@ class LocalCopies:
             return out
 
     # ------------------------------------------------------------------ synchronisation
+    def _unwritten(self, tensor: torch.Tensor, handle: VariableHandle) -> bool:
+        """Whether nothing was written into ``tensor`` since it was last synced."""
+        return _hooks.tensor_version(tensor) == self._versions.get(handle.name)
+
     def mark_stale(self) -> None:
         """Scheduled functions may have changed the variables: the next `refresh` reads them."""
         self._stale = True
@@ -169,7 +173,7 @@ class LocalCopies:
             known = {
                 shard.name: self._known[shard.name]
                 for tensor, handle in pairs
-                if _hooks.tensor_version(tensor) == self._versions.get(handle.name)
+                if self._unwritten(tensor, handle)
                 for shard in handle.physical()
                 if shard.name in self._known
             }
@@ -184,7 +188,7 @@ class LocalCopies:
         """Sends what the chief wrote into its copies since they were last synced to the ps
         tasks (one write per ps task; nothing when nothing changed)."""
         with self._lock:
-            changed = [(t, h) for t, h in self.live() if _hooks.tensor_version(t) != self._versions.get(h.name)]
+            changed = [(t, h) for t, h in self.live() if not self._unwritten(t, h)]
             if changed:
                 self._ps.write("assign", [h for _, h in changed], [t.detach() for t, _ in changed])
                 for tensor, handle in changed:
