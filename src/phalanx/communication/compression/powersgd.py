@@ -157,7 +157,7 @@ class PowerSGDCompressor:
             memory.qs[j] = q  # (cols, r)
             ps.append(m @ q)  # (rows, r)
         first = torch.cat([*(v.reshape(-1) for v in rest), *(p.reshape(-1) for p in ps)])
-        return _LowRank(self, memory, matrices, rest, ps, locals_, first, launch)
+        return _LowRank(self._workers, memory, matrices, rest, ps, locals_, first, launch)
 
 
 class _LowRank:
@@ -165,7 +165,7 @@ class _LowRank:
 
     def __init__(
         self,
-        owner: PowerSGDCompressor,
+        workers: int,
         memory: _Memory,
         matrices: dict[int, torch.Tensor],
         rest: list[torch.Tensor],
@@ -174,7 +174,7 @@ class _LowRank:
         first: torch.Tensor,
         launch: Launch,
     ) -> None:
-        self._owner, self._memory, self._matrices = owner, memory, matrices
+        self._workers, self._memory, self._matrices = workers, memory, matrices
         self._rest, self._locals, self._first, self._launch = rest, locals_, first, launch
         self._ps = ps
         self._work = launch(first)  # (sum(rest numel) + sum(rows * r),)
@@ -195,7 +195,7 @@ class _LowRank:
         second = torch.cat([q.reshape(-1) for q in qs])
         wait(self._launch(second), WHAT)
         at = 0
-        workers = self._owner._workers
+        workers = self._workers
         for (j, m), p, q in zip(self._matrices.items(), ps, qs, strict=True):
             q = second[at : at + q.numel()].view_as(q)  # the summed Q
             at += q.numel()
