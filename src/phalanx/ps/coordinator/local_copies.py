@@ -133,8 +133,8 @@ class LocalCopies:
     def owns(self, module: torch.nn.Module) -> bool:
         """Whether a parameter or buffer of ``module`` is one of these copies."""
         with self._lock:
-            tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-            return any(id(t) in self._registry for t in tensors)
+            own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+            return any(id(t) in self._registry for _, t in own)
 
     def live(self) -> list[tuple[torch.Tensor, VariableHandle]]:
         """Every copy still alive, with its handle (forgets the collected ones)."""
