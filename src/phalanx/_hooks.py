@@ -14,18 +14,17 @@ See docs/architecture.md, "The torch footprint". Nothing here runs at import. Th
 * global forward hooks (`add_module_forward_hooks`): a parameter-server worker reads sharded
   embedding tables by rows (`phalanx.ps.worker.embedding`).
 
-It is also the one home of the torch internals phalanx reads or writes where torch has no
-public API for the job ("torch internals" below): a module's own tensor dicts as stored, a
-module's non-persistent buffer names, a tensor's version counter, a storage's identity, an
-optimizer's step hooks, a ``GradScaler``'s found-inf flags. Each is touched in one function
-here, so a torch upgrade that moves one is a one-line fix.
-
 Every strategy but the default one is tracked by a weak reference from the moment it is made
 (`track`); once the last one is garbage, every change is removed (`remove`, also public as
 `phalanx.remove_torch_hooks`). The next scope or run installs them again.
 
 This module is the bottom layer's: it imports `phalanx.context` only, never
 ``phalanx.strategies`` or ``phalanx.nn``.
+
+It is also the one place that reads or sets torch state with no public spelling (at the end):
+a module's own tensor dicts as stored, its non-persistent buffer names, a tensor's version
+counter, a storage's identity, an optimizer's own step hooks, a ``GradScaler``'s found-inf
+flags, a gloo group's options. A torch release that renames one breaks one function here.
 """
 
 from __future__ import annotations
@@ -33,9 +32,11 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.modules.module import (
     register_module_buffer_registration_hook,
     register_module_forward_hook,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "add_module_forward_hooks",
     "found_inf_per_device",
+    "gloo_options",
     "install",
     "installed",
     "non_persistent_buffer_names",
@@ -242,10 +244,9 @@ def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
             guard.snapshot()  # the step wrote the components: its writes are the allowed ones
 
 
-# ---------------------------------------------------------------------- torch internals
-# Where torch has no public API for what phalanx needs. `named_parameters(recurse=False)` and
-# friends skip None entries and cannot store a tensor without firing the registration hooks;
-# the dicts below can.
+# ---------------------------------------------------------------------- torch state without a public spelling
+# `named_parameters(recurse=False)` and friends skip None entries and cannot store a tensor
+# without firing the registration hooks; the dicts of `own_parameters`/`own_buffers` can.
 
 
 def own_parameters(module: torch.nn.Module) -> dict[str, Any]:
@@ -270,8 +271,10 @@ def non_persistent_buffer_names(module: torch.nn.Module) -> set[str]:
 
 
 def tensor_version(tensor: torch.Tensor) -> int:
-    """``tensor``'s version counter: it grows at every in-place write (autograd's own check)."""
-    return tensor._version
+    """``tensor``'s version counter: autograd's count of in-place writes to it or to a view
+    of it (torch registers it, it has no public reader). Called by
+    `phalanx.ps.coordinator.local_copies.LocalCopies` to see what the chief wrote."""
+    return int(tensor._version)
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -280,22 +283,40 @@ def storage_key(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
 
-def optimizer_step_hooks(optimizer: torch.optim.Optimizer) -> tuple[list[Any], list[Any]]:
-    """The hooks ``optimizer.step()`` runs before and after the update, in torch's order: before,
-    the global ones (`register_optimizer_step_pre_hook`) then the optimizer's own; after, the
-    optimizer's own then the global ones."""
-    pre = [
+def optimizer_step_hooks(
+    optimizer: torch.optim.Optimizer,
+) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]]]:
+    """The hooks ``optimizer.step()`` runs now: before the step (the global ones, then the
+    optimizer's own) and after it (its own, then the global ones), in torch's order.
+
+    torch registers an optimizer's own hooks publicly (``register_step_pre_hook``) but has no
+    reader. Called by `phalanx.ps.variable_store.sparse_adagrad.step_hooks` and
+    `phalanx.ps.variable_store.optimizer.StoreOptimizer`.
+    """
+    before = [
         *torch_optimizer._global_optimizer_pre_hooks.values(),
         *optimizer._optimizer_step_pre_hooks.values(),
     ]
-    post = [
+    after = [
         *optimizer._optimizer_step_post_hooks.values(),
         *torch_optimizer._global_optimizer_post_hooks.values(),
     ]
-    return pre, post
+    return before, after
 
 
 def found_inf_per_device(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> dict[Any, Any]:
     """The found-inf flags (one tensor per device) ``scaler`` recorded when it unscaled
     ``optimizer``'s gradients in this step: whether its last ``step`` skipped the update."""
     return scaler._found_inf_per_device(optimizer)
+
+
+def gloo_options(devices: list[Any], threads: int, timeout: timedelta) -> Any:
+    """The options of a ``ProcessGroupGloo`` with these ``devices`` (its connections),
+    ``threads`` and ``timeout``: torch's constructor takes them, through a class and
+    attributes it only names privately. Called by
+    `phalanx.communication.transports.gloo.groups.make_gloo_group`."""
+    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch has no stubs for it
+    options._devices = devices
+    options._threads = threads
+    options._timeout = timeout
+    return options
