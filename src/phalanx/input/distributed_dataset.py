@@ -105,7 +105,7 @@ class DistributedIterator(DistributedIteratorMembers):
         self._flag: Any = None  # that flag (`DataFlag`): ``agreed`` once the step's gradients ran
         self._template: list[Any] | None = None
         self._steps = 0
-        self._devices = strategy._fetch_devices() if options.experimental_fetch_to_device else None
+        self._devices = strategy.input_devices if options.experimental_fetch_to_device else None
         # With one replica in the job its batch is the global batch: `run` needs no ledger entry
         # to know the global count or the replica's offset (0), and the step saves its cost.
         self._remember = strategy.num_replicas_in_sync > 1
@@ -143,7 +143,7 @@ class DistributedIterator(DistributedIteratorMembers):
         """What the last step's gradients carried, else an all-reduce (all workers)."""
         flag, self._flag = self._flag, None
         agreed = None if flag is None else flag.agreed
-        return self._strategy._any_worker_has_data(has_data) if agreed is None else agreed
+        return self._strategy.any_worker_has_data(has_data) if agreed is None else agreed
 
     def state_dict(self) -> dict[str, int]:
         """The position (steps taken), so a `Checkpoint` can save where the input was."""

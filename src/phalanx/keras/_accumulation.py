@@ -60,7 +60,7 @@ def check_strategy(steps: int, strategy: Any) -> None:
     """
     if steps == 1:
         return
-    if strategy._schedules_steps:
+    if strategy.schedules_steps:
         raise ValueError(
             "gradient_accumulation_steps > 1 needs consecutive steps on one worker, and "
             f"{type(strategy).__name__}'s fit schedules every step on whichever worker is free. "

@@ -51,7 +51,7 @@ def train_epoch(
 ) -> dict[str, float]:
     """Trains one epoch from step ``skip``; returns the epoch's global logs."""
     strategy = model.strategy
-    if strategy._schedules_steps:
+    if strategy.schedules_steps:
         return _scheduled_train_epoch(model, handler, epoch, skip, callbacks)
     if getattr(strategy, "membership", None) is not None:  # an elastic MultiWorkerMirrored job
         return elastic_train_epoch(model, handler, epoch, skip, callbacks)
