@@ -98,12 +98,12 @@ class Accumulation:
         """What each step's loss is multiplied by: the update applies the mean gradient."""
         return 1.0 / self.steps
 
-    def run(self, strategy: Any, step: Callable[..., Any], batch: Any) -> None:
-        """Runs one training step (cross-replica context, every worker): inside
-        ``strategy.no_sync()`` unless it updates."""
+    def run(self, strategy: Any, step: Callable[[Any], Any], data: Any) -> None:
+        """Runs one training step, ``step(data)`` on every local replica (cross-replica
+        context, every worker): inside ``strategy.no_sync()`` unless it updates."""
         if self.steps == 1:
-            strategy.run(step, args=batch)
+            strategy.run(step, args=(data,))
             return
         with contextlib.nullcontext() if self.updates_now else strategy.no_sync():
-            strategy.run(step, args=batch)
+            strategy.run(step, args=(data,))
         self._since_update = (self._since_update + 1) % self.steps
