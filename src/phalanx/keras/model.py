@@ -53,6 +53,7 @@ class Model(nn.Module):
         self._strategy = get_strategy()
         self.optimizer: torch.optim.Optimizer | None = None
         self.stop_training = False
+        self.compiled = False  # Keras 3's flag: `compile` ran
         self.history: Any = None
         self._losses: LossContainer | None = None
         self._compiled_metrics: list[Any] = []
@@ -124,6 +125,7 @@ class Model(nn.Module):
             "gradient_accumulation_steps": gradient_accumulation_steps,
         }
         self._accumulation = Accumulation(steps)
+        self.compiled = True
 
     @property
     def metrics(self) -> list[Any]:
