@@ -15,7 +15,9 @@ def _name(rank):
 
 
 def _receive(source, tag, nbytes=2, channel=7):
-    return Receive(channel, source, tag, memoryview(bytearray(nbytes)), QueuedWork("recv"), f"recv from {source}")
+    return Receive(
+        channel, source, tag, memoryview(bytearray(nbytes)), QueuedWork("recv"), f"recv from {source}"
+    )
 
 
 def _message(box, source, tag, payload, channel=7):
@@ -86,7 +88,9 @@ def test_a_message_of_another_size_fails_its_receive_naming_the_sender():
     posted = _receive(1, 0, nbytes=4)
     box.post(posted)
     _message(box, 1, 0, b"ab")
-    with pytest.raises(ValueError, match=r"worker:1 \(127.0.0.1:2221\) sent 2 bytes where this worker receives 4"):
+    with pytest.raises(
+        ValueError, match=r"worker:1 \(127.0.0.1:2221\) sent 2 bytes where this worker receives 4"
+    ):
         posted.work.wait()
     _message(box, 1, 0, b"abc")  # arrived first, then received with another size
     later = _receive(1, 0, nbytes=4)
