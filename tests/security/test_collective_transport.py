@@ -235,7 +235,9 @@ def test_an_impostor_at_the_next_workers_address_fails_the_handshake_and_gets_no
     rings = _rings(2, redirect=lambda: port, timeout=5.0)
     try:
         assert isinstance(rings[0], PeerGoneError)
-        assert str(rings[0]).startswith("worker:1 (127.0.0.1:2221) failed the TLS handshake of the TLS ring (")
+        assert str(rings[0]).startswith(
+            "worker:1 (127.0.0.1:2221) failed the TLS handshake of the TLS ring ("
+        )
         assert "does not hold this cluster's token or certificate" in str(rings[0])
         time.sleep(0.2)
         assert received == bytearray()  # not even the hello: nothing was sent to it
@@ -445,7 +447,7 @@ def test_a_users_own_collectives_on_the_phalanx_group_travel_encrypted():
         # without the job's TLS links (tests/security/test_point_to_point_links.py) is refused
         with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
             groups[0]._get_backend(torch.device("cpu"))
-        with pytest.raises(RuntimeError, match="cannot carry send without the job's point-to-point TLS links"):
+        with pytest.raises(RuntimeError, match="cannot carry send without the job's point-to-point"):
             groups[0].send([torch.zeros(1)], 1, 0)
     finally:
         _close(rings)

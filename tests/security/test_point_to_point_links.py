@@ -100,7 +100,8 @@ def test_any_two_workers_exchange_messages_matched_by_tag_and_group():
         work, sender = group[1].recv_async(anyone, None, 9)
         group[2].send_async(torch.tensor([7.0]), 1, 9).wait()
         work.wait()
-        assert anyone.item() == 7.0 and sender() == 2
+        assert anyone.item() == 7.0
+        assert sender() == 2
     finally:
         _close(peers)
 
@@ -214,7 +215,8 @@ def test_a_stranger_that_dials_a_workers_link_is_refused_and_the_workers_still_t
         work, receive = peers[1].recv_async(into, 0, 3, channel=5, what="recv")
         peers[0].send_async(torch.tensor([5.0]), 1, 3, channel=5).wait()
         work.wait()
-        assert into.item() == 5.0 and receive.sender == 0
+        assert into.item() == 5.0
+        assert receive.sender == 0
     finally:
         _close(peers)
 

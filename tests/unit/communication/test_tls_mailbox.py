@@ -33,12 +33,14 @@ def test_a_message_waits_for_its_receive_and_a_receive_for_its_message():
     _message(box, 1, 5, b"ab")  # sent before anyone receives
     early = _receive(1, 5)
     box.post(early)
-    assert early.work.is_completed() and bytes(early.into) == b"ab"
+    assert early.work.is_completed()
+    assert bytes(early.into) == b"ab"
     late = _receive(1, 5)
     box.post(late)  # received before anything is sent
     assert not late.work.is_completed()
     _message(box, 1, 5, b"cd")
-    assert late.work.is_completed() and bytes(late.into) == b"cd"
+    assert late.work.is_completed()
+    assert bytes(late.into) == b"cd"
     assert late.sender == 1
 
 
@@ -68,7 +70,8 @@ def test_a_receive_from_any_sender_takes_the_first_message_with_its_tag_and_says
     _message(box, 2, 4, b"xx")  # another tag
     assert not anyone.work.is_completed()
     _message(box, 1, 3, b"yy")
-    assert anyone.work.is_completed() and bytes(anyone.into) == b"yy"
+    assert anyone.work.is_completed()
+    assert bytes(anyone.into) == b"yy"
     assert anyone.sender == 1
 
 
@@ -80,7 +83,8 @@ def test_a_message_whose_payload_is_still_read_goes_to_a_receive_posted_meanwhil
     assert not receive.work.is_completed()
     buffer[:] = b"ok"
     box.filled(arrival)
-    assert receive.work.is_completed() and bytes(receive.into) == b"ok"
+    assert receive.work.is_completed()
+    assert bytes(receive.into) == b"ok"
 
 
 def test_a_message_of_another_size_fails_its_receive_naming_the_sender():
