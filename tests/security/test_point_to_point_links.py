@@ -235,3 +235,15 @@ def test_a_peer_that_closes_fails_the_receives_posted_for_it_naming_it():
             peers[1].send_async(torch.zeros(1), 1, 0, channel=5)
     finally:
         _close(peers)
+
+
+def test_a_peer_outside_the_group_is_refused_saying_which_ranks_it_has():
+    peers = _peers(2)
+    try:
+        pair = peers[0].channel("3", [0, 1])
+        with pytest.raises(ValueError, match=r"a rank of the group \(0..1\). Received: 2"):
+            pair.send_async(torch.zeros(1), 2, 0)
+        assert pair.describe("recv from", 1, 4) == "recv from worker:1 (127.0.0.1:2221) with tag 4"
+        assert pair.describe("recv from", None, 4) == "recv from any worker with tag 4"
+    finally:
+        _close(peers)

@@ -11,10 +11,11 @@ import torch
 import torch.distributed as dist
 
 from phalanx.communication.checks.call_sites import call_site
-from phalanx.communication.group import process_group
+from phalanx.communication.checks.health import PeerUnavailableError
+from phalanx.communication.group import process_group, transports
 from phalanx.communication.group.process_group import PhalanxProcessGroup, _create
 from phalanx.communication.group.subgroups import SubgroupEngine
-from phalanx.communication.group.work import QueuedWork
+from phalanx.communication.group.work import PeerGoneError, QueuedWork
 
 
 class _OneWorker:
@@ -269,7 +270,7 @@ def test_a_subgroup_of_the_job_gets_a_signed_engine_of_its_own(monkeypatch):
     sub.broadcast([value], dist.BroadcastOptions()).wait()
     assert value.tolist() == [1.0, 2.0]
     assert job.issued == ["usable all_reduce", "usable broadcast"]  # the job's failure state
-    assert job.waited == [("all_reduce", 5.0), ("broadcast", 5.0)]  # the job's watched wait, its deadline
+    assert job.waited == [("all_reduce", None), ("broadcast", None)]  # the job's wait (gloo's timeout: 5 s)
     signed = engine.check.sign("all_reduce(SUM)", value, "all_reduce")
     assert signed.seq == 3  # its own numbering: the job's check saw none of them
     assert job.checks == [engine.check]  # its reports fail the job's group
@@ -366,3 +367,57 @@ def test_under_tls_send_and_recv_go_over_the_engines_links_on_the_groups_channel
         group.send([torch.zeros(1), torch.zeros(1)], 1, 0)
     with pytest.raises(ValueError, match="carries CPU tensors"):
         group.recv([torch.empty(1, device="meta")], 1, 0)
+
+
+class _RingLike:
+    """A transport that opens a ring per subgroup (as the TLS transport does), or fails to."""
+
+    name = "tls"
+
+    def __init__(self, error=None):
+        self.error, self.opened = error, []
+
+    def subgroup(self, store, rank, size, task_name, group_name, mismatch):
+        if self.error is not None:
+            raise self.error
+        self.opened.append((rank, size, task_name(0), group_name, mismatch))
+        return self
+
+    def all_reduce_async(self, tensor, op, signed):
+        work = QueuedWork("ring all_reduce")
+        work.finish()
+        return work
+
+
+def test_a_subgroup_of_a_tls_job_opens_a_ring_of_its_members_and_keeps_its_own_deadline():
+    ring, waited = _RingLike(), []
+    engine = SubgroupEngine(
+        object(),
+        dist.HashStore(),
+        0,
+        2,
+        ["worker:0", "worker:2"],
+        True,
+        lambda w: w,
+        lambda what: None,
+        lambda work, what, timeout: waited.append(timeout),
+        transport=lambda mismatch: transports.subgroup_transport(
+            ring, dist.HashStore(), 0, 2, ["worker:0", "worker:2"].__getitem__, "4", mismatch
+        ),
+        timeout=3.0,
+    )
+    assert engine.uses_tls
+    assert ring.opened == [(0, 2, "worker:0", "4", engine.check.mismatch)]  # its own numbering
+    engine.all_reduce(torch.ones(2))
+    assert waited == [3.0]  # the ring has no deadline of its own: the group's
+    assert transports.subgroup_transport(None, None, 0, 2, str, "4", None) is None  # gloo carries it
+
+
+def test_a_member_that_does_not_join_a_subgroups_ring_is_named():
+    failing = _RingLike(
+        PeerGoneError("worker:2 (h:2) did not open its TLS connection to this worker within 5s")
+    )
+    with pytest.raises(
+        PeerUnavailableError, match=r"new_group could not connect worker:0 .*worker:2 \(h:2\) did not"
+    ):
+        transports.subgroup_transport(failing, None, 0, 2, ["worker:0", "worker:2"].__getitem__, "4", None)

@@ -61,7 +61,8 @@ class SubgroupEngine(GroupCollectives):
         transport: ``transport(mismatch)``: opens what carries the group's collectives besides
             its gloo (all members at once; the TLS ring of its members), given the group's
             mismatch error; None, or it returns None: gloo carries them.
-        timeout: The group's own deadline for a wait, in seconds (None: the job's).
+        timeout: The group's own deadline for a wait, in seconds, where ``transport`` carries
+            its collectives (gloo enforces its group's timeout itself); None: the job's.
         point_to_point: What carries the group's ``send``/``recv`` besides its gloo (the job's
             TLS links), or None.
     """
@@ -85,13 +86,13 @@ class SubgroupEngine(GroupCollectives):
         self.rank, self.world_size = rank, size
         self._usable, self._wait = usable, wait
         name: Callable[[int], str] = lambda r: names[r]  # noqa: E731
-        self._timeout = timeout
         self.point_to_point = point_to_point
         self._watch = watch or CollectiveWatch(rank, size, name, StallSettings(enabled=False))
         self.check = CollectiveCheck(rank, size, name, checked)  # its own numbering
         self.check.attach_store(store)
         self._check = self.check
         self._transport = None if transport is None else transport(self.check.mismatch)
+        self._timeout = None if self._transport is None else timeout
         self._gloo = GlooTransport(gloo, rank, size, self.check.mismatch, keep, checked, self.wait)
 
     def _sign(self, kind: str, tensor: torch.Tensor, what: str) -> tuple[Any, Signed]:

@@ -325,7 +325,9 @@ class WorkerGroup(GroupFailures, GroupCollectives):
             store: The new group's store.
             rank, size: This worker's rank in the new group and its size.
             global_ranks: Each member's rank in the job (empty: every worker).
-            timeout: The group's deadline for a wait, in seconds (None: this group's).
+            timeout: The group's own deadline for a wait, in seconds: a shorter one than this
+                group's collective timeout is kept (torch's default for a new group, 30 min,
+                never lengthens this group's); None: this group's.
             group_name: torch's name of the group.
 
         Raises:
@@ -333,6 +335,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         """
         members = list(global_ranks) or list(range(size))
         names = [self._name(r) for r in members]
+        deadline = self._collective_timeout if timeout is None else min(timeout, self._collective_timeout)
         engine = SubgroupEngine(
             gloo,
             store,
@@ -347,7 +350,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
             lambda mismatch: subgroup_transport(
                 self._transport, store, rank, size, names.__getitem__, group_name, mismatch
             ),
-            timeout,
+            deadline,
             self.point_to_point,
         )
         self._subgroup_checks.append(engine.check)
