@@ -48,6 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.communication.group import point_to_point
 from phalanx.communication.group.all_to_all import all_to_all_by_gather
 from phalanx.communication.group.pg_work import (
     Channel,
@@ -387,50 +388,20 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         """Sends ``tensors[0]`` to the group's rank ``dst`` (torch's ``send``/``isend``)."""
         if self._channel is None:
             return self._gloo_only("send").send(tensors, dst, tag)
-        tensor = _one(tensors, "send")
-        inner = self._channel.send_async(tensor, dst, tag)
-        return Work(self._engine, inner, self._channel.describe("send to", dst, tag), lambda: list(tensors))
+        return point_to_point.send(self._engine, self._channel, tensors, dst, tag)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
         """Receives into ``tensors[0]`` from the group's rank ``src`` (torch's ``recv``/``irecv``)."""
         if self._channel is None:
             return self._gloo_only("recv").recv(tensors, src, tag)
-        return self._receive(tensors, src, tag)
+        return point_to_point.receive(self._engine, self._channel, tensors, src, tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
         """Receives into ``tensors[0]`` from whichever member sends first with ``tag``
         (torch's ``recv`` without ``src``; the work's ``_source_rank`` says who)."""
         if self._channel is None:
             return self._gloo_only("recv").recv_anysource(tensors, tag)
-        return self._receive(tensors, None, tag)
-
-    def _receive(self, tensors: list[torch.Tensor], src: int | None, tag: int) -> Work:
-        assert self._channel is not None
-        tensor = _one(tensors, "recv")
-        staged = (
-            tensor
-            if tensor.is_contiguous()
-            else torch.empty_like(tensor, memory_format=torch.contiguous_format)
-        )
-        inner, sender = self._channel.recv_async(staged.detach(), src, tag)
-
-        def finish() -> list[torch.Tensor]:
-            if staged is not tensor:
-                tensor.detach().copy_(staged)
-            return list(tensors)
-
-        return Work(self._engine, inner, self._channel.describe("recv from", src, tag), finish, sender)
-
-
-def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
-    """The one CPU tensor of a point-to-point call (gloo's rule)."""
-    if len(tensors) != 1:
-        raise ValueError(
-            f"{what} takes exactly one tensor. Received: {len(tensors)} tensors. HINT: call {what} once "
-            "per tensor, or concatenate them."
-        )
-    check_cpu(tensors, what)
-    return tensors[0]
+        return point_to_point.receive(self._engine, self._channel, tensors, None, tag)
 
 
 class _TlsProcessGroup(PhalanxProcessGroup):
