@@ -400,7 +400,7 @@ def test_a_subgroup_of_a_tls_job_opens_a_ring_of_its_members_and_keeps_its_own_d
         True,
         lambda w: w,
         lambda what: None,
-        lambda work, what, timeout: waited.append(timeout),
+        lambda work, what, timeout: waited.append((what, timeout)),
         transport=lambda mismatch: transports.subgroup_transport(
             ring, dist.HashStore(), 0, 2, ["worker:0", "worker:2"].__getitem__, "4", mismatch
         ),
@@ -409,7 +409,7 @@ def test_a_subgroup_of_a_tls_job_opens_a_ring_of_its_members_and_keeps_its_own_d
     assert engine.uses_tls
     assert ring.opened == [(0, 2, "worker:0", "4", engine.check.mismatch)]  # its own numbering
     engine.all_reduce(torch.ones(2))
-    assert waited == [3.0]  # the ring has no deadline of its own: the group's
+    assert waited == [("all_reduce on a group with a timeout of 3s", 3.0)]  # the ring has none of its own
     assert transports.subgroup_transport(None, None, 0, 2, str, "4", None) is None  # gloo carries it
 
 

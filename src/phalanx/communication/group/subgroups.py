@@ -61,8 +61,9 @@ class SubgroupEngine(GroupCollectives):
         transport: ``transport(mismatch)``: opens what carries the group's collectives besides
             its gloo (all members at once; the TLS ring of its members), given the group's
             mismatch error; None, or it returns None: gloo carries them.
-        timeout: The group's own deadline for a wait, in seconds, where ``transport`` carries
-            its collectives (gloo enforces its group's timeout itself); None: the job's.
+        timeout: The group's own deadline for a wait, in seconds (shorter than the job's),
+            where ``transport`` carries its collectives (gloo enforces its group's timeout
+            itself); None: the job's.
         point_to_point: What carries the group's ``send``/``recv`` besides its gloo (the job's
             TLS links), or None.
     """
@@ -114,4 +115,6 @@ class SubgroupEngine(GroupCollectives):
     def wait(self, work: Any, what: str, timeout: float | None = None) -> None:
         """Waits with the group's deadline (else the job's) and the job's health check (a
         mismatch fails the job's group)."""
-        self._wait(work, what, self._timeout if timeout is None else timeout)
+        if timeout is None and self._timeout is not None:  # its errors say which deadline ran out
+            what, timeout = f"{what} on a group with a timeout of {self._timeout:g}s", self._timeout
+        self._wait(work, what, timeout)

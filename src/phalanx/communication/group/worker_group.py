@@ -325,8 +325,8 @@ class WorkerGroup(GroupFailures, GroupCollectives):
             store: The new group's store.
             rank, size: This worker's rank in the new group and its size.
             global_ranks: Each member's rank in the job (empty: every worker).
-            timeout: The group's own deadline for a wait, in seconds: a shorter one than this
-                group's collective timeout is kept (torch's default for a new group, 30 min,
+            timeout: The group's own deadline for a wait, in seconds: kept where it is shorter
+                than this group's collective timeout (torch's default for a new group, 30 min,
                 never lengthens this group's); None: this group's.
             group_name: torch's name of the group.
 
@@ -335,7 +335,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         """
         members = list(global_ranks) or list(range(size))
         names = [self._name(r) for r in members]
-        deadline = self._collective_timeout if timeout is None else min(timeout, self._collective_timeout)
+        shorter = timeout if timeout is not None and timeout < self._collective_timeout else None
         engine = SubgroupEngine(
             gloo,
             store,
@@ -350,7 +350,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
             lambda mismatch: subgroup_transport(
                 self._transport, store, rank, size, names.__getitem__, group_name, mismatch
             ),
-            deadline,
+            shorter,
             self.point_to_point,
         )
         self._subgroup_checks.append(engine.check)
