@@ -57,7 +57,8 @@ SELECTION = [
     "test_irecv",
     "test_batch_isend_irecv_gloo",
     "test_batch_isend_irecv_gloo_tags",
-    "test_new_subgroups",
+    "test_all_reduce_full_group_sum",
+    "test_broadcast_full_group",
 ]
 # Differences by design, on every transport: (the test, why it cannot pass on phalanx).
 BY_DESIGN = {
