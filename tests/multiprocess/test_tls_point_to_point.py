@@ -63,9 +63,9 @@ def test_a_pipeline_step_over_tls_matches_the_same_step_in_one_process(mesh_run)
             assert pipeline["loss"] == pytest.approx(pipeline["reference_loss"], rel=1e-6)
 
 
-def test_a_receive_from_a_peer_that_never_sends_times_out_naming_it():
+def test_a_receive_from_a_peer_that_never_sends_times_out_naming_it(tmp_path):
     with LocalCluster(2, env=TLS) as cluster:
-        run = cluster.start(SCRIPT, "missing").wait(timeout=180)
+        run = cluster.start(SCRIPT, tmp_path, "missing").wait(timeout=180)
         peer = f"worker:1 ({cluster.address('worker-1')})"
     output = run["worker-0"].output
     match = re.search(r"^TIMEOUT (.*)$", output, re.MULTILINE)
