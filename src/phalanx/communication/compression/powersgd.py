@@ -156,10 +156,11 @@ class PowerSGDCompressor:
         memory = self._memory.setdefault(key, _Memory())
         member = _Member(memory, matrices, [v for j, v in enumerate(views) if j not in matrices])
         for j, m in matrices.items():
-            if self.config.error_feedback:
-                if j in memory.errors:
-                    m.add_(memory.errors[j])
-                member.with_error[j] = m.clone()  # (rows, cols): this worker's M with its error
+            if self.config.error_feedback:  # (rows, cols): this worker's M with its error, apart
+                error = memory.errors.get(j)
+                m = member.inputs[j] = m + error if error is not None else m.clone()
+            else:
+                member.inputs[j] = m
             q = memory.qs.get(j) if self.config.warm_start else None
             if q is None:
                 r = min(self.config.rank, *m.shape)
@@ -170,20 +171,21 @@ class PowerSGDCompressor:
             member.ps.append(m @ q)  # (rows, r)
         batch = self._open.get(flat.dtype)
         if batch is None or batch.done:
-            batch = self._open[flat.dtype] = _Batch(self._workers, launch)
+            batch = self._open[flat.dtype] = _Batch(self._workers, launch, self.config.error_feedback)
         batch.members.append(member)
         return _InBatch(batch)
 
 
 @dataclass
 class _Member:
-    """One bucket's part of a pass's batch: its matrices (with error added), the rest, its ``P``s."""
+    """One bucket's part of a pass's batch: its matrices (where the sums go), the rest, its
+    ``P``s and what they were computed from."""
 
     memory: _Memory
     matrices: dict[int, torch.Tensor]
     rest: list[torch.Tensor]
     ps: list[torch.Tensor] = field(default_factory=list)
-    with_error: dict[int, torch.Tensor] = field(default_factory=dict)  # M + e, where error feedback is on
+    inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # M + e (M without error feedback)
 
 
 class _Batch:
@@ -192,8 +194,8 @@ class _Batch:
     the end of the backward pass (all workers, same point): PowerSGD's messages are small, so
     what they cost is round trips, not bytes, and two per pass beat two per bucket."""
 
-    def __init__(self, workers: int, launch: Launch) -> None:
-        self._workers, self._launch = workers, launch
+    def __init__(self, workers: int, launch: Launch, error_feedback: bool) -> None:
+        self._workers, self._launch, self._error_feedback = workers, launch, error_feedback
         self.members: list[_Member] = []
         self.done = False
 
@@ -212,7 +214,7 @@ class _Batch:
                 v.copy_(first[at : at + v.numel()].view_as(v))
                 at += v.numel()
             mine = []
-            for m, p in zip(member.matrices.values(), member.ps, strict=True):
+            for m, p in zip(member.inputs.values(), member.ps, strict=True):
                 p = first[at : at + p.numel()].view_as(p)  # the summed P
                 at += p.numel()
                 p = torch.linalg.qr(p, mode="reduced").Q  # (rows, r), orthonormal columns
@@ -229,8 +231,8 @@ class _Batch:
                 q = second[at : at + m.shape[1] * p.shape[1]].view(m.shape[1], p.shape[1])  # summed Q
                 at += q.numel()
                 torch.matmul(p, q.t(), out=m)  # rank-r approximation of the sum over workers
-                if j in member.with_error:
-                    member.memory.errors[j] = member.with_error[j].sub_(m, alpha=1.0 / self._workers)
+                if self._error_feedback:
+                    member.memory.errors[j] = member.inputs[j].sub_(m, alpha=1.0 / self._workers)
                 member.memory.qs[j] = q / self._workers
 
 
