@@ -84,7 +84,7 @@ class DistributionStrategy(Protocol):
     Identity and layout (read by everyone): `is_default`, `num_local_replicas`,
     `num_replicas_in_sync`, `num_workers_in_sync`, `worker_rank`, `first_replica_id`,
     `local_devices`, `rendezvous`, `cross_device_ops`, `variable_policy`, `step_sync`,
-    `replica_context`.
+    `replica_context`; the input pipeline's `input_devices` and `any_worker_has_data`.
 
     What the torch hooks hand it (`phalanx._hooks`): `parameter_registered`,
     `buffer_registered`, `submodule_registered`, `before_optimizer_step`; a copy of a variable
@@ -93,8 +93,7 @@ class DistributionStrategy(Protocol):
     ``_step_outside_run``: see docs/architecture.md, "Extension points").
 
     Across workers (overridden by cross-process strategies; identity in one process):
-    `cross_worker_all_reduce`, `cross_worker_all_gather`, `cross_worker_sparse_sum`. The input
-    pipeline: `_fetch_devices`, `_any_worker_has_data`.
+    `cross_worker_all_reduce`, `cross_worker_all_gather`, `cross_worker_sparse_sum`.
 
     `sync_switch` (`phalanx.strategies.accumulation.SyncSwitch`): whether backward passes sum
     now (``no_sync()``); an ``optimizer.step()`` inside ``no_sync()`` is refused.
@@ -165,6 +164,13 @@ class DistributionStrategy(Protocol):
     def sync_switch(self) -> Any:
         """Whether backward passes sum now (`phalanx.strategies.accumulation.SyncSwitch`)."""
 
+    @property
+    def input_devices(self) -> tuple[torch.device, ...] | None:
+        """Where distributed input is placed, per local replica (None: left where it is)."""
+
+    def any_worker_has_data(self, has_data: bool) -> bool:
+        """Whether any worker still has input this step (a collective across workers)."""
+
     def parameter_registered(self, module: torch.nn.Module, name: str, param: Any) -> Any:
         """What replaces a parameter registered in the scope outside ``run`` (None: keep it)."""
 
@@ -181,10 +187,6 @@ class DistributionStrategy(Protocol):
 
     def create_variable(self, tensor: torch.Tensor, *, is_parameter: bool) -> Any:
         """What the strategy makes of a tensor no module registers (None: keep it)."""
-
-    def _fetch_devices(self) -> tuple[torch.device, ...] | None: ...
-
-    def _any_worker_has_data(self, has_data: bool) -> bool: ...
 
     def cross_worker_all_reduce(self, tensor: torch.Tensor, op: Any, options: Any = None) -> torch.Tensor: ...
 
