@@ -167,8 +167,12 @@ class DistributedIterator(DistributedIteratorMembers):
 
 
 def _to_device(structure: Any, device: torch.device) -> Any:
+    if type(structure) is tuple and all(
+        t is None or (type(t) is torch.Tensor and t.device == device) for t in structure
+    ):
+        return structure  # the usual case on the CPU, ``(x, y[, None])`` already there: no walk
     if all(not isinstance(t, torch.Tensor) or t.device == device for t in iter_leaves(structure)):
-        return structure  # the usual case on the CPU: nothing to rebuild
+        return structure  # nothing to rebuild
     non_blocking = device.type == "cuda"
     return map_structure(
         lambda t: t if t.device == device else t.to(device, non_blocking=non_blocking), structure

@@ -26,6 +26,8 @@ def as_tensors(structure: Any) -> Any:
     """Converts NumPy arrays (and nested tuples/lists/dicts of them) to tensors without copying."""
     if isinstance(structure, torch.Tensor):
         return structure
+    if type(structure) is tuple and all(type(v) is torch.Tensor or v is None for v in structure):
+        return structure  # the usual batch, ``(x, y[, None])``: nothing to convert or rebuild
     if isinstance(structure, np.ndarray):
         return torch.from_numpy(structure)
     if isinstance(structure, tuple) and hasattr(structure, "_fields"):
@@ -43,6 +45,17 @@ def batch_size_of(structure: Any) -> int:
     Raises:
         ValueError: The batch has no tensor, or its tensors disagree on the batch size.
     """
+    if type(structure) is tuple:  # the usual batch, ``(x, y[, None])``: no walk, no set
+        size = -1
+        for v in structure:
+            if v is None:
+                continue
+            if type(v) is not torch.Tensor or v.dim() == 0 or (size >= 0 and v.shape[0] != size):
+                break  # not the usual batch, or one to refuse: the full walk below decides
+            size = v.shape[0]
+        else:
+            if size >= 0:
+                return size
     sizes: set[int] = set()
     _collect_sizes(structure, sizes)
     if not sizes:

@@ -101,6 +101,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
         self._replica_frame = context.Frame(self, self._replica_contexts[0])
         self._batches = BatchLedger()
         self._run_count = 0
+        self._timeline_asked = False  # `_start_timeline_if_asked` ran (at a scope or run)
         self._variable_policy = self._make_variable_policy()
         self._sync_switch = SyncSwitch(type(self).__name__)
         self._reduction = CrossReplicaReduction(self, self._cross_device_ops)
@@ -265,18 +266,26 @@ class Strategy(StrategyInput, TFStrategyMembers):
                 "scope first; one program uses one strategy."
             )
         self._use_torch_hooks()
+        self._start_timeline_if_asked()
         replica_context = top.replica_context if top is not None and top.strategy is self else None
         with context.push_frame(self, replica_context):
             yield self
 
     def _use_torch_hooks(self) -> None:
-        """Installs phalanx's changes to torch (`phalanx._hooks`) if they are not in place."""
+        """Installs phalanx's changes to torch (`phalanx._hooks`) if they are not in place
+        (at every scope and `run`: they come off while no strategy is alive)."""
         if self.is_default:
             return
         _hooks.install()
         if self._num_local_replicas > 1 or hasattr(self.step_sync, "before_unscale"):
             adopt_torch_grad_scalers()  # per-replica state; sharded parameters before unscale_
-        if settings.current().timeline:  # opt-in tracing starts with the first scope
+
+    def _start_timeline_if_asked(self) -> None:
+        """Starts the opt-in tracing (``PHALANX_TIMELINE``) at a scope, or at this strategy's
+        first `run` (a strategy run without a scope). Not at every `run`: reading the
+        environment costs more than the rest of `run`'s bookkeeping."""
+        self._timeline_asked = True
+        if not self.is_default and settings.current().timeline:
             from phalanx import timeline
 
             timeline.start()
@@ -308,6 +317,8 @@ class Strategy(StrategyInput, TFStrategyMembers):
         check_run_call(self, fn, args, kwargs)
         check_run_options(options)  # TF's options steer TPU compilation only: nothing to apply
         self._use_torch_hooks()
+        if not self._timeline_asked:
+            self._start_timeline_if_asked()
         self._before_run()
         self._gradient_sync.prepare_run()
         try:
