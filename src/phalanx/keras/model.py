@@ -193,7 +193,11 @@ class Model(nn.Module):
             metric.reset_state()
 
     def _logs(self) -> dict[str, float]:
-        return {m.name: float(m.result()) for m in self.metrics}
+        metrics = self.metrics
+        # every metric's state in one cross-worker sum, not one each (read at every step by fit)
+        states = (state for m in metrics for state in m.buffers())
+        with self._strategy.variable_policy.reading_together(states):
+            return {m.name: float(m.result()) for m in metrics}
 
     # ------------------------------------------------------------------ fit / evaluate / predict
     def fit(
