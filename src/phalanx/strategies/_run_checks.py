@@ -49,9 +49,12 @@ def check_run_call(strategy: DistributionStrategy, fn: Callable[..., Any], args:
         )
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"strategy.run kwargs must be a dict. Received: {type(kwargs).__name__}.")
-    for value in (*args, *(kwargs or {}).values()):
-        check_components(strategy, value)
-    warn_undistributed(strategy, [*args, *(kwargs or {}).values()])
+    values = (*args, *kwargs.values()) if kwargs else args
+    for value in values:
+        if type(value) is not torch.Tensor:  # a plain tensor has no components to count
+            check_components(strategy, value)
+    if strategy.num_local_replicas > 1:
+        warn_undistributed(strategy, values)
     replica = context.current_replica()
     if replica is not None and not replica[0].is_default:
         raise RuntimeError(

@@ -236,7 +236,7 @@ class VariablePolicy:
             if isinstance(var, SyncOnReadVariable) and var._aggregation in _SUMMED:
                 local = self._local_sum(var.stored_components)
                 packs.setdefault((local.dtype, local.device), []).append((var, local))
-        read: dict[int, tuple[SyncOnReadVariable, int, torch.Tensor]] = {}
+        read: dict[int, tuple[DistributedVariable, int, torch.Tensor]] = {}
         for members in packs.values():
             flat = torch.cat([local.reshape(-1) for _, local in members])  # (total numel,): a copy
             flat = self._strategy._cross_worker_all_reduce(flat, ReduceOp.SUM)
