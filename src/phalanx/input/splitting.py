@@ -26,8 +26,12 @@ def as_tensors(structure: Any) -> Any:
     """Converts NumPy arrays (and nested tuples/lists/dicts of them) to tensors without copying."""
     if isinstance(structure, torch.Tensor):
         return structure
-    if type(structure) is tuple and all(type(v) is torch.Tensor or v is None for v in structure):
-        return structure  # the usual batch, ``(x, y[, None])``: nothing to convert or rebuild
+    if type(structure) is tuple:  # the usual batch, ``(x, y[, None])``: nothing to convert or rebuild
+        for v in structure:
+            if type(v) is not torch.Tensor and v is not None:
+                break
+        else:
+            return structure
     if isinstance(structure, np.ndarray):
         return torch.from_numpy(structure)
     if isinstance(structure, tuple) and hasattr(structure, "_fields"):

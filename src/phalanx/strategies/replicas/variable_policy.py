@@ -70,8 +70,8 @@ class VariablePolicy:
         # Changes whenever the set of live variables or their components may have: readers
         # that cache something per variable (the replica write guard) compare it.
         self.generation = 0
-        # `reading_together`'s aggregates, by id: (variable, its primary's version, value)
-        self._read_together: dict[int, tuple[DistributedVariable, int, torch.Tensor]] | None = None
+        # `reading_together`'s aggregates, by id: (variable, value)
+        self._read_together: dict[int, tuple[DistributedVariable, torch.Tensor]] | None = None
 
     @property
     def strategy(self) -> DistributionStrategy:
@@ -168,7 +168,7 @@ class VariablePolicy:
     def _make_component(self, var: DistributedVariable, index: int) -> torch.Tensor:
         primary = var.primary
         device = self._strategy.local_devices[index]
-        if isinstance(var, SyncOnReadVariable) and var._aggregation is VariableAggregation.SUM:
+        if isinstance(var, SyncOnReadVariable) and var.aggregation is VariableAggregation.SUM:
             return torch.zeros_like(primary, device=device)
         copy = primary.detach().to(device, copy=True)
         return copy.requires_grad_(primary.requires_grad)
@@ -191,18 +191,14 @@ class VariablePolicy:
         the cross-worker sum is a collective; inside `reading_together`, made on entry)."""
         if self._read_together is not None:
             found = self._read_together.get(id(var))
-            # the same variable, its primary not written since (in place bumps its version)
-            if found is not None and found[0] is var and found[1] == var.stored_components[0]._version:
-                return found[2]
+            if found is not None and found[0] is var:
+                return found[1]
         components = var.stored_components
-        aggregation = var._aggregation
-        if aggregation in (VariableAggregation.ONLY_FIRST_REPLICA, VariableAggregation.NONE):
+        if var.aggregation in (VariableAggregation.ONLY_FIRST_REPLICA, VariableAggregation.NONE):
             return components[0]
-        workers = self._strategy.num_workers_in_sync
-        if workers > 1:
-            total = self._strategy._cross_worker_all_reduce(self._local_sum(components).clone(), ReduceOp.SUM)
-        else:
-            total = self._local_sum(components)
+        total = self._local_sum(components)
+        if self._strategy.num_workers_in_sync > 1:
+            total = self._across_workers(total.clone())
         return self._finish_aggregate(var, total)
 
     def _local_sum(self, components: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -211,10 +207,14 @@ class VariablePolicy:
             return components[0]
         return self._ops.reduce_to(ReduceOp.SUM, list(components), self._strategy.local_devices[0])
 
+    def _across_workers(self, total: torch.Tensor) -> torch.Tensor:
+        """The sum of every worker's ``total`` (all workers; may be written in place)."""
+        return self._strategy._cross_worker_all_reduce(total, ReduceOp.SUM)
+
     def _finish_aggregate(self, var: DistributedVariable, total: torch.Tensor) -> torch.Tensor:
         """A SUM over every replica and worker as ``var``'s aggregation reads it (MEAN: divided)."""
         count = len(var.stored_components) * self._strategy.num_workers_in_sync  # before a run: one
-        if var._aggregation is VariableAggregation.MEAN and count > 1:
+        if var.aggregation is VariableAggregation.MEAN and count > 1:
             return total / count
         return total
 
@@ -233,23 +233,27 @@ class VariablePolicy:
             return
         packs: dict[tuple[torch.dtype, torch.device], list[tuple[SyncOnReadVariable, torch.Tensor]]] = {}
         for var in variables:
-            if isinstance(var, SyncOnReadVariable) and var._aggregation in _SUMMED:
+            if isinstance(var, SyncOnReadVariable) and var.aggregation in _SUMMED:
                 local = self._local_sum(var.stored_components)
                 packs.setdefault((local.dtype, local.device), []).append((var, local))
-        read: dict[int, tuple[DistributedVariable, int, torch.Tensor]] = {}
+        read: dict[int, tuple[DistributedVariable, torch.Tensor]] = {}
         for members in packs.values():
-            flat = torch.cat([local.reshape(-1) for _, local in members])  # (total numel,): a copy
-            flat = self._strategy._cross_worker_all_reduce(flat, ReduceOp.SUM)
+            flat = self._across_workers(torch.cat([local.reshape(-1) for _, local in members]))  # a copy
             start = 0
             for var, local in members:
                 total = flat[start : start + local.numel()].view_as(local)
                 start += local.numel()
-                read[id(var)] = (var, var.stored_components[0]._version, self._finish_aggregate(var, total))
+                read[id(var)] = (var, self._finish_aggregate(var, total))
         self._read_together = read
         try:
             yield
         finally:
             self._read_together = None
+
+    def forget_read(self, var: DistributedVariable) -> None:
+        """Drops what `reading_together` aggregated for ``var`` (called when it is written)."""
+        if self._read_together is not None:
+            self._read_together.pop(id(var), None)
 
     def merged_assign(
         self,
@@ -267,7 +271,7 @@ class VariablePolicy:
             NotImplementedError: Another write, or one with keyword arguments.
         """
         name = getattr(func, "__name__", repr(func))
-        if var._aggregation is VariableAggregation.NONE:
+        if var.aggregation is VariableAggregation.NONE:
             raise RuntimeError(
                 f"In a replica context, `{name}` on a MirroredVariable needs an aggregation to "
                 "keep the replicas equal, and this variable has none. HINT: annotate it with "
@@ -284,7 +288,7 @@ class VariablePolicy:
         value = torch.as_tensor(args[1]).to(device)
 
         def combine(values: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
-            merged = self._aggregate_values(var._aggregation, values)
+            merged = self._aggregate_values(var.aggregation, values)
             return merged, self._write_merged_once(var, func, merged)
 
         merged, written = self._rendezvous.exchange(index, value, combine, what=f"MirroredVariable.{name}")
@@ -304,7 +308,7 @@ class VariablePolicy:
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
             return values[0]
         total = self._ops.reduce_to(ReduceOp.SUM, values, self._strategy.local_devices[0])
-        total = self._strategy._cross_worker_all_reduce(total, ReduceOp.SUM)
+        total = self._across_workers(total)
         if aggregation is VariableAggregation.MEAN:
             total = total / self._strategy.num_replicas_in_sync
         return total
