@@ -12,7 +12,7 @@ import torch
 from phalanx.input._dataset_members import DistributedDatasetMembers, DistributedIteratorMembers
 from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions, InputReplicationMode
 from phalanx.input.per_replica_input import PerReplicaInput
-from phalanx.input.splitting import as_tensors, batch_size_of, slice_batch, split_sizes
+from phalanx.input.splitting import as_tensors, batch_size_of, slice_batch, split_sizes, usual_batch_size
 from phalanx.values import iter_leaves, map_structure, regroup
 
 if TYPE_CHECKING:
@@ -208,10 +208,13 @@ class _Splitter:
 
     def __call__(self) -> tuple[list[Any], int | None, list[int] | None] | None:
         try:
-            batch = as_tensors(self._peeked.pop() if self._peeked else next(self._batches))
+            batch = self._peeked.pop() if self._peeked else next(self._batches)
         except StopIteration:
             return None
-        size = batch_size_of(batch)
+        size = usual_batch_size(batch)  # (x, y) of tensors: nothing to convert, one look
+        if size < 0:
+            batch = as_tensors(batch)
+            size = batch_size_of(batch)
         replicas = self._strategy.num_replicas_in_sync
         if replicas == 1:  # one replica in the job takes the whole batch, unsliced
             return [batch], size, [0]

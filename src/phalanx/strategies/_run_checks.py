@@ -55,13 +55,12 @@ def check_run_call(strategy: DistributionStrategy, fn: Callable[..., Any], args:
             check_components(strategy, value)
     if strategy.num_local_replicas > 1:
         warn_undistributed(strategy, values)
-    replica = context.current_replica()
-    if replica is not None and not replica[0].is_default:
+    top = context.current_frame()  # the replica context, if any, is the top frame's
+    if top is not None and top.replica_context is not None and not top.strategy.is_default:
         raise RuntimeError(
             "strategy.run was called inside a replica context (inside another run). "
             "HINT: call strategy.run from the training loop, outside strategy.run."
         )
-    top = context.current_frame()
     current = top.strategy if top is not None else strategy
     if current is not strategy and not current.is_default:
         raise RuntimeError(

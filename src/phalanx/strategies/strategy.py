@@ -315,7 +315,8 @@ class Strategy(StrategyInput, TFStrategyMembers):
             TypeError: ``options`` is not a `RunOptions` (TPU-only in TF: accepted, no effect).
         """
         check_run_call(self, fn, args, kwargs)
-        check_run_options(options)  # TF's options steer TPU compilation only: nothing to apply
+        if options is not None:
+            check_run_options(options)  # TF's options steer TPU compilation only: nothing to apply
         self._use_torch_hooks()
         if not self._timeline_asked:
             self._start_timeline_if_asked()
@@ -329,23 +330,26 @@ class Strategy(StrategyInput, TFStrategyMembers):
     def _run_replicas(
         self, fn: Callable[..., Any], args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any] | None
     ) -> Any:
-        kwargs = kwargs or {}
         gbs, offsets = self._batches.take(args, kwargs)
         self._run_count += 1
-        for i, replica_ctx in enumerate(self._replica_contexts):
-            replica_ctx._global_batch_size = gbs
-            replica_ctx._example_offset = offsets[i] if offsets else 0
-            replica_ctx._dropout_calls = 0
-        if self._num_local_replicas == 1:
+        if self._num_local_replicas == 1:  # on the calling thread: no threads, no write guard
+            only = self._replica_contexts[0]
+            only._global_batch_size, only._dropout_calls = gbs, 0
+            only._example_offset = offsets[0] if offsets else 0
             previous = context.push_replica_frame(self._replica_frame, 0)
             try:
-                return fn(*args, **kwargs)
+                return fn(*args, **kwargs) if kwargs else fn(*args)
             finally:
                 context.pop_replica_frame(previous)
                 self.step_sync.reset_thread()
                 # The default strategy's replica context is also the one code outside any run
                 # sees: the step's global batch size must not outlive the step.
-                self._replica_contexts[0]._global_batch_size = None
+                only._global_batch_size = None
+        kwargs = kwargs or {}
+        for i, replica_ctx in enumerate(self._replica_contexts):
+            replica_ctx._global_batch_size = gbs
+            replica_ctx._example_offset = offsets[i] if offsets else 0
+            replica_ctx._dropout_calls = 0
         grad_mode = torch.is_grad_enabled()
         modes = thread_modes()
         # modules hand replicas plain components: their in-place writes outside a step are checked
@@ -468,7 +472,8 @@ class Strategy(StrategyInput, TFStrategyMembers):
         Raises:
             RuntimeError: Called inside `run` (use ``get_replica_context().all_reduce``).
         """
-        return self._reduction.reduce(ReduceOp.coerce(reduce_op), value, axis)
+        op = reduce_op if type(reduce_op) is ReduceOp else ReduceOp.coerce(reduce_op)
+        return self._reduction.reduce(op, value, axis)
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates every replica's value along ``axis``, in global replica order (cross-replica).
