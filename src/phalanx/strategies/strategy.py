@@ -334,22 +334,17 @@ class Strategy(StrategyInput, TFStrategyMembers):
         self._run_count += 1
         if self._num_local_replicas == 1:  # on the calling thread: no threads, no write guard
             only = self._replica_contexts[0]
-            only._global_batch_size, only._dropout_calls = gbs, 0
-            only._example_offset = offsets[0] if offsets else 0
+            only.begin_step(gbs, offsets[0] if offsets else 0)
             previous = context.push_replica_frame(self._replica_frame, 0)
             try:
                 return fn(*args, **kwargs) if kwargs else fn(*args)
             finally:
                 context.pop_replica_frame(previous)
                 self.step_sync.reset_thread()
-                # The default strategy's replica context is also the one code outside any run
-                # sees: the step's global batch size must not outlive the step.
-                only._global_batch_size = None
+                only.end_step()
         kwargs = kwargs or {}
         for i, replica_ctx in enumerate(self._replica_contexts):
-            replica_ctx._global_batch_size = gbs
-            replica_ctx._example_offset = offsets[i] if offsets else 0
-            replica_ctx._dropout_calls = 0
+            replica_ctx.begin_step(gbs, offsets[i] if offsets else 0)
         grad_mode = torch.is_grad_enabled()
         modes = thread_modes()
         # modules hand replicas plain components: their in-place writes outside a step are checked
