@@ -233,6 +233,11 @@ class DistributedVariable(torch.Tensor):
         """Whether modules may hand a replica its plain component (see `_plain_in_replica`)."""
         return False
 
+    @property
+    def aggregation(self) -> VariableAggregation:
+        """How replicas' writes combine, and a sync-on-read read aggregates (tf.Variable's)."""
+        return self._aggregation
+
     def __hash__(self) -> int:
         # Identity hash everywhere: optimizer state built in one context must be found in
         # another (torch.Tensor.__hash__ would dispatch to the resolved component).
@@ -452,6 +457,7 @@ class SyncOnReadVariable(DistributedVariable):
         return self
 
     def _write_aggregate(self, value: torch.Tensor) -> None:
+        self._strategy.variable_policy.forget_read(self)  # an aggregate read before is stale
         sum_like = self._aggregation is VariableAggregation.SUM
         first_worker = self._strategy.worker_rank == 0
         with torch.no_grad():

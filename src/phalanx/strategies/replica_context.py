@@ -35,6 +35,17 @@ class ReplicaContext:
         self._example_offset = 0
         self._dropout_calls = 0
 
+    def begin_step(self, global_batch_size: int | None, example_offset: int) -> None:
+        """Takes the facts of the step `Strategy.run` starts (before the replica's function)."""
+        self._global_batch_size = global_batch_size
+        self._example_offset = example_offset
+        self._dropout_calls = 0
+
+    def end_step(self) -> None:
+        """Forgets the step's global batch size (the default strategy's replica context is
+        also what code outside any `run` sees: the size must not outlive the step)."""
+        self._global_batch_size = None
+
     @property
     def strategy(self) -> DistributionStrategy:
         """The strategy this replica belongs to."""
