@@ -226,8 +226,12 @@ def _replicas(job: Job, workers: int) -> int:
 
 def _job(name: str, cfg: dict, result_path: str) -> None:
     """One job (every worker): trains, saves, and worker 0 writes the largest worker's figures."""
-    import torch.distributed.checkpoint  # noqa: F401  # what the job imports, before the meter:
-    import torch.distributed.fsdp  # noqa: F401  # a user's process has imported it before
+    # what the job imports, before the meter (modules are not a strategy's memory): torch's
+    # checkpointing and FSDP2, phalanx's strategies, and torch._dynamo, which making any torch
+    # optimizer imports (~25 MiB of Python objects, whatever the strategy, one device too)
+    import torch._dynamo  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
 
     import phalanx.experimental  # noqa: F401
     from phalanx.memory import PeakMeter
@@ -351,7 +355,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--meta", action="store_true", help="build the model on the meta device")
-    parser.add_argument("--malloc", nargs="*", default=["default", "tuned"], choices=["default", "tuned"])
+    parser.add_argument("--malloc", nargs="*", default=["default"], choices=["default", "tuned"])
     parser.add_argument("--jobs", nargs="*", default=list(JOBS), choices=list(JOBS))
     parser.add_argument(
         "--cap-mb", type=float, default=0, help="per-worker cap for the largest model (0: skip)"
