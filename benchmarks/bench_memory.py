@@ -271,6 +271,8 @@ def _estimate(name: str, cfg: dict, workers: int) -> Any:
         sample_input=(cfg["width"],),
         per_worker_batch=GLOBAL_BATCH // _replicas(job, workers),
         runtime_bytes=BASE_RUNTIME_BYTES if job.make is None else None,  # raw: gloo, no segment
+        built_whole=not cfg.get("meta", False),
+        release_memory=job.make is not None,  # raw FSDP2: FSDP2 and glibc as they are
     )
 
 
