@@ -81,9 +81,9 @@ REDUCTION_SHARE = 0.6
 SUBGROUP_WORKS_UNITS = 10.7
 # phalanx's same-host transport: an all-reduce's slots hold 4 MiB of float32 each
 # (transports/shm/shared_memory.py: 2 buffer sets x W slots); broadcasts, all-gathers and
-# reduce-scatters share one 4 MiB set between the workers
+# reduce-scatters share one 8 MiB set between the workers
 SHM_SLOT_BYTES = 4 * MiB
-SHM_SET_BYTES = 4 * MiB
+SHM_SET_BYTES = 8 * MiB
 _PARTS = (
     "runtime",
     "parameters",
@@ -413,7 +413,8 @@ def _transport_bytes(strategy: str, workers: int, trained: int, unit: int) -> in
     if strategy == "model_parallel":
         return broadcasts
     bucket = min(trained, 25 * MiB) // 4  # the gradient engine's buckets, float32
-    return 2 * workers * min(SHM_SLOT_BYTES, _power_of_two(max(1024, bucket)) * 4) + broadcasts
+    slot = min(SHM_SLOT_BYTES, _power_of_two(max(1024, bucket)) * 4)
+    return 2 * workers * slot + (broadcasts if part != slot else 0)  # same size: one segment
 
 
 def _power_of_two(n: int, down: bool = False) -> int:

@@ -53,10 +53,10 @@ def test_multi_worker_mirrored_holds_the_whole_state_on_every_worker():
 @pytest.mark.parametrize(
     ("strategy", "workers", "segments_mib"),
     [
-        ("multi_worker_mirrored", 2, 2 * 2 * 4 + 2 * 2),  # all-reduce slots, the chief's broadcast slots
-        ("multi_worker_mirrored", 4, 2 * 4 * 4 + 2 * 1),
-        ("fully_sharded", 2, 8),  # one 4 MiB set of slots per call, 2 sets, whatever the workers
-        ("fully_sharded", 4, 8),
+        ("multi_worker_mirrored", 2, 2 * 2 * 4),  # all-reduce slots; broadcasts: the same 4 MiB ones
+        ("multi_worker_mirrored", 4, 2 * 4 * 4 + 2 * 2),  # and the chief's 2 MiB broadcast slots
+        ("fully_sharded", 2, 16),  # one 8 MiB set of slots per call, 2 sets, whatever the workers
+        ("fully_sharded", 4, 16),
     ],
 )
 def test_the_runtime_counts_the_shared_memory_segments_a_worker_reads(strategy, workers, segments_mib):

@@ -38,11 +38,11 @@ meeting per call (two when two-shot; a worker reads its peers' sums only in call
 Tensors larger than a slot go through in chunks: an all-reduce's slot holds up to
 `CHUNK_ELEMENTS` (its sum is the chunk), a broadcast's, an all-gather's and a
 reduce-scatter's up to `SET_ELEMENTS` / workers, so that their segment (2 sets of every
-worker's slot, all of which every worker maps and reads) stays at 2 x 4 MiB of float32
-whatever the number of workers. FullyShardedStrategy moves every layer through all-gathers
-and reduce-scatters each step: with all-reduce's slots its workers would each map
-2 x W x 4 MiB (32 MiB at 4 workers) for what 8 MiB carries in a few more meetings
-(docs/big_models.md).
+worker's slot, all of which every worker maps and reads) stays at 2 x 8 MiB of float32
+whatever the number of workers (2 workers: all-reduce's 4 MiB slots). FullyShardedStrategy
+moves every layer through all-gathers and reduce-scatters each step: with all-reduce's slots
+its workers would each map 2 x W x 4 MiB (32 MiB at 4 workers) for what 16 MiB carries in
+twice the meetings (docs/big_models.md).
 
 Segments are files in ``/dev/shm`` named after the job, created by every worker with
 ``posix_fallocate`` (a full ``/dev/shm`` is an error, never a SIGBUS), checked to be shared
@@ -100,7 +100,7 @@ __all__ = [
 ]
 
 CHUNK_ELEMENTS = 1 << 20  # all-reduce: 4 MiB of float32 per slot at most (a 16 MiB segment for 2 workers)
-SET_ELEMENTS = 1 << 20  # broadcast, all-gather, reduce-scatter: one set of slots, every worker's together
+SET_ELEMENTS = 1 << 21  # broadcast, all-gather, reduce-scatter: one set of slots, every worker's together
 TWO_SHOT_ELEMENTS = 1 << 18  # from 1 MiB of float32, with 3 or more workers
 TWO_SHOT_ENV = "PHALANX_SHM_TWO_SHOT"
 MIN_CAPACITY = 1 << 10
