@@ -6,11 +6,12 @@ Run (as root; uses tests/multihost/hosts.py):
     python benchmarks/bench_compression.py [--quick] [--rate 1gbit|10gbit] [--compression NAME]
 
 For each link rate (1 and 10 Gbit/s, ``tc ... tbf`` both ways) and each case (none, fp16,
-PowerSGD rank 2, and ``accum4``: each update's 256 examples as 4 micro-batches of 64, the first
+PowerSGD rank 2, and ``accum4``: each update's 16 examples as 4 micro-batches of 4, the first
 three under ``strategy.no_sync()`` / DDP's ``no_sync()``), two hosts (network namespaces on a
 private bridge) run one worker each (gloo; 1 intra-op thread), and in the same processes:
 
-* step time: MLP 784-1024-1024-10 at global batch 256, a phalanx custom loop
+* step time: MLP 784-1024-1024-10 at global batch 16 (7.5 MB of float32 gradients a step
+  for a few ms of forward and backward: link-bound at 1 Gbit/s), a phalanx custom loop
   (experimental_distribute_dataset, strategy.run, compute_average_loss, compressed gradient
   buckets) against DistributedDataParallel on the same per-worker batches with the matching
   hook (none, ``fp16_compress_hook``, ``powerSGD_hook`` at rank 2; DDP then keeps one bucket,
@@ -21,7 +22,7 @@ private bridge) run one worker each (gloo; 1 intra-op thread), and in the same p
 * accuracy after a fixed budget on the digits demo (`phalanx.cli.demo.DigitsCNN`, the same steps
   and batches for phalanx and DDP; test accuracy).
 
-Times and bytes are per update (256 examples) in every case. Nothing is asserted. Prints why
+Times and bytes are per update (16 examples) in every case. Nothing is asserted. Prints why
 and exits 0 where hosts cannot be simulated (not root, no iproute2). Both hosts share this
 machine's cores.
 """
@@ -44,7 +45,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-GLOBAL_BATCH = 256
+GLOBAL_BATCH = 16  # per update: small enough that the MLP is link-bound at 1 Gbit
 DIGITS_BATCH = 64
 RANK, START = 2, 2  # PowerSGD rank and start iteration, for phalanx and DDP alike
 COMPRESSIONS = ("none", "fp16", "powersgd", "accum4")
@@ -284,7 +285,8 @@ def main() -> int:
         print(f"skipped: {reason}")
         return 0
     print(
-        f"{os.cpu_count()} CPU cores shared by both simulated hosts; MLP 784-1024-1024-10 batch 256",
+        f"{os.cpu_count()} CPU cores shared by both simulated hosts; "
+        f"MLP 784-1024-1024-10 global batch {GLOBAL_BATCH}",
         flush=True,
     )
     for rate in ("1gbit", "10gbit"):

@@ -19,6 +19,10 @@ Every strategy but the default one is tracked by a weak reference from the momen
 
 This module is the bottom layer's: it imports `phalanx.context` only, never
 ``phalanx.strategies`` or ``phalanx.nn``.
+
+It is also the one place that reads or sets torch state with no public spelling (at the end):
+a tensor's version counter, an optimizer's own step hooks, a gloo group's options. A torch
+release that renames one breaks one function here.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.modules.module import (
     register_module_buffer_registration_hook,
     register_module_forward_hook,
@@ -36,6 +42,7 @@ from torch.nn.modules.module import (
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
+from torch.optim import optimizer as torch_optimizer
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -49,11 +56,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_module_forward_hooks",
+    "gloo_options",
     "install",
     "installed",
+    "optimizer_step_hooks",
     "remove",
     "remove_torch_hooks",
     "replace_methods",
+    "tensor_version",
     "track",
 ]
 
@@ -235,3 +245,46 @@ def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
         guard = context.write_guard()
         if guard is not None:
             guard.snapshot()  # the step wrote the components: its writes are the allowed ones
+
+
+# ---------------------------------------------------------------------- torch state without a public spelling
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """``tensor``'s version counter: autograd's count of in-place writes to it or to a view
+    of it (torch registers it, it has no public reader). Called by
+    `phalanx.ps.coordinator.local_copies.LocalCopies` to see what the chief wrote."""
+    return int(tensor._version)
+
+
+def optimizer_step_hooks(
+    optimizer: torch.optim.Optimizer,
+) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]]]:
+    """The hooks ``optimizer.step()`` runs now: before the step (the global ones, then the
+    optimizer's own) and after it (its own, then the global ones), in torch's order.
+
+    torch registers an optimizer's own hooks publicly (``register_step_pre_hook``) but has no
+    reader. Called by `phalanx.ps.variable_store.sparse_adagrad.step_hooks` and
+    `phalanx.ps.variable_store.optimizer.StoreOptimizer`.
+    """
+    before = [
+        *torch_optimizer._global_optimizer_pre_hooks.values(),
+        *optimizer._optimizer_step_pre_hooks.values(),
+    ]
+    after = [
+        *optimizer._optimizer_step_post_hooks.values(),
+        *torch_optimizer._global_optimizer_post_hooks.values(),
+    ]
+    return before, after
+
+
+def gloo_options(devices: list[Any], threads: int, timeout: timedelta) -> Any:
+    """The options of a ``ProcessGroupGloo`` with these ``devices`` (its connections),
+    ``threads`` and ``timeout``: torch's constructor takes them, through a class and
+    attributes it only names privately. Called by
+    `phalanx.communication.transports.gloo.groups.make_gloo_group`."""
+    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch has no stubs for it
+    options._devices = devices
+    options._threads = threads
+    options._timeout = timeout
+    return options

@@ -157,12 +157,27 @@ class Client:
     ``client.multiply(a, b)`` returns the result or raises.
     """
 
-    def __init__(self, address: str, name: str, timeout_in_ms: int) -> None:
+    def __init__(self, address: str, name: str = "", timeout_in_ms: int = 0) -> None:
+        """Connects to the server at ``address`` and learns its methods; see `create`, TF's
+        spelling (which also checks the rpc layer).
+
+        Raises:
+            ValueError: ``PHALANX_CLUSTER_TOKEN`` is unset.
+            TaskUnavailableError: No server answered in time.
+        """
         self._timeout = timeout_in_ms / 1000 if timeout_in_ms > 0 else DEFAULT_TIMEOUT_SECONDS
         self._rpc = RpcClient(
             address, cluster_token(), name=name or f"rpc server ({address})", timeout=self._timeout
         )
-        self._methods: list[str] = []
+        try:
+            header, _ = self._rpc.call(_LIST, wait_for_ready=True)
+        except BaseException:
+            self._rpc.close()
+            raise
+        self._methods: list[str] = list(header["methods"])
+        for method in self._methods:
+            if method.isidentifier() and not hasattr(self, method):
+                setattr(self, method, self._bound(method))
 
     @staticmethod
     def create(rpc_layer: str, address: str, name: str = "", timeout_in_ms: int = 0) -> Client:
@@ -174,13 +189,7 @@ class Client:
             TaskUnavailableError: No server answered in time.
         """
         _check_layer(rpc_layer)
-        client = Client(address, name, timeout_in_ms)
-        header, _ = client._rpc.call(_LIST, wait_for_ready=True)
-        client._methods = list(header["methods"])
-        for method in client._methods:
-            if method.isidentifier() and not hasattr(client, method):
-                setattr(client, method, client._bound(method))
-        return client
+        return Client(address, name, timeout_in_ms)
 
     def _bound(self, method: str) -> Callable[..., Any]:
         def call(*args: torch.Tensor) -> Any:

@@ -46,18 +46,14 @@ def test_user_collectives_ddp_dcp_and_fsdp2_run_on_the_jobs_group(tmp_path, tran
         assert result["all_gather_object"] == [{"rank": 0}, {"rank": 1}]
         assert result["future"] == [2.0, 2.0, 2.0]
         assert result["dcp"] == [3.0] * 4  # a replicated tensor: the chief's copy is saved
+        if rank == 0:
+            assert result["new_group_some"] == 7.0  # a group of some workers, on every transport
         if transport == "tls":  # every one of the user's collectives went around the TLS ring
             assert "worker 0 sends 1 elements to worker 0, which expects 2" in result["all_to_all_error"]
-            if rank == 0:
-                assert "must hold every worker" in result["new_group_error"]
-                assert "new_group(...) of 1 of the 2 workers" in result["new_group_error"]
             assert result["ring_carried"] >= 10, result
-            assert (
-                "cannot carry send over its TLS ring" in result["p2p"] or "cannot carry recv" in result["p2p"]
-            )
         else:
             assert result["ring_carried"] == 0
-            assert result["p2p"] == ["sent", [5.0]][rank]
+        assert result["p2p"] == ["sent", [5.0]][rank]  # under TLS over the point-to-point TLS links
     assert results[0]["ddp_grad"] == pytest.approx(results[1]["ddp_grad"])
     assert results[0]["fsdp2"] == pytest.approx(results[1]["fsdp2"])  # one model, sharded
     assert len(results[0]["fsdp2"]) == 4

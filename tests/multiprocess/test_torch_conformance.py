@@ -51,25 +51,25 @@ SELECTION = [
     "test_all_gather_full_group",
     "test_all_to_all_single_unequal_split",
     "test_send_recv",
+    "test_send_recv_with_tag",
+    "test_send_recv_any_source",
+    "test_isend",
+    "test_irecv",
     "test_batch_isend_irecv_gloo",
+    "test_batch_isend_irecv_gloo_tags",
+    "test_all_reduce_full_group_sum",
+    "test_broadcast_full_group",
 ]
 # Differences by design, on every transport: (the test, why it cannot pass on phalanx).
 BY_DESIGN = {
     "test_get_backend": "asserts dist.get_backend() == 'gloo'; the job's group is named 'phalanx'",
 }
-# Under TLS a group of every worker shares the job's ring (docs/c10d_backend.md): a barrier
-# only worker 0 makes on it meets worker 1's next barrier on the job's group, so it cannot
-# time out as the test expects.
-TLS_BY_DESIGN = {"test_barrier_timeout_full_group": "a full group shares the job's ring"}
 # Refused on every transport: torch's monitored_barrier takes a group named gloo only.
 REFUSALS = ("monitored_barrier is only implemented for GLOO backend",)
-# Refused under TLS, with an error that says what to use; a C++ path that asks for the
-# group's device backend finds none rather than plaintext gloo (docs/c10d_backend.md).
-TLS_REFUSALS = (
-    "over its TLS ring",
-    "must hold every worker",
-    "No backend type associated with device type cpu",
-)
+# Refused under TLS: a C++ path that asks for the group's device backend finds none rather
+# than plaintext gloo (docs/c10d_backend.md). Point-to-point, subgroups and all-to-all are
+# carried (over TLS links, rings of their own and the ring's all-gathers).
+TLS_REFUSALS = ("No backend type associated with device type cpu",)
 # Tests that leave the group unusable on purpose (a collective only one worker makes, a
 # destroyed default group): each runs in a cluster of its own in the full tier.
 ALONE = ("timeout", "monitored_barrier", "has_finalized", "destroy", "create_graph")
@@ -110,7 +110,7 @@ def _unexplained(transport: str, outcomes: dict[str, str], names: list[str]) -> 
         outcome = outcomes[name]
         if outcome == "passed" or name in BY_DESIGN or any(text in outcome for text in REFUSALS):
             continue
-        if transport == "tls" and (name in TLS_BY_DESIGN or any(t in outcome for t in TLS_REFUSALS)):
+        if transport == "tls" and any(t in outcome for t in TLS_REFUSALS):
             continue
         wrong[name] = outcome
     return wrong
@@ -123,10 +123,7 @@ def test_a_selection_of_torchs_distributed_tests_passes_on_the_phalanx_backend(t
     assert outcomes["test_all_gather_coalesced_simple"] == "passed"  # torch's [rank][i] layout
     assert outcomes["test_sparse_all_reduce_sum"] == "passed"
     assert outcomes["test_ddp_create_graph"] == "passed"  # crashed both workers on shared memory
-    if transport == "tls":  # refused, each with the alternative, not carried in plaintext
-        assert "HINT" in outcomes["test_send_recv"], outcomes["test_send_recv"]
-    else:
-        assert all(o == "passed" for o in outcomes.values()), outcomes
+    assert all(o == "passed" for o in outcomes.values()), outcomes  # point-to-point under TLS too
 
 
 @pytest.mark.skipif(not FULL, reason="the full list: PHALANX_TORCH_CONFORMANCE=full (docs/testing.md)")

@@ -19,6 +19,7 @@ from phalanx.communication.group.work import PeerGoneError
 from phalanx.communication.transports.choice import collectives_mode, ring_if_needed
 from phalanx.communication.transports.tls import links as tls_links
 from phalanx.communication.transports.tls import ring as tls_ring
+from phalanx.communication.transports.tls.endpoint import TlsEndpoint
 from phalanx.communication.transports.tls.links import RingLinks
 from phalanx.communication.transports.tls.ring import TlsRing
 from phalanx.security.certificates import task_certificate
@@ -52,7 +53,7 @@ class _Redirecting:
 
 def _ring(store, rank, world, failure, timeout):
     """Worker ``rank``'s ring on 127.0.0.1 with the cluster's token (blocks until connected)."""
-    links = RingLinks(store, rank, world, "127.0.0.1", ("127.0.0.1", 1), TOKEN, _name)
+    links = RingLinks(store, rank, world, TlsEndpoint("127.0.0.1", ("127.0.0.1", 1), TOKEN), _name)
     return TlsRing(links, failure, timeout)
 
 
@@ -234,7 +235,9 @@ def test_an_impostor_at_the_next_workers_address_fails_the_handshake_and_gets_no
     rings = _rings(2, redirect=lambda: port, timeout=5.0)
     try:
         assert isinstance(rings[0], PeerGoneError)
-        assert str(rings[0]).startswith("worker:1 (127.0.0.1:2221) failed the TLS handshake of the ring (")
+        assert str(rings[0]).startswith(
+            "worker:1 (127.0.0.1:2221) failed the TLS handshake of the TLS ring ("
+        )
         assert "does not hold this cluster's token or certificate" in str(rings[0])
         time.sleep(0.2)
         assert received == bytearray()  # not even the hello: nothing was sent to it
@@ -373,6 +376,7 @@ class _RingEngine:
     """The part of `WorkerGroup` a phalanx process group runs on: here a bare TLS ring."""
 
     uses_tls = True
+    point_to_point = None  # a bare ring: no point-to-point links beside it
 
     def __init__(self, ring):
         self.rank, self.world_size, self._ring = ring.rank, ring.world_size, ring
@@ -439,11 +443,11 @@ def test_a_users_own_collectives_on_the_phalanx_group_travel_encrypted():
         assert torch.equal(sent[1], torch.full((1024,), 3 * MARKER))
         for value in (MARKER, 2 * MARKER, 3 * MARKER):
             assert torch.tensor([value]).numpy().tobytes() not in relay.seen
-        # no plaintext gloo behind it: torch's C++ paths find no CPU backend, point-to-point
-        # (which only gloo could carry) is refused saying why
+        # no plaintext gloo behind it: torch's C++ paths find no CPU backend, and point-to-point
+        # without the job's TLS links (tests/security/test_point_to_point_links.py) is refused
         with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
             groups[0]._get_backend(torch.device("cpu"))
-        with pytest.raises(RuntimeError, match="cannot carry send over its TLS ring"):
+        with pytest.raises(RuntimeError, match="cannot carry send without the job's point-to-point"):
             groups[0].send([torch.zeros(1)], 1, 0)
     finally:
         _close(rings)

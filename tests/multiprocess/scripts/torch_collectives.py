@@ -54,16 +54,14 @@ if group.uses_tls:  # carried by the ring's all-gathers: splits that disagree fa
         dist.all_to_all_single(torch.empty(3), torch.zeros(2), [2, 1], [1, 1])
     except ValueError as exc:
         result["all_to_all_error"] = str(exc)
-everyone = dist.new_group()  # every worker: its own engine, or under TLS the job's ring
+everyone = dist.new_group()  # every worker: its own engine (under TLS a ring of its own)
 summed = torch.tensor([rank + 1.0])
 dist.all_reduce(summed, group=everyone)
 result["new_group_all_reduce"] = summed.item()
-if group.uses_tls:
-    try:  # some workers: refused (only the members build a group with local synchronisation)
-        if rank == 0:
-            dist.new_group([0], use_local_synchronization=True)
-    except RuntimeError as exc:
-        result["new_group_error"] = str(exc)
+if rank == 0:  # some workers (only the members build a group with local synchronisation)
+    alone = torch.tensor([7.0])
+    dist.all_reduce(alone, group=dist.new_group([0], use_local_synchronization=True))
+    result["new_group_some"] = alone.item()
 sparse = torch.sparse_coo_tensor([[rank, 2]], [1.0, 10.0 * (rank + 1)], (3,))  # entries differ per worker
 dist.all_reduce(sparse)
 result["sparse_all_reduce"] = sparse.to_dense().tolist()
@@ -87,7 +85,7 @@ work = dist.all_reduce(torch.ones(3), async_op=True)
 result["future"] = work.get_future().wait()[0].tolist()
 dist.barrier()
 result["ring_carried"] = (ring._count - carried_before) if ring is not None else 0
-try:  # point-to-point: the gloo group underneath, refused under TLS
+try:  # point-to-point: the gloo group underneath, under TLS the job's point-to-point TLS links
     if rank == 0:
         dist.send(torch.tensor([5.0]), dst=1)
         result["p2p"] = "sent"

@@ -11,16 +11,18 @@ import torch
 import torch.distributed as dist
 
 from phalanx.communication.checks.call_sites import call_site
-from phalanx.communication.group import process_group
+from phalanx.communication.checks.health import PeerUnavailableError
+from phalanx.communication.group import process_group, transports
 from phalanx.communication.group.process_group import PhalanxProcessGroup, _create
 from phalanx.communication.group.subgroups import SubgroupEngine
-from phalanx.communication.group.work import QueuedWork
+from phalanx.communication.group.work import PeerGoneError, QueuedWork
 
 
 class _OneWorker:
     """An engine of one worker: every collective is finished when issued (its result is its input)."""
 
     rank, world_size = 0, 1
+    point_to_point = None  # send and recv: the gloo group underneath
 
     def __init__(self, uses_tls=False):
         self.uses_tls = uses_tls
@@ -124,8 +126,8 @@ def test_a_tensor_off_the_cpu_is_refused_saying_what_to_do():
         group.allreduce([torch.empty(2, device="meta")])
 
 
-def test_under_tls_what_only_gloo_could_carry_is_refused():
-    group, _ = _group(uses_tls=True)
+def test_under_tls_an_engine_without_point_to_point_links_refuses_send_and_recv():
+    group, _ = _group(uses_tls=True)  # the job's engine under TLS has links (below)
     for call in (
         lambda: group.send([torch.zeros(1)], 0, 0),
         lambda: group.recv([torch.zeros(1)], 0, 0),
@@ -222,19 +224,8 @@ class _Opts:
         )
 
 
-def test_a_subgroup_is_plain_gloo_without_a_job_and_under_tls_rides_the_ring_with_every_worker(
-    monkeypatch,
-):
+def test_a_subgroup_is_plain_gloo_without_a_job_of_phalanxs(monkeypatch):
     assert isinstance(_create(_Opts(), None), dist.ProcessGroupGloo)  # no phalanx default group
-    tls_group, engine = _group(uses_tls=True)
-    monkeypatch.setattr(process_group, "_default_group", lambda: tls_group)
-    everyone = _create(_Opts(), None)  # every worker (1 of 1): the job's engine, its own deadline
-    everyone.allreduce([torch.ones(1)]).wait()
-    assert engine.issued == ["all_reduce"]
-    pair = _pair()
-    monkeypatch.setattr(process_group, "_default_group", lambda: pair)
-    with pytest.raises(RuntimeError, match=r"must hold every worker.*new_group\(...\) of 1 of the 2 workers"):
-        _create(_Opts(), None)
 
 
 class _Job(_OneWorker):
@@ -244,9 +235,12 @@ class _Job(_OneWorker):
         super().__init__()
         self.waited, self.checks = [], []
 
-    def subgroup(self, gloo, store, rank, size, global_ranks):
+    def subgroup(self, gloo, store, rank, size, global_ranks, timeout=None, group_name=""):
         names = [f"worker:{r}" for r in (global_ranks or range(size))]
-        engine = SubgroupEngine(gloo, store, rank, size, names, True, lambda w: w, self.usable, self.wait)
+        self.made = (list(global_ranks), timeout, group_name)
+        engine = SubgroupEngine(
+            gloo, store, rank, size, names, True, lambda w: w, self.usable, self.wait, timeout=timeout
+        )
         self.checks.append(engine.check)
         return engine
 
@@ -254,7 +248,7 @@ class _Job(_OneWorker):
         self.issued.append(f"usable {what}")
 
     def wait(self, work, what, timeout=None):
-        self.waited.append(what)
+        self.waited.append((what, timeout))
         work.wait()
 
 
@@ -263,18 +257,20 @@ def test_a_subgroup_of_the_job_gets_a_signed_engine_of_its_own(monkeypatch):
     default = PhalanxProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10), job)
     monkeypatch.setattr(process_group, "_default_group", lambda: default)
     options = _Opts()
-    options.global_ranks_in_group = [0]
+    options.global_ranks_in_group, options.group_id = [0], "5"
     sub = _create(options, None)
     assert isinstance(sub, PhalanxProcessGroup)
-    engine = sub._engine
+    engine = sub.engine
     assert isinstance(engine, SubgroupEngine)
+    assert job.made == ([0], 5.0, "5")  # its members, its own deadline, torch's name of it
+    assert not engine.uses_tls  # the job has no TLS transport: its gloo carries it
     assert engine._gloo.group is sub.gloo  # one gloo group under it, carrying the signed calls
     value = torch.tensor([1.0, 2.0])
     sub.allreduce([value]).wait()
     sub.broadcast([value], dist.BroadcastOptions()).wait()
     assert value.tolist() == [1.0, 2.0]
     assert job.issued == ["usable all_reduce", "usable broadcast"]  # the job's failure state
-    assert job.waited == ["all_reduce", "broadcast"]  # the job's watched wait
+    assert job.waited == [("all_reduce", None), ("broadcast", None)]  # the job's wait (gloo's timeout: 5 s)
     signed = engine.check.sign("all_reduce(SUM)", value, "all_reduce")
     assert signed.seq == 3  # its own numbering: the job's check saw none of them
     assert job.checks == [engine.check]  # its reports fail the job's group
@@ -307,3 +303,121 @@ def test_a_users_all_reduce_is_named_by_torchs_entry_point_not_its_logging_decor
     group = PhalanxProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=10), engine)
     dist.all_reduce(torch.ones(2), group=group)  # through torch's _exception_logger decorator
     assert engine.issued[0].startswith("all_reduce at test_process_group.py:"), engine.issued
+
+
+class _Loopback:
+    """A group's point-to-point channel whose messages come back to this worker, as if sent
+    by rank 1 (what `PeerChannel` gives the group under TLS)."""
+
+    def __init__(self, name, members):
+        self.name, self.members, self.sent = name, members, []
+
+    def send_async(self, tensor, dst, tag):
+        self.sent.append((tensor.clone(), dst, tag))
+        work = QueuedWork("send")
+        work.finish()
+        return work
+
+    def recv_async(self, tensor, src, tag):
+        assert tensor.is_contiguous()
+        message, _, _ = next(m for m in self.sent if m[2] == tag)
+        tensor.copy_(message.view_as(tensor))
+        work = QueuedWork("recv")
+        work.finish()
+        return work, lambda: 1
+
+    def describe(self, doing, peer, tag):
+        return f"{doing} rank {peer} with tag {tag}"
+
+
+class _Linked(_OneWorker):
+    """An engine with point-to-point links of its own (the job's under TLS)."""
+
+    def __init__(self):
+        super().__init__(uses_tls=True)
+        self.waited, self.channels = [], []
+        self.point_to_point = self
+
+    def channel(self, name, members):
+        self.channels.append(_Loopback(name, members))
+        return self.channels[-1]
+
+    def wait(self, work, what, timeout=None):
+        self.waited.append(what)
+        work.wait()
+
+
+def test_under_tls_send_and_recv_go_over_the_engines_links_on_the_groups_channel():
+    engine = _Linked()
+    options = _Opts()
+    options.group_id, options.global_ranks_in_group = "3", []
+    group = _create(options, engine)
+    (channel,) = engine.channels
+    assert (channel.name, channel.members) == ("3", [0])  # torch's name of the group, its ranks
+    group.send([torch.tensor([[1.0, 2.0], [3.0, 4.0]])], 1, 6).wait()
+    into = torch.zeros(2, 2).t()  # not contiguous: received into a copy, then copied back
+    work = group.recv_anysource([into], 6)
+    work.wait()
+    assert into.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    assert work._source_rank() == 1  # what dist.recv(src=None) reads
+    assert engine.waited == ["send to rank 1 with tag 6", "recv from rank None with tag 6"]
+    with pytest.raises(ValueError, match="is not a receive"):
+        group.send([torch.zeros(1)], 1, 0)._source_rank()
+    with pytest.raises(ValueError, match="send takes exactly one tensor. Received: 2 tensors"):
+        group.send([torch.zeros(1), torch.zeros(1)], 1, 0)
+    with pytest.raises(ValueError, match="carries CPU tensors"):
+        group.recv([torch.empty(1, device="meta")], 1, 0)
+
+
+class _RingLike:
+    """A transport that opens a ring per subgroup (as the TLS transport does), or fails to."""
+
+    name = "tls"
+
+    def __init__(self, error=None):
+        self.error, self.opened = error, []
+
+    def subgroup(self, store, rank, size, task_name, group_name, mismatch):
+        if self.error is not None:
+            raise self.error
+        self.opened.append((rank, size, task_name(0), group_name, mismatch))
+        return self
+
+    def all_reduce_async(self, tensor, op, signed):
+        work = QueuedWork("ring all_reduce")
+        work.finish()
+        return work
+
+
+def test_a_subgroup_of_a_tls_job_opens_a_ring_of_its_members_and_keeps_its_own_deadline():
+    ring, waited = _RingLike(), []
+    engine = SubgroupEngine(
+        object(),
+        dist.HashStore(),
+        0,
+        2,
+        ["worker:0", "worker:2"],
+        True,
+        lambda w: w,
+        lambda what: None,
+        lambda work, what, timeout: waited.append((what, timeout)),
+        transport=lambda mismatch: transports.subgroup_transport(
+            ring, dist.HashStore(), 0, 2, ["worker:0", "worker:2"].__getitem__, "4", mismatch
+        ),
+        timeout=3.0,
+    )
+    assert engine.uses_tls
+    assert ring.opened == [(0, 2, "worker:0", "4", engine.check.mismatch)]  # its own numbering
+    engine.all_reduce(torch.ones(2))
+    assert waited == [("all_reduce on a group with a timeout of 3s", 3.0)]  # the ring has none of its own
+    assert transports.subgroup_transport(None, None, 0, 2, str, "4", None) is None  # gloo carries it
+
+
+def test_a_member_that_does_not_join_a_subgroups_ring_is_named():
+    failing = _RingLike(
+        PeerGoneError("worker:2 (h:2) did not open its TLS connection to this worker within 5s")
+    )
+    with pytest.raises(
+        PeerUnavailableError, match=r"new_group could not connect worker:0 .*worker:2 \(h:2\) did not"
+    ):
+        transports.subgroup_transport(failing, None, 0, 2, ["worker:0", "worker:2"].__getitem__, "4", None)

@@ -93,8 +93,9 @@ def test_an_optimizer_is_adopted_and_its_state_must_belong_to_variables_of_the_s
     with strategy.scope():
         layer = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    assert not chief.optimizers.adopted(optimizer)
     chief.pickle_closure(Closure(lambda: optimizer, (), {}))
-    assert optimizer._phalanx_ps_adopted
+    assert chief.optimizers.adopted(optimizer)
     outside = torch.nn.Parameter(torch.ones(3))
     stranger = torch.optim.SGD([outside], lr=0.1, momentum=0.9)
     stranger.state[outside] = {"momentum_buffer": torch.zeros(3)}  # state to move: a loaded checkpoint

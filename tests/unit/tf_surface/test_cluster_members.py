@@ -19,6 +19,7 @@ from phalanx.cluster.resolvers import (
     SlurmClusterResolver,
     UnionResolver,
 )
+from phalanx.ps.rpc.errors import TaskUnavailableError
 from phalanx.security.token import TOKEN_ENV
 
 TOKEN = "test-secret-0123456789"
@@ -205,3 +206,10 @@ def test_rpc_errors_before_any_call(monkeypatch):
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     with pytest.raises(ValueError, match=TOKEN_ENV):
         rpc.Client.create("grpc", "127.0.0.1:1")
+
+
+def test_rpc_client_names_the_server_that_does_not_answer(monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    address = f"127.0.0.1:{free_ports(1)[0]}"  # nothing serves it
+    with pytest.raises(TaskUnavailableError, match=rf"rpc server \({address}\) did not answer"):
+        rpc.Client.create("grpc", address, timeout_in_ms=500)

@@ -56,7 +56,18 @@ class Compressor(Protocol):
     """Compresses bucket all-reduces; holds whatever state that needs (error feedback).
 
     One per gradient engine: an elastic re-form makes a new engine, so a new compressor.
+
+    Attributes:
+        predictable: Each bucket goes as one all-reduce at its ``start``, of the bucket's size
+            in `wire_dtype`: the engine can announce a pass's all-reduces before the first
+            (the gloo transport then checks them all with one message). False: a pass's
+            all-reduces are not known ahead; each is checked on its own.
     """
+
+    predictable: bool
+
+    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a compressed bucket of ``dtype`` goes in (`predictable` compressors)."""
 
     def applies(self, dtype: torch.dtype) -> bool:
         """Whether buckets of ``dtype`` are compressed (else they go as they are)."""
@@ -127,6 +138,18 @@ class CompressedAllReduce:
         if self.compressor is None or not compressible or not self.compressor.applies(flat.dtype):
             return PlainAllReduce(self._counted(flat))
         return self.compressor.start(key, flat, views, self._counted)
+
+    def plan(self, buckets: Sequence[tuple[int, torch.dtype, bool]]) -> list[tuple[int, torch.dtype]]:
+        """The all-reduces (element count, dtype) of a pass whose buckets are ``buckets``
+        ((size, dtype, compressible) in launch order), for the engine's announcement; only
+        without a compressor or with a `Compressor.predictable` one."""
+        compressor = self.compressor
+        if compressor is None:
+            return [(n, d) for n, d, _ in buckets]
+        assert compressor.predictable, "only a predictable compressor's passes are announced"
+        return [
+            (n, compressor.wire_dtype(d) if can and compressor.applies(d) else d) for n, d, can in buckets
+        ]
 
     def reset(self) -> None:
         """Forgets the compressor's state (error feedback, warm starts)."""

@@ -34,12 +34,17 @@ class HalfPrecision:
         workers: How many workers sum (float16 divides by it before the cast).
     """
 
+    predictable = True  # one all-reduce per bucket, in ``wire``: a pass can be announced
+
     def __init__(self, wire: torch.dtype, workers: int) -> None:
         self.wire = wire
         self._scale = float(workers) if wire == torch.float16 else 1.0
 
     def applies(self, dtype: torch.dtype) -> bool:
         return dtype in _WIDE
+
+    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return self.wire
 
     def begin_round(self) -> None:
         pass

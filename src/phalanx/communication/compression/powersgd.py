@@ -10,11 +10,17 @@ For each gradient matrix ``M`` of a bucket (a parameter of two or more dimension
 4. the bucket gets ``P Q^T``: the rank-``r`` approximation of the *sum* of the workers' ``M``
    (the engine sums; it does not average), and ``e = M - P Q^T / n`` is kept for next round.
 
-The first all-reduce carries, beside the ``P``s, the bucket's tensors that are not worth
+The ``P`` all-reduce carries, beside the ``P``s, the bucket's tensors that are not worth
 compressing (vectors, and matrices where ``r (rows + cols) * min_compression_rate`` is not
 below ``rows * cols``) uncompressed, as torch's hook does in a separate one. Error feedback is
 kept for the compressed matrices only: the others' sums are exact. The first
 ``start_iteration`` rounds are plain all-reduces (torch's ``start_powerSGD_iter``).
+
+Each bucket's ``P``s are computed when autograd completes it (during the backward pass), but
+the all-reduces go once per pass for all buckets: one of every ``P`` (and rest), then one of
+every ``Q``, at the end of the pass. The messages are small, so what they cost is round trips
+and the collective check's per-message gate, not bytes: two per pass beat two per bucket
+(torch's hook sends two per DDP bucket).
 
 torch's ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook`` is the reference (DDP
 averages where this sums; it keeps error feedback for the whole bucket; it orthogonalises by
@@ -105,21 +111,29 @@ class PowerSGDCompressor:
         workers: How many workers sum (the error is this worker's part of the residual).
     """
 
+    predictable = False  # a pass's all-reduces depend on which matrices compress: not announced
+
     def __init__(self, config: PowerSGD, workers: int) -> None:
         self.config, self._workers = config, workers
         self.rounds = 0
         self._memory: dict[Hashable, _Memory] = {}
         self._generator = torch.Generator().manual_seed(config.seed)
+        self._open: dict[torch.dtype, _Batch] = {}  # this pass's batch per dtype, until it runs
 
     def applies(self, dtype: torch.dtype) -> bool:
         return dtype in _WIDE
 
+    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype  # its all-reduces are not announced (`predictable` is False)
+
     def begin_round(self) -> None:
         self.rounds += 1
+        self._open = {}
 
     def reset(self) -> None:
         """Forgets error feedback and warm starts (all workers at the same point)."""
         self._memory = {}
+        self._open = {}
         self._generator = torch.Generator().manual_seed(self.config.seed)
 
     def memory(self, key: Hashable) -> _Memory | None:
@@ -140,14 +154,13 @@ class PowerSGDCompressor:
         if self.rounds <= self.config.start_iteration or not matrices:
             return PlainAllReduce(launch(flat))
         memory = self._memory.setdefault(key, _Memory())
-        rest = [v for j, v in enumerate(views) if j not in matrices]
-        locals_: dict[int, torch.Tensor] = {}
-        ps: list[torch.Tensor] = []
+        member = _Member(memory, matrices, [v for j, v in enumerate(views) if j not in matrices])
         for j, m in matrices.items():
-            if self.config.error_feedback:
-                if j in memory.errors:
-                    m.add_(memory.errors[j])
-                locals_[j] = m.clone()  # (rows, cols): this worker's M with its error
+            if self.config.error_feedback:  # (rows, cols): this worker's M with its error, apart
+                error = memory.errors.get(j)
+                m = member.inputs[j] = m + error if error is not None else m.clone()
+            else:
+                member.inputs[j] = m
             q = memory.qs.get(j) if self.config.warm_start else None
             if q is None:
                 r = min(self.config.rank, *m.shape)
@@ -155,51 +168,79 @@ class PowerSGDCompressor:
                     m.device, m.dtype
                 )
             memory.qs[j] = q  # (cols, r)
-            ps.append(m @ q)  # (rows, r)
-        first = torch.cat([*(v.reshape(-1) for v in rest), *(p.reshape(-1) for p in ps)])
-        return _LowRank(self, memory, matrices, rest, ps, locals_, first, launch)
+            member.ps.append(m @ q)  # (rows, r)
+        batch = self._open.get(flat.dtype)
+        if batch is None or batch.done:
+            batch = self._open[flat.dtype] = _Batch(self._workers, launch, self.config.error_feedback)
+        batch.members.append(member)
+        return _InBatch(batch)
 
 
-class _LowRank:
-    """One bucket's two all-reduces: the ``P``s (with the uncompressed rest), then the ``Q``s."""
+@dataclass
+class _Member:
+    """One bucket's part of a pass's batch: its matrices (where the sums go), the rest, its
+    ``P``s and what they were computed from."""
 
-    def __init__(
-        self,
-        owner: PowerSGDCompressor,
-        memory: _Memory,
-        matrices: dict[int, torch.Tensor],
-        rest: list[torch.Tensor],
-        ps: list[torch.Tensor],
-        locals_: dict[int, torch.Tensor],
-        first: torch.Tensor,
-        launch: Launch,
-    ) -> None:
-        self._owner, self._memory, self._matrices = owner, memory, matrices
-        self._rest, self._locals, self._first, self._launch = rest, locals_, first, launch
-        self._ps = ps
-        self._work = launch(first)  # (sum(rest numel) + sum(rows * r),)
+    memory: _Memory
+    matrices: dict[int, torch.Tensor]
+    rest: list[torch.Tensor]
+    ps: list[torch.Tensor] = field(default_factory=list)
+    inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # M + e (M without error feedback)
 
-    def finish(self, wait: Wait) -> None:
-        wait(self._work, WHAT)
+
+class _Batch:
+    """A pass's compressed buckets of one dtype: two all-reduces for all of them, the ``P``s
+    (with the uncompressed rest), then the ``Q``s. Started by the first bucket's ``finish``, at
+    the end of the backward pass (all workers, same point): PowerSGD's messages are small, so
+    what they cost is round trips, not bytes, and two per pass beat two per bucket."""
+
+    def __init__(self, workers: int, launch: Launch, error_feedback: bool) -> None:
+        self._workers, self._launch, self._error_feedback = workers, launch, error_feedback
+        self.members: list[_Member] = []
+        self.done = False
+
+    def run(self, wait: Wait) -> None:
+        if self.done:
+            return
+        self.done = True
+        members = self.members
+        first = torch.cat([t.reshape(-1) for m in members for t in (*m.rest, *m.ps)])
+        wait(self._launch(first), WHAT)  # (sum of rest numel + sum of rows * r,)
         at = 0
-        for v in self._rest:  # exact sums
-            v.copy_(self._first[at : at + v.numel()].view_as(v))
-            at += v.numel()
-        ps, qs = [], []
-        for m, p in zip(self._matrices.values(), self._ps, strict=True):
-            p = self._first[at : at + p.numel()].view_as(p)  # the summed P
-            at += p.numel()
-            p = torch.linalg.qr(p, mode="reduced").Q  # (rows, r), orthonormal columns
-            ps.append(p)
-            qs.append(m.t() @ p)  # (cols, r): this worker's M^T P
+        ps: list[list[torch.Tensor]] = []
+        qs: list[torch.Tensor] = []
+        for member in members:
+            for v in member.rest:  # exact sums
+                v.copy_(first[at : at + v.numel()].view_as(v))
+                at += v.numel()
+            mine = []
+            for m, p in zip(member.inputs.values(), member.ps, strict=True):
+                p = first[at : at + p.numel()].view_as(p)  # the summed P
+                at += p.numel()
+                p = torch.linalg.qr(p, mode="reduced").Q  # (rows, r), orthonormal columns
+                mine.append(p)
+                # (cols, r): this worker's M^T P, as (P^T M)^T: CPU kernels take a transposed
+                # left operand ~30x slower for a thin right one
+                qs.append((p.t() @ m).t())
+            ps.append(mine)
         second = torch.cat([q.reshape(-1) for q in qs])
         wait(self._launch(second), WHAT)
         at = 0
-        workers = self._owner._workers
-        for (j, m), p, q in zip(self._matrices.items(), ps, qs, strict=True):
-            q = second[at : at + q.numel()].view_as(q)  # the summed Q
-            at += q.numel()
-            torch.matmul(p, q.t(), out=m)  # rank-r approximation of the sum over workers
-            if j in self._locals:
-                self._memory.errors[j] = self._locals[j].sub_(m, alpha=1.0 / workers)
-            self._memory.qs[j] = q / workers
+        for member, mine in zip(members, ps, strict=True):
+            for (j, m), p in zip(member.matrices.items(), mine, strict=True):
+                q = second[at : at + m.shape[1] * p.shape[1]].view(m.shape[1], p.shape[1])  # summed Q
+                at += q.numel()
+                torch.matmul(p, q.t(), out=m)  # rank-r approximation of the sum over workers
+                if self._error_feedback:
+                    member.memory.errors[j] = member.inputs[j].sub_(m, alpha=1.0 / self._workers)
+                member.memory.qs[j] = q / self._workers
+
+
+class _InBatch:
+    """One bucket's handle on its batch: the first ``finish`` of a pass runs the batch."""
+
+    def __init__(self, batch: _Batch) -> None:
+        self._batch = batch
+
+    def finish(self, wait: Wait) -> None:
+        self._batch.run(wait)

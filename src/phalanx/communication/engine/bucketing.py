@@ -46,8 +46,9 @@ what ``.grad`` holds):
   summed at the end of the round, after the buckets, one parameter at a time in
   registration order, by ``sum_sparse`` (which gathers every worker's indices and values).
 * With a compressor (`phalanx.communication.compression`), each bucket's all-reduce goes
-  through it; the flags then always travel in a bucket of their own, never compressed, and
-  the rounds are not announced (a compressed bucket's all-reduces are not known ahead). A
+  through it; the flags then always travel in a bucket of their own, never compressed. A pass
+  is announced where the compressor is `predictable` (``"fp16"``/``"bf16"``: one all-reduce
+  per bucket in the wire's dtype), not otherwise (PowerSGD's depend on its matrices). A
   rebuild of the buckets resets the compressor's state (its error feedback is per bucket).
 """
 
@@ -127,7 +128,7 @@ class GradientBuckets:
         self._wait, self._is_active = wait, is_active
         self._traffic = CompressedAllReduce(launch, compressor)
         self._wait_at_end = wait_at_end or wait
-        self._announce = announce if compressor is None else None
+        self._announce = announce if compressor is None or compressor.predictable else None
         self._tail = announce_tail if self._announce is not None else 0
         self._rebuilt = False  # since the last pass (tell `announce` at the next)
         self._sum_sparse = sum_sparse
@@ -422,7 +423,7 @@ class GradientBuckets:
                 if g is not None and bucket.owns(g):
                     p.grad = g.clone()
             if self._next_launch == 0 and self._announce is not None:
-                self._announce([(b.size, b.dtype) for b in buckets])
+                self._announce(self._traffic.plan([(b.size, b.dtype, not _is_flags(b)) for b in buckets]))
             if self._next_launch == len(buckets) - 1:  # the last: every bucket's flags are known
                 _write_flags(buckets)
             assert bucket.tensor is not None
@@ -457,9 +458,14 @@ class GradientBuckets:
             self._flush_running()
 
 
+def _is_flags(bucket: Bucket) -> bool:
+    """Whether ``bucket`` carries the flags (never compressed)."""
+    return not bucket.params or (bucket.flags is not None and bool(bucket.flags.numel()))
+
+
 def _compressible(bucket: Bucket) -> tuple[list[torch.Tensor], bool]:
     """Each parameter's view of ``bucket`` and whether it may be compressed (not the flags)."""
-    if not bucket.params or (bucket.flags is not None and bucket.flags.numel()):
+    if _is_flags(bucket):
         return [], False
     return [bucket.view(i) for i in range(len(bucket.params))], True
 

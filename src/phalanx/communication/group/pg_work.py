@@ -10,7 +10,43 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-__all__ = ["Engine", "Work", "check_cpu", "copy_into", "end_to_end", "op_of", "unflatten_into"]
+__all__ = [
+    "Channel",
+    "Engine",
+    "PeerLinks",
+    "Work",
+    "check_cpu",
+    "copy_into",
+    "end_to_end",
+    "op_of",
+    "unflatten_into",
+]
+
+
+class Channel(Protocol):
+    """Point-to-point messages of one group over an engine's own links (ranks of the group;
+    `phalanx.communication.transports.tls.peers.PeerChannel`)."""
+
+    def send_async(self, tensor: torch.Tensor, dst: int, tag: int) -> Any:
+        """Starts sending ``tensor`` to rank ``dst``; its work is done once the bytes left."""
+        ...
+
+    def recv_async(self, tensor: torch.Tensor, src: int | None, tag: int) -> tuple[Any, Callable[[], int]]:
+        """Starts receiving into ``tensor`` from rank ``src`` (None: any): its work, and a
+        function that says which rank sent it once done."""
+        ...
+
+    def describe(self, doing: str, peer: int | None, tag: int) -> str:
+        """``"recv from worker:1 (host:port) with tag 3"``, for messages."""
+        ...
+
+
+class PeerLinks(Protocol):
+    """An engine's links between any two workers of the job."""
+
+    def channel(self, group_name: str, members: list[int]) -> Channel:
+        """The links as the group ``group_name`` sees them (``members``: each group rank's job rank)."""
+        ...
 
 
 class Engine(Protocol):
@@ -21,6 +57,11 @@ class Engine(Protocol):
 
     @property
     def uses_tls(self) -> bool: ...
+
+    @property
+    def point_to_point(self) -> PeerLinks | None:
+        """What carries ``send``/``recv`` besides the group's gloo (the TLS links), or None."""
+        ...
 
     def all_reduce_async(self, tensor: torch.Tensor, op: Any = ...) -> Any: ...
 
@@ -36,21 +77,37 @@ class Engine(Protocol):
 
     def wait(self, work: Any, what: str, timeout: float | None = None) -> None: ...
 
-    def subgroup(self, gloo: Any, store: Any, rank: int, size: int, global_ranks: Sequence[int]) -> Engine:
-        """The engine of a ``new_group()`` of some of its workers (`communication.group.subgroups`)."""
+    def subgroup(
+        self,
+        gloo: Any,
+        store: Any,
+        rank: int,
+        size: int,
+        global_ranks: Sequence[int],
+        timeout: float | None = None,
+        group_name: str = "",
+    ) -> Engine:
+        """The engine of a ``new_group()`` of its workers (`communication.group.subgroups`)."""
         ...
 
 
 class Work(dist.Work):
     """A collective of this group: ``wait`` is the engine's watched wait (deadline, health,
     mismatch naming); ``get_future`` completes with the output tensors once the transport
-    finished and the results were copied into place (DDP's communication hooks chain on it)."""
+    finished and the results were copied into place (DDP's communication hooks chain on it).
+    ``source``: for a receive, which rank of the group sent it (torch's ``_source_rank``)."""
 
     def __init__(
-        self, engine: Engine, inner: Any, what: str, finish: Callable[[], list[torch.Tensor]]
+        self,
+        engine: Engine,
+        inner: Any,
+        what: str,
+        finish: Callable[[], list[torch.Tensor]],
+        source: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()
         self._engine, self._inner, self._what, self._finish = engine, inner, what, finish
+        self._sender = source
         self._source: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
         # What callers see: chained, so that a failure is an error of the C++ future too. A
         # Python ``set_exception`` alone is a value to C++ readers (DDP's reducer takes its
@@ -90,6 +147,17 @@ class Work(dist.Work):
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         return self._future
+
+    def _source_rank(self) -> int:
+        """The group rank a finished receive got its message from (what ``torch.distributed.recv``
+        without ``src`` returns, as a global rank).
+
+        Raises:
+            ValueError: The work is not a receive.
+        """
+        if self._sender is None:
+            raise ValueError(f"{self._what} is not a receive: it has no source rank.")
+        return self._sender()
 
 
 def _value_of(future: torch.futures.Future[list[torch.Tensor]]) -> list[torch.Tensor]:

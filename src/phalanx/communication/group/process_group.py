@@ -9,7 +9,7 @@ own collectives (`phalanx.communication.group.worker_group.WorkerGroup` is the e
 every collective here is one of its all-reduces, broadcasts or all-gathers). A group made with
 ``torch.distributed.new_group()`` without ``backend=`` is a `PhalanxProcessGroup` too, on an
 engine of its own that signs its collectives the same way (`phalanx.communication.group.subgroups`);
-under TLS a group of every worker rides the job's ring and a group of some is refused.
+under TLS its collectives go over a ring of its members of its own.
 
 How each torch collective is carried (W workers, r this one):
 
@@ -23,8 +23,10 @@ How each torch collective is carried (W workers, r this one):
 * ``scatter``: a broadcast from the root of every part; ``barrier``: an all-reduce of one number.
 * ``alltoall`` (both forms): the gloo group underneath (no signature check); under TLS two
   all-gathers over the ring (`group.all_to_all`), never plaintext gloo.
-* ``send``, ``recv``: the gloo group underneath; refused under TLS, where gloo would carry
-  them in plaintext between machines.
+* ``send``, ``recv`` (and ``isend``, ``irecv``, ``batch_isend_irecv``, a receive from any
+  source): the gloo group underneath; under TLS the job's point-to-point TLS links between
+  any two workers (`phalanx.communication.transports.tls.peers`), matched by group, sender
+  and tag as gloo matches them, never plaintext gloo.
 
 Ops that torch's C++ code sends to the group's registered device backend without asking the
 Python object reach that gloo group too; under TLS no gloo is registered, so such a path
@@ -46,8 +48,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.communication.group import point_to_point
 from phalanx.communication.group.all_to_all import all_to_all_by_gather
 from phalanx.communication.group.pg_work import (
+    Channel,
     Engine,
     Work,
     check_cpu,
@@ -79,18 +83,38 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         engine: The worker group whose transports carry the collectives.
         gloo: The gloo group underneath, when the engine was made with it (a subgroup's);
             default: a new one on ``store``.
+        group_name: torch's name of the group (its messages' channel on point-to-point links).
+        members: Each group rank's rank in the job (default: the same ranks).
     """
 
     def __init__(
-        self, store: Any, rank: int, world_size: int, timeout: timedelta, engine: Engine, gloo: Any = None
+        self,
+        store: Any,
+        rank: int,
+        world_size: int,
+        timeout: timedelta,
+        engine: Engine,
+        gloo: Any = None,
+        group_name: str = "",
+        members: Sequence[int] | None = None,
     ) -> None:
         super().__init__(rank, world_size)  # type: ignore[call-arg]  # the Python subclass form
         self._engine = engine
+        links = engine.point_to_point
+        # send and recv: the engine's own links where it has them (TLS), else the gloo below
+        self._channel: Channel | None = (
+            None if links is None else links.channel(group_name, list(members or range(world_size)))
+        )
         # the group underneath: the engine's fallback (plain gloo), and the device backend
         # torch's C++ code finds for CPU tensors (not under TLS: plaintext between machines)
         self.gloo = gloo if gloo is not None else _gloo_under(store, rank, world_size, timeout)
         if not engine.uses_tls:
             self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self.gloo)
+
+    @property
+    def engine(self) -> Engine:
+        """The worker group (or subgroup engine) whose transports carry this group's collectives."""
+        return self._engine
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's C++ name)
         return BACKEND
@@ -127,11 +151,14 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         return Work(self._engine, inner, what, lambda: keep(parts))
 
     def _gloo_only(self, what: str) -> Any:
+        """The gloo group underneath, for point-to-point where the engine has no links of its
+        own; refused under TLS, where it would carry the bytes in plaintext (an engine made
+        without the job's TLS transport, never the job's own group)."""
         if self._engine.uses_tls:
             raise RuntimeError(
-                f"The phalanx process group cannot carry {what} over its TLS ring, and gloo would send it "
-                f"in plaintext between machines. Received: torch.distributed.{what} under TLS. "
-                + _UNSUPPORTED_HINT
+                f"The phalanx process group cannot carry {what} without the job's point-to-point TLS links, "
+                f"and gloo would send it in plaintext between machines. Received: torch.distributed.{what} "
+                "under TLS on a group whose engine has no such links. " + _UNSUPPORTED_HINT
             )
         return self.gloo
 
@@ -356,23 +383,33 @@ class PhalanxProcessGroup(dist.ProcessGroup):
         """torch's other name of `alltoall_base`."""
         return self.alltoall_base(*args)
 
-    # ---------------------------------------------------------------- gloo only (never under TLS)
+    # ---------------------------------------------------------------- point-to-point
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
-        return self._gloo_only("send").send(tensors, dst, tag)
+        """Sends ``tensors[0]`` to the group's rank ``dst`` (torch's ``send``/``isend``)."""
+        if self._channel is None:
+            return self._gloo_only("send").send(tensors, dst, tag)
+        return point_to_point.send(self._engine, self._channel, tensors, dst, tag)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
-        return self._gloo_only("recv").recv(tensors, src, tag)
+        """Receives into ``tensors[0]`` from the group's rank ``src`` (torch's ``recv``/``irecv``)."""
+        if self._channel is None:
+            return self._gloo_only("recv").recv(tensors, src, tag)
+        return point_to_point.receive(self._engine, self._channel, tensors, src, tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
-        return self._gloo_only("recv").recv_anysource(tensors, tag)
+        """Receives into ``tensors[0]`` from whichever member sends first with ``tag``
+        (torch's ``recv`` without ``src``; the work's ``_source_rank`` says who)."""
+        if self._channel is None:
+            return self._gloo_only("recv").recv_anysource(tensors, tag)
+        return point_to_point.receive(self._engine, self._channel, tensors, None, tag)
 
 
 class _TlsProcessGroup(PhalanxProcessGroup):
     """The group under TLS: no device backend is registered (see the module doc), so it keeps
     the name torch gives it itself (torch stores a group's name in its backends)."""
 
-    def __init__(self, store: Any, rank: int, world_size: int, timeout: timedelta, engine: Engine) -> None:
-        super().__init__(store, rank, world_size, timeout, engine)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._names = {"name": "", "desc": ""}
 
     def setGroupName(self, name: str) -> None:  # noqa: N802 (torch's C++ name)
@@ -386,20 +423,6 @@ class _TlsProcessGroup(PhalanxProcessGroup):
 
     def getGroupDesc(self) -> str:  # noqa: N802
         return self._names["desc"]
-
-
-class _GroupDeadline:
-    """The job's engine with a group's own deadline: a ``new_group(timeout=...)`` under TLS
-    rides the job's ring, and its waits end after its timeout, as a gloo group's do."""
-
-    def __init__(self, engine: Engine, timeout: timedelta) -> None:
-        self._engine, self._seconds = engine, timeout.total_seconds()
-
-    def wait(self, work: Any, what: str, timeout: float | None = None) -> None:
-        self._engine.wait(work, what, self._seconds if timeout is None else timeout)
-
-    def __getattr__(self, name: str) -> Any:  # everything else is the job's engine
-        return getattr(self._engine, name)
 
 
 def _gloo_under(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
@@ -416,40 +439,22 @@ def _create(options: Any, engine: Engine | None) -> Any:
 
     The job's group is made with its engine (`WorkerGroup`); a ``new_group()`` without
     ``backend=`` is made without one, and gets a subgroup engine of the job's
-    (`phalanx.communication.group.subgroups`): its collectives are signed as the job's are.
+    (`phalanx.communication.group.subgroups`): its collectives are signed as the job's are,
+    and under TLS they go over a ring of its members.
     """
     store, rank, size, timeout = options.store, options.group_rank, options.group_size, options.timeout
+    name = str(getattr(options, "group_id", "") or "")
+    members = list(getattr(options, "global_ranks_in_group", None) or range(size))
     if engine is not None:
         kind = _TlsProcessGroup if engine.uses_tls else PhalanxProcessGroup
-        return kind(store, rank, size, timeout, engine)
+        return kind(store, rank, size, timeout, engine, group_name=name, members=members)
     default = _default_group()
     if not isinstance(default, PhalanxProcessGroup):  # no job of phalanx's: plain gloo, as torch's
         return dist.ProcessGroupGloo(store, rank, size, timeout)
-    if default._engine.uses_tls:
-        return _tls_subgroup(store, rank, size, timeout, default)
     gloo = _gloo_under(store, rank, size, timeout)
-    members = list(getattr(options, "global_ranks_in_group", []))
-    return PhalanxProcessGroup(
-        store, rank, size, timeout, default._engine.subgroup(gloo, store, rank, size, members), gloo
-    )
-
-
-def _tls_subgroup(store: Any, rank: int, size: int, timeout: timedelta, default: PhalanxProcessGroup) -> Any:
-    """A ``new_group()`` under TLS: a group of every worker (a 1-D DeviceMesh, FSDP2's or a
-    pipeline's group of all stages) rides the job's ring, in the order every worker issues its
-    collectives; a group of some workers has no ring of its own, and gloo would be plaintext.
-
-    Raises:
-        RuntimeError: The group leaves some workers out.
-    """
-    if size == default.size():
-        return _TlsProcessGroup(store, rank, size, timeout, _GroupDeadline(default._engine, timeout))
-    raise RuntimeError(
-        "Under TLS a new group on the phalanx backend must hold every worker: its collectives ride "
-        f"the job's ring, and gloo would carry them in plaintext between machines. Received: "
-        f"torch.distributed.new_group(...) of {size} of the {default.size()} workers. HINT: use a group "
-        "of every worker (new_group() with no ranks), or pass backend='gloo' knowingly."
-    )
+    sub = default.engine.subgroup(gloo, store, rank, size, members, timeout.total_seconds(), name)
+    kind = _TlsProcessGroup if sub.uses_tls else PhalanxProcessGroup
+    return kind(store, rank, size, timeout, sub, gloo, group_name=name, members=members)
 
 
 def register_backend() -> None:

@@ -15,7 +15,7 @@ from phalanx.communication.transports.base import OpenRequest, Transport
 from phalanx.communication.transports.gloo.signed import Mismatch
 from phalanx.communication.transports.shm.same_machine import probe_machines
 
-__all__ = ["open_transport"]
+__all__ = ["open_transport", "point_to_point_of", "subgroup_transport"]
 
 
 def open_transport(
@@ -75,3 +75,40 @@ def open_transport(
             "certificate files of one CA) and TCP between the machines on ephemeral ports "
             "(docs/multi_machine.md)."
         ) from None
+
+
+def point_to_point_of(transport: Transport | None) -> Any:
+    """The transport's own links for ``send``/``recv`` between any two workers (the TLS
+    transport's `TlsPeers`), or None: the group's gloo carries them. Optional for a
+    transport: one without a ``point_to_point`` attribute has none."""
+    return getattr(transport, "point_to_point", None)
+
+
+def subgroup_transport(
+    transport: Transport | None,
+    store: Any,
+    rank: int,
+    size: int,
+    task_name: Callable[[int], str],
+    group_name: str,
+    mismatch: Any,
+) -> Transport | None:
+    """The job's transport between the members of a torch group (all members at once; the
+    TLS transport opens a ring of theirs: `TlsTransport.subgroup`), or None: the group's gloo
+    carries its collectives (shared memory, and transports without a ``subgroup`` method).
+
+    Raises:
+        PeerUnavailableError: A member did not join the group's ring in time.
+    """
+    opener = getattr(transport, "subgroup", None)
+    if opener is None:
+        return None
+    try:
+        made: Transport | None = opener(store, rank, size, task_name, group_name, mismatch)
+    except PeerGoneError as exc:
+        raise PeerUnavailableError(
+            f"torch.distributed.new_group could not connect {task_name(rank)} to the group's other "
+            f"members over TLS: {exc.failure}. HINT: every member must create the group at the same "
+            "point of the program (docs/c10d_backend.md)."
+        ) from None
+    return made

@@ -65,7 +65,7 @@ from phalanx.communication.group.failures import POLL_SECONDS, GroupFailures
 from phalanx.communication.group.process_group import BACKEND, PhalanxProcessGroup, register_backend
 from phalanx.communication.group.recent_works import RecentWorks
 from phalanx.communication.group.subgroups import SubgroupEngine
-from phalanx.communication.group.transports import open_transport
+from phalanx.communication.group.transports import open_transport, point_to_point_of, subgroup_transport
 from phalanx.communication.membership.borrowed_store import (
     borrowed_prefix,
     borrowed_store,
@@ -299,31 +299,59 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         (`phalanx.communication.transports.registry`: "shm", "tls", ...), else "gloo"."""
         return self._transport.name if self._transport is not None else "gloo"
 
+    @property
+    def point_to_point(self) -> Any:
+        """What carries ``send``/``recv`` besides the process group's gloo: the TLS
+        transport's links between any two workers (`TlsPeers`), else None."""
+        return point_to_point_of(self._transport)
+
     def subgroup(
-        self, gloo: Any, store: Any, rank: int, size: int, global_ranks: Sequence[int]
+        self,
+        gloo: Any,
+        store: Any,
+        rank: int,
+        size: int,
+        global_ranks: Sequence[int],
+        timeout: float | None = None,
+        group_name: str = "",
     ) -> SubgroupEngine:
         """The engine of a group of this job's workers made with ``torch.distributed.new_group()``
-        (its members; `phalanx.communication.group.subgroups`): signed as this group's collectives
-        are, and a mismatch on it fails this group too.
+        (its members, at once; `phalanx.communication.group.subgroups`): signed as this group's
+        collectives are, and a mismatch on it fails this group too. Under TLS its collectives
+        go over a ring of its members (opened here), elsewhere over ``gloo``.
 
         Args:
-            gloo: The gloo group between the members, which carries the collectives.
+            gloo: The gloo group between the members.
             store: The new group's store.
             rank, size: This worker's rank in the new group and its size.
             global_ranks: Each member's rank in the job (empty: every worker).
+            timeout: The group's own deadline for a wait, in seconds: kept where it is shorter
+                than this group's collective timeout (torch's default for a new group, 30 min,
+                never lengthens this group's); None: this group's.
+            group_name: torch's name of the group.
+
+        Raises:
+            PeerUnavailableError: Under TLS, a member did not join the group's ring in time.
         """
         members = list(global_ranks) or list(range(size))
+        names = [self._name(r) for r in members]
+        shorter = timeout if timeout is not None and timeout < self._collective_timeout else None
         engine = SubgroupEngine(
             gloo,
             store,
             rank,
             size,
-            [self._name(r) for r in members],
+            names,
             self._check.enabled,
             self._works.add,
             self._check_usable,
             self.wait,
             self._watch if size == self.world_size else None,  # the same numbering everywhere
+            lambda mismatch: subgroup_transport(
+                self._transport, store, rank, size, names.__getitem__, group_name, mismatch
+            ),
+            shorter,
+            self.point_to_point,
         )
         self._subgroup_checks.append(engine.check)
         return engine

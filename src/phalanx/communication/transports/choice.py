@@ -15,6 +15,7 @@ from typing import Any
 
 from phalanx import settings
 from phalanx.communication.checks.collective_check import Signed
+from phalanx.communication.transports.tls.endpoint import TlsEndpoint
 from phalanx.communication.transports.tls.links import RingLinks
 from phalanx.communication.transports.tls.ring import TlsRing
 from phalanx.security.channels import INSECURE_ENV, insecure_transport
@@ -92,7 +93,7 @@ def ring_if_needed(
         return None
     if mode == "auto" and same_machine:
         return None
-    links = RingLinks(store, rank, world_size, own_host, chief, token, task_name)
+    links = RingLinks(store, rank, world_size, TlsEndpoint(own_host, chief, token), task_name)
     ring = TlsRing(links, failure, timeout, mismatch)
     if rank == 0:
         log.info("MultiWorkerMirrored collectives go over mutual TLS between the %d workers.", world_size)

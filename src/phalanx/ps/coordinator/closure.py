@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from phalanx.ps.coordinator.deadlines import Waiter
 from phalanx.ps.coordinator.remote_value import RemoteValue
 
 _ids = itertools.count(1)
@@ -27,12 +28,24 @@ class ClosureAbortedError(RuntimeError):
 
 
 class Closure:
-    """A function and its arguments, scheduled once, possibly run more than once (retries)."""
+    """A function and its arguments, scheduled once, possibly run more than once (retries).
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    Args:
+        fn, args, kwargs: What to run.
+        waiter: The coordinator's bound on waits for `output` without a timeout (None: the
+            value's own, as for a closure made outside a coordinator).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        waiter: Waiter | None = None,
+    ) -> None:
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.id = next(_ids)  # named in the worker's heartbeats
-        self.output = RemoteValue(self.describe())
+        self.output = RemoteValue(self.describe(), waiter)
         self.attempts = 0
 
     def describe(self) -> str:
@@ -124,7 +137,7 @@ class ClosureQueue:
     def mark_finished(self, closure: Closure, value: Any) -> None:
         """``closure`` returned ``value``."""
         with self._cond:
-            closure.output._set_value(value)
+            closure.output.set_result(value)
             self._in_flight -= 1
             self.last_progress = time.monotonic()
             self._cond.notify_all()
@@ -132,7 +145,7 @@ class ClosureQueue:
     def mark_failed(self, closure: Closure, error: BaseException) -> None:
         """``closure`` raised ``error``: store it (the first one wins) and cancel all queued."""
         with self._cond:
-            closure.output._set_error(error)
+            closure.output.set_exception(error)
             self._in_flight -= 1
             self.last_progress = time.monotonic()
             if self._error is None:
@@ -145,7 +158,7 @@ class ClosureQueue:
         with self._cond:
             self._in_flight -= 1
             if self._error is not None:  # everything queued was cancelled meanwhile
-                closure.output._set_error(ClosureAbortedError(_aborted_message(self._error)))
+                closure.output.set_exception(ClosureAbortedError(_aborted_message(self._error)))
             else:
                 self._queue.appendleft(closure)
             self._cond.notify_all()
@@ -163,7 +176,7 @@ class ClosureQueue:
 
     def _cancel_queued(self, error: BaseException) -> None:
         while self._queue:
-            self._queue.popleft().output._set_error(ClosureAbortedError(_aborted_message(error)))
+            self._queue.popleft().output.set_exception(ClosureAbortedError(_aborted_message(error)))
 
     def stop(self) -> None:
         """Wakes every worker thread with None (the coordinator shuts down)."""

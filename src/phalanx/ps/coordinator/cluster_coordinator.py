@@ -134,8 +134,7 @@ class ClusterCoordinator:
         if not callable(fn):
             raise TypeError(f"schedule needs a callable. Received: {type(fn).__name__}.")
         self._chief.before_schedule()
-        closure = Closure(fn, tuple(args or ()), dict(kwargs or {}))
-        closure.output._bind(self._waiter)
+        closure = Closure(fn, tuple(args or ()), dict(kwargs or {}), self._waiter)
         self._queue.put(closure)
         self._chief.after_schedule()
         return closure.output

@@ -21,12 +21,14 @@ from typing import Any
 
 import torch
 
+from phalanx import _hooks
 from phalanx.ps.partitioners import shard_rows
 from phalanx.ps.variables import PSClient, VariableHandle
 
 __all__ = ["LocalCopies"]
 
 _all_copies: weakref.WeakSet[LocalCopies] = weakref.WeakSet()
+_hooked: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # modules given the hooks below
 _forward_depth = threading.local()
 
 
@@ -47,7 +49,7 @@ class LocalCopies:
         self._partitioner = partitioner
         self._closures_pending = closures_pending
         self._registry: dict[int, tuple[weakref.ref[torch.Tensor], VariableHandle]] = {}
-        self._versions: dict[str, int] = {}  # tensor._version of each copy as last synced
+        self._versions: dict[str, int] = {}  # each copy's version counter as last synced
         self._known: dict[str, tuple[str, int]] = {}  # what the synced copies hold, by ps variable
         self._count = 0
         self._colocate_ps: int | None = None  # set by `colocated_with` (colocate_vars_with)
@@ -69,13 +71,13 @@ class LocalCopies:
                 handle = dataclasses.replace(handle, kind="embedding")
             self._ps.create([handle], [tensor.detach()])
             self._registry[id(tensor)] = (weakref.ref(tensor), handle)
-            self._versions[handle.name] = tensor._version
-        if not getattr(module, "_phalanx_ps_hooks", False):
+            self._versions[handle.name] = _hooks.tensor_version(tensor)
+        if module not in _hooked:
             # module-level functions: the module is pickled with its hooks for every closure
             module.register_forward_pre_hook(_refresh_before_forward)
             module.register_forward_hook(_after_forward, always_call=True)
             module.register_state_dict_pre_hook(_refresh_before_state_dict)
-            module._phalanx_ps_hooks = True  # type: ignore[assignment]
+            _hooked.add(module)
 
     def _handle(self, name: str, tensor: torch.Tensor, kind: str) -> VariableHandle:
         """The next variable's place: the next ps task, round-robin; a parameter the
@@ -131,8 +133,8 @@ class LocalCopies:
     def owns(self, module: torch.nn.Module) -> bool:
         """Whether a parameter or buffer of ``module`` is one of these copies."""
         with self._lock:
-            tensors = [*module._parameters.values(), *module._buffers.values()]
-            return any(t is not None and id(t) in self._registry for t in tensors)
+            own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+            return any(id(t) in self._registry for _, t in own)
 
     def live(self) -> list[tuple[torch.Tensor, VariableHandle]]:
         """Every copy still alive, with its handle (forgets the collected ones)."""
@@ -147,6 +149,10 @@ class LocalCopies:
             return out
 
     # ------------------------------------------------------------------ synchronisation
+    def _unwritten(self, tensor: torch.Tensor, handle: VariableHandle) -> bool:
+        """Whether nothing was written into ``tensor`` since it was last synced."""
+        return _hooks.tensor_version(tensor) == self._versions.get(handle.name)
+
     def mark_stale(self) -> None:
         """Scheduled functions may have changed the variables: the next `refresh` reads them."""
         self._stale = True
@@ -167,7 +173,7 @@ class LocalCopies:
             known = {
                 shard.name: self._known[shard.name]
                 for tensor, handle in pairs
-                if tensor._version == self._versions.get(handle.name)
+                if self._unwritten(tensor, handle)
                 for shard in handle.physical()
                 if shard.name in self._known
             }
@@ -176,17 +182,17 @@ class LocalCopies:
                 for position, (tensor, handle) in enumerate(pairs):
                     for patch in patches.get(position, ()):
                         patch.apply(tensor)
-                    self._versions[handle.name] = tensor._version
+                    self._versions[handle.name] = _hooks.tensor_version(tensor)
 
     def push_writes(self) -> None:
         """Sends what the chief wrote into its copies since they were last synced to the ps
         tasks (one write per ps task; nothing when nothing changed)."""
         with self._lock:
-            changed = [(t, h) for t, h in self.live() if t._version != self._versions.get(h.name)]
+            changed = [(t, h) for t, h in self.live() if not self._unwritten(t, h)]
             if changed:
                 self._ps.write("assign", [h for _, h in changed], [t.detach() for t, _ in changed])
                 for tensor, handle in changed:
-                    self._versions[handle.name] = tensor._version
+                    self._versions[handle.name] = _hooks.tensor_version(tensor)
 
 
 # ---------------------------------------------------------------------- module hooks

@@ -22,6 +22,7 @@ from phalanx.ps.variables import PSClient, VariableHandle
 __all__ = ["OptimizerStates"]
 
 _all_states: weakref.WeakSet[OptimizerStates] = weakref.WeakSet()
+_adopted: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # by any chief, once each
 
 
 class OptimizerStates:
@@ -66,13 +67,18 @@ class OptimizerStates:
             ValueError: It holds a tensor not created in ``strategy.scope()``.
         """
         with self._lock:
-            if getattr(optimizer, "_phalanx_ps_adopted", False):
+            if optimizer in _adopted:
                 return
-            optimizer._phalanx_ps_adopted = True  # type: ignore[attr-defined]
+            _adopted.add(optimizer)
             if optimizer.state:
                 self.push(optimizer)
             optimizer.register_state_dict_post_hook(_state_from_ps)
             optimizer.register_load_state_dict_post_hook(_state_to_ps)
+
+    @staticmethod
+    def adopted(optimizer: torch.optim.Optimizer) -> bool:
+        """Whether `adopt` took ``optimizer`` already (its state lives on the ps tasks)."""
+        return optimizer in _adopted
 
     def push(self, optimizer: torch.optim.Optimizer) -> None:
         """Writes ``optimizer``'s state to the ps tasks and clears it here (functions must not

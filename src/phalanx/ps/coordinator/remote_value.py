@@ -28,26 +28,30 @@ class RemoteValue:
     coordinator's ``wait_timeout`` (`phalanx.ps.coordinator.deadlines`). A function that raised
     (or was cancelled because an earlier one failed) makes them raise that error.
 
+    The coordinator's side fills it in: `set_result` or `set_exception`, called by
+    `phalanx.ps.coordinator.closure.ClosureQueue` (as ``concurrent.futures.Future``'s, they
+    are for the code that runs the function, not for users).
+
     Args:
         what: The function, for messages.
+        waiter: The coordinator's bound on waits without a timeout (None: a waiter of its own,
+            made at the first wait).
     """
 
-    def __init__(self, what: str = "the scheduled function") -> None:
+    def __init__(self, what: str = "the scheduled function", waiter: Waiter | None = None) -> None:
         self._what = what
         self._done = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
-        self._waiter: Waiter | None = None  # the coordinator's, once scheduled
-
-    def _bind(self, waiter: Waiter) -> None:
-        """Bounds waits without a timeout by the coordinator's ``waiter``."""
         self._waiter = waiter
 
-    def _set_value(self, value: Any) -> None:
+    def set_result(self, value: Any) -> None:
+        """The function returned ``value``: READY, and waits return it."""
         self._value, self._error = value, None
         self._done.set()
 
-    def _set_error(self, error: BaseException) -> None:
+    def set_exception(self, error: BaseException) -> None:
+        """The function raised ``error`` or was cancelled: ABORTED, and waits raise it."""
         self._value, self._error = None, error
         self._done.set()
 

@@ -83,7 +83,7 @@ class DataServer:
         limit: int,
         insecure: bool,
     ) -> None:
-        self.name, self._handlers, self._limit = name, dict(handlers), limit
+        self.name, self.limit, self._handlers = name, limit, dict(handlers)
         self._token = token.encode()
         self._context = None if insecure else tls_contexts(task_certificate(token, list(names)))[0]
         family, _, _, _, address = socket.getaddrinfo(host.strip("[]"), 0, type=socket.SOCK_STREAM)[0]
@@ -99,6 +99,16 @@ class DataServer:
     def start(self) -> None:
         """Starts accepting connections."""
         self._thread.start()
+
+    @property
+    def stopped(self) -> bool:
+        """Whether `stop` was called (its connections' errors are then expected)."""
+        return self._stopped
+
+    def handler(self, method: str) -> Handler | None:
+        """The handler of ``method``, or None when the data path does not serve it. Called by
+        each connection's thread, per request."""
+        return self._handlers.get(method)
 
     def stop(self) -> None:
         """Stops accepting and closes every connection (idempotent)."""
@@ -182,7 +192,7 @@ class _Connection:
             while self._next():
                 pass
         except (ConnectionError, ssl.SSLError, OSError) as exc:
-            if not isinstance(exc, ConnectionError) and not self._server._stopped:
+            if not isinstance(exc, ConnectionError) and not self._server.stopped:
                 log.warning(
                     "%s closed the data-path connection from %s: %s", self._server.name, self._peer, exc
                 )
@@ -197,7 +207,7 @@ class _Connection:
     def _next(self) -> bool:
         """Serves one frame; False when the connection must close."""
         kind, flags, method, length = read_frame(self._sock)
-        limit = self._server._limit
+        limit = self._server.limit
         if length > limit:
             what = f"The request of {method or kind.name} to {self._server.name}"
             self._error(too_large(what, length, limit))
@@ -228,7 +238,7 @@ class _Connection:
                 str(header["path"]),
                 int(header["size"]),
                 bytes.fromhex(str(header["nonce"])),
-                self._server._limit,
+                self._server.limit,
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:  # another machine, most often
             send_frame(self._sock, Kind.REPLY, wire.pack_parts({"mapped": False, "why": str(exc)}))
@@ -244,7 +254,7 @@ class _Connection:
         return segment.view[:size] if segment is not None and size <= segment.capacity else None
 
     def _reply(self, method: str, header: dict[str, Any], tensors: list[torch.Tensor]) -> None:
-        handler = self._server._handlers.get(method)
+        handler = self._server.handler(method)
         try:
             if handler is None:
                 raise KeyError(f"{self._server.name} serves no method {method!r} on its data path")
@@ -252,8 +262,8 @@ class _Connection:
                 result = handler(header, tensors)
                 packed = result if isinstance(result, wire.Packed) else wire.pack_reply(*result)
             size = len(packed.data)
-            if size > self._server._limit:
-                raise too_large(f"The reply of {method} on {self._server.name}", size, self._server._limit)
+            if size > self._server.limit:
+                raise too_large(f"The reply of {method} on {self._server.name}", size, self._server.limit)
         except Exception as exc:
             log.debug("%s on %s failed", method, self._server.name, exc_info=True)
             self._error(exc)

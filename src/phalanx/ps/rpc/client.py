@@ -411,8 +411,8 @@ class PendingCall:
                 "RpcClient.close)."
             ) from None
         except grpc.RpcError as exc:
-            waited = time.monotonic() - self._started
-            raise self._client._error(self._method, exc, self._limit, waited) from None
+            waited, task = time.monotonic() - self._started, self._client
+            raise client_error(task.name, task.address, self._method, exc, self._limit, waited) from None
         return wire.unpack(reply)
 
     def cancel(self) -> None:

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.optim import optimizer as torch_optimizer
 
+from phalanx import _hooks
 from phalanx.ps.variable_store import sparse_adagrad
 
 __all__ = ["StoreOptimizer", "check_groups"]
@@ -142,13 +142,8 @@ class StoreOptimizer:
 
 def _foreign_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
     """Whether a step hook other than phalanx's may run around ``optimizer.step()``."""
-    hooks = (
-        *torch_optimizer._global_optimizer_pre_hooks.values(),
-        *torch_optimizer._global_optimizer_post_hooks.values(),
-        *optimizer._optimizer_step_pre_hooks.values(),
-        *optimizer._optimizer_step_post_hooks.values(),
-    )
-    return any(not getattr(hook, "__module__", "").startswith("phalanx.") for hook in hooks)
+    before, after = _hooks.optimizer_step_hooks(optimizer)
+    return any(not getattr(hook, "__module__", "").startswith("phalanx.") for hook in (*before, *after))
 
 
 def _init_defaults(optimizer_class: type) -> dict[str, Any]:

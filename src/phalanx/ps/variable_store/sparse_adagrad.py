@@ -18,7 +18,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.optim import optimizer as torch_optimizer
+
+from phalanx import _hooks
 
 __all__ = ["apply_rows", "step_hooks", "step_without_hooks", "takes"]
 
@@ -32,18 +33,10 @@ def _unhooked_step(optimizer: torch.optim.Optimizer) -> Any:
 def step_hooks(optimizer: torch.optim.Optimizer) -> Iterator[None]:
     """Runs ``optimizer``'s step pre-hooks before the block and its post-hooks after it (the
     global ones and its own, in torch's order), as ``optimizer.step()`` runs them."""
-    pre = (
-        *torch_optimizer._global_optimizer_pre_hooks.values(),
-        *optimizer._optimizer_step_pre_hooks.values(),
-    )
-    for hook in pre:
+    for hook in _hooks.optimizer_step_hooks(optimizer)[0]:
         hook(optimizer, (), {})
     yield
-    post = (
-        *optimizer._optimizer_step_post_hooks.values(),
-        *torch_optimizer._global_optimizer_post_hooks.values(),
-    )
-    for hook in post:
+    for hook in _hooks.optimizer_step_hooks(optimizer)[1]:  # read after the step, as torch does
         hook(optimizer, (), {})
 
 
@@ -89,7 +82,7 @@ def apply_rows(
         step_t += 1
         step = step_t.item()
         clr = lr / (1 + (step - 1) * group["lr_decay"])
-        rows, values = grad._indices()[0], grad._values()
+        rows, values = grad.indices()[0], grad.values()  # views: `takes` checked it is coalesced
         sums = state["sum"]
         updated = sums.index_select(0, rows).add_(values.pow(2))  # (nnz, *row shape)
         sums.index_put_((rows,), updated)

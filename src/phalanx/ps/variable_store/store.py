@@ -293,8 +293,8 @@ class VariableStore:
             optimizer.step(variables, grads)
             version = self._bump()
             for name, grad, rows in zip(names, grads, only_rows, strict=True):
-                if rows:
-                    self._writes.rows(name, self._vars[name], grad._indices()[0], version)
+                if rows:  # coalesce() is free for what workers send (`messages.decode_gradients`)
+                    self._writes.rows(name, self._vars[name], grad.coalesce().indices()[0], version)
                 else:
                     self._writes.whole([name], version)
             return version

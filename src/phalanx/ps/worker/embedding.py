@@ -42,8 +42,8 @@ def _before_forward(module: torch.nn.Module, args: Any) -> tuple[Any, ...] | Non
     env = context.current()
     if env is None or not env.lazy:
         return None
-    for name, param in module._parameters.items():
-        if param is None or not env.is_lazy(param):
+    for name, param in module.named_parameters(recurse=False, remove_duplicate=False):
+        if not env.is_lazy(param):
             continue
         if not (isinstance(module, torch.nn.Embedding) and name == "weight"):
             env.read_whole(param)  # another module uses the table itself

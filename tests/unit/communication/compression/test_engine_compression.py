@@ -53,6 +53,42 @@ def test_fp16_buckets_go_in_half_precision_and_the_flags_alone_in_float32():
     assert traffic.bytes_sent <= 0.51 * traffic.bytes_uncompressed
 
 
+def _announced(compression):
+    """What a pass announces before its first all-reduce, and what it then launches."""
+    announced, launched = [], []
+
+    def launch(tensor):
+        launched.append((tensor.numel(), tensor.dtype))
+        return tensor
+
+    model = _model()
+    buckets = GradientBuckets(
+        launch,
+        lambda work, what: None,
+        bucket_bytes=40_000,
+        compressor=make_compressor(compression, 1),
+        announce=announced.append,
+        announce_tail=3,
+    )
+    for p in model.parameters():
+        buckets.add(p)
+    model(torch.randn(4, 64)).sum().backward()
+    return [specs for specs in announced if specs], launched  # [] only says "buckets rebuilt"
+
+
+def test_a_half_precision_pass_is_announced_as_it_goes():
+    announced, launched = _announced("fp16")
+    assert announced == [launched]  # every all-reduce, in order, in the dtype it goes in
+    assert {d for _, d in launched[:-1]} == {torch.float16}
+    assert launched[-1][1] == torch.float32  # the flags, with the transport's tail of 3
+
+
+def test_a_powersgd_pass_is_not_announced():
+    announced, launched = _announced(PowerSGD(rank=1, start_iteration=0))
+    assert announced == []
+    assert launched
+
+
 def test_powersgd_skips_sparse_gradients_and_narrow_buckets():
     torch.manual_seed(0)
     embedding = nn.Embedding(50, 8, sparse=True)

@@ -121,6 +121,29 @@ def test_the_first_rounds_go_uncompressed_and_small_matrices_always_do():
     assert traffic.bytes_uncompressed == 3 * (9 + 64 * 64) * 4
 
 
+def test_a_pass_sends_two_all_reduces_for_all_its_buckets_at_its_end():
+    launched = []
+
+    def launch(tensor):
+        launched.append(tensor.numel())
+        return tensor
+
+    compressor = PowerSGDCompressor(PowerSGD(rank=2, start_iteration=0), workers=1)
+    compressor.begin_round()
+    buckets = [torch.randn(50, 40), torch.randn(30, 60)]
+    expected = [b.clone() for b in buckets]
+    started = [compressor.start(k, b.view(-1), [b], launch) for k, b in enumerate(buckets)]
+    assert launched == []  # nothing goes while the pass still computes its buckets
+    for s in started:
+        s.finish(_no_wait)
+    assert launched == [2 * (50 + 30), 2 * (40 + 60)]  # every P, then every Q
+    for b, e in zip(buckets, expected, strict=True):
+        assert 0 < (b - e).norm() < e.norm()  # each bucket got its own rank-2 approximation
+    compressor.begin_round()  # the next pass starts a batch of its own
+    compressor.start(0, buckets[0].view(-1), [buckets[0]], launch).finish(_no_wait)
+    assert launched[2:] == [2 * 50, 2 * 40]
+
+
 def test_reset_forgets_errors_and_warm_starts():
     compressor = PowerSGDCompressor(PowerSGD(rank=1, start_iteration=0), workers=1)
     _round(compressor, [torch.randn(20, 16)], _alone, _no_wait)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from phalanx.ps.coordinator.closure import Closure, ClosureAbortedError, ClosureQueue
+from phalanx.ps.coordinator.deadlines import Waiter
 from phalanx.ps.coordinator.remote_value import RemoteValue, RemoteValueStatus
 
 
@@ -147,7 +148,7 @@ def test_remote_value_fetch_times_out_with_a_hint():
     assert value.status == RemoteValueStatus.NOT_READY
     with pytest.raises(TimeoutError, match="join"):
         value.fetch(timeout=0.01)
-    value._set_value((torch.ones(2), 3))
+    value.set_result((torch.ones(2), 3))
     fetched = value.fetch()
     assert isinstance(fetched, tuple)
     assert fetched[1] == 3
@@ -160,3 +161,11 @@ def test_fail_all_with_nothing_queued_leaves_no_error_behind():
     queue.fail_all(RuntimeError("no worker"))
     assert queue.done()
     queue.put(_closure())
+
+
+def test_a_closure_s_value_waits_as_long_as_its_coordinator_s_waiter_allows():
+    stalled = Waiter(0.05, lambda: 0.0, lambda: "function 'f' (#1) on worker:0")
+    closure = Closure(lambda: None, (), {}, stalled)
+    message = r"^fetch\(\) of function '.*' \(#\d+\) waited 0s and no .* for 0\.05s"
+    with pytest.raises(TimeoutError, match=message):
+        closure.output.fetch()  # no timeout of its own: the waiter's stall bound, not the default's

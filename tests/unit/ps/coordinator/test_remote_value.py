@@ -25,7 +25,7 @@ def test_a_new_value_is_not_ready_and_a_timed_out_wait_says_how_to_wait():
 def test_get_keeps_tensors_and_fetch_gives_numpy_through_containers():
     point = collections.namedtuple("point", ["x", "y"])
     value = RemoteValue()
-    value._set_value({"a": [torch.ones(2)], "p": point(torch.zeros(1), 3), "s": "text"})
+    value.set_result({"a": [torch.ones(2)], "p": point(torch.zeros(1), 3), "s": "text"})
     assert value.status is RemoteValueStatus.READY
     assert isinstance(value.get()["a"][0], torch.Tensor)
     fetched = value.fetch()
@@ -38,7 +38,7 @@ def test_get_keeps_tensors_and_fetch_gives_numpy_through_containers():
 
 def test_a_failed_function_aborts_the_value_and_fetch_raises_its_error():
     value = RemoteValue()
-    value._set_error(KeyError("missing"))
+    value.set_exception(KeyError("missing"))
     assert value.status is RemoteValueStatus.ABORTED
     with pytest.raises(KeyError, match="missing"):
         value.fetch()
@@ -48,8 +48,8 @@ def test_a_failed_function_aborts_the_value_and_fetch_raises_its_error():
 
 def test_a_retried_function_makes_its_value_not_ready_again():
     value = RemoteValue()
-    value._set_error(RuntimeError("lost"))
+    value.set_exception(RuntimeError("lost"))
     value._reset()
     assert value.status is RemoteValueStatus.NOT_READY
-    value._set_value(7)
+    value.set_result(7)
     assert value.fetch() == 7

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from phalanx import settings
+from phalanx import _hooks, settings
 from phalanx.communication.transports.interfaces import GLOO_INTERFACE_ENV
 
 __all__ = ["GLOO_CONNECTIONS", "GLOO_CONNECTIONS_ENV", "gloo_connections", "make_gloo_group"]
@@ -52,8 +52,9 @@ def make_gloo_group(store: Any, rank: int, size: int, timeout: timedelta) -> Any
         devices = [dist.ProcessGroupGloo.create_device(interface=name.strip()) for name in interfaces]
     else:
         devices = [dist.ProcessGroupGloo.create_default_device()]
-    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch has no stubs for it
-    options._devices = devices * gloo_connections()
-    options._threads = 2 * len(devices)  # torch's count for these interfaces
-    options._timeout = timeout
+    options = _hooks.gloo_options(
+        devices * gloo_connections(),
+        threads=2 * len(devices),  # torch's count for these interfaces
+        timeout=timeout,
+    )
     return dist.ProcessGroupGloo(store, rank, size, options)

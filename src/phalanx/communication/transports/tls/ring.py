@@ -104,6 +104,7 @@ class TlsRing:
         mismatch: Callable[..., BaseException] | None = None,
     ) -> None:
         self.rank, self.world_size = links.rank, links.world_size
+        self.links = links  # its endpoint opens the job's other TLS links (`TlsTransport`)
         self._name, self._failure = links.name, failure
         self._next, self._prev = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
         self._closed = links.closed
