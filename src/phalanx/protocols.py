@@ -84,14 +84,13 @@ class DistributionStrategy(Protocol):
     Identity and layout (read by everyone): `is_default`, `num_local_replicas`,
     `num_replicas_in_sync`, `num_workers_in_sync`, `worker_rank`, `first_replica_id`,
     `local_devices`, `rendezvous`, `cross_device_ops`, `variable_policy`, `step_sync`,
-    `replica_context`.
+    `replica_context`; the input pipeline's `input_devices` and `any_worker_has_data`.
 
     Hooks a strategy overrides (called by phalanx, never by users; see docs/architecture.md,
     "Extension points"): `_create_parameter`, `_create_buffer`, `_made_in_scope`,
     `_registered_submodule`, `_note_submodule` (`phalanx._hooks`, at registrations in the scope);
     `_step_outside_run` (an ``optimizer.step()`` in the scope outside ``run``);
-    `_fetch_devices`, `_any_worker_has_data` (the input pipeline); `_cross_worker_all_reduce`,
-    `_cross_worker_all_gather` (reductions that cross processes).
+    `_cross_worker_all_reduce`, `_cross_worker_all_gather` (reductions that cross processes).
 
     `_sync_switch` (`phalanx.strategies.accumulation.SyncSwitch`): whether backward passes sum
     now (``no_sync()``); the torch hooks refuse an ``optimizer.step()`` inside ``no_sync()``.
@@ -160,6 +159,13 @@ class DistributionStrategy(Protocol):
     def remember_batch(self, batch: Any, global_count: int | None, offsets: list[int] | None) -> None:
         """Notes a distributed batch's global size and per-replica offsets for the next ``run``."""
 
+    @property
+    def input_devices(self) -> tuple[torch.device, ...] | None:
+        """Where distributed input is placed, per local replica (None: left where it is)."""
+
+    def any_worker_has_data(self, has_data: bool) -> bool:
+        """Whether any worker still has input this step (a collective across workers)."""
+
     def _create_parameter(self, module: torch.nn.Module, name: str, param: Any) -> Any: ...
 
     def _create_buffer(self, module: torch.nn.Module, name: str, buffer: Any) -> Any: ...
@@ -171,10 +177,6 @@ class DistributionStrategy(Protocol):
     def _note_submodule(self, parent: torch.nn.Module, child: torch.nn.Module) -> None: ...
 
     def _step_outside_run(self, optimizer: torch.optim.Optimizer) -> None: ...
-
-    def _fetch_devices(self) -> tuple[torch.device, ...] | None: ...
-
-    def _any_worker_has_data(self, has_data: bool) -> bool: ...
 
     def _cross_worker_all_reduce(
         self, tensor: torch.Tensor, op: Any, options: Any = None

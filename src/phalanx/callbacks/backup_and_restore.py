@@ -75,6 +75,7 @@ class BackupAndRestore(Callback):
         self.delete_checkpoint = delete_checkpoint
         self.save_before_preemption = save_before_preemption
         self._batches_seen = 0
+        self._epoch = 0  # the epoch fit is in (`on_epoch_begin`), which batch backups record
         self._preemption: PreemptionCoordinator | None = (
             None  # a coordinator during fit, with save_before_preemption
         )
@@ -107,7 +108,10 @@ class BackupAndRestore(Callback):
         torch.set_rng_state(state["rng"])
         model.strategy.run_count = int(state["run_count"])  # keys replica-invariant dropout
         epoch, step = int(state["epoch"]), int(state["step"])
-        model._resume = (epoch + 1, 0) if step < 0 else (epoch, step + 1)
+        model.resume_at(*((epoch + 1, 0) if step < 0 else (epoch, step + 1)))
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch = epoch
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._backup_if_preempted(batch)
@@ -115,7 +119,7 @@ class BackupAndRestore(Callback):
             return
         self._batches_seen += 1
         if self._batches_seen % int(self.save_freq) == 0:
-            self._save(self.model._epoch, batch)
+            self._save(self._epoch, batch)
 
     def elastic_state(self) -> dict[str, int]:
         """What the chief of an elastic job hands a new member: the batches since the backups
@@ -130,8 +134,8 @@ class BackupAndRestore(Callback):
         """Backs up after this batch and exits when any worker was told to terminate (all workers)."""
         if self._preemption is None or self._preemption.check() is Decision.CONTINUE:
             return
-        self._save(self.model._epoch, batch)
-        self._preemption.exit(f"a backup after batch {batch} of epoch {self.model._epoch}")
+        self._save(self._epoch, batch)
+        self._preemption.exit(f"a backup after batch {batch} of epoch {self._epoch}")
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.save_freq == "epoch":

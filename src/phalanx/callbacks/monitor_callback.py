@@ -63,7 +63,7 @@ class MonitorCallback(Callback):
         if name == "loss":
             return "min"
         for metric in getattr(self.model, "metrics", None) or []:
-            direction = getattr(metric, "_direction", None)
+            direction = getattr(metric, "direction", None)  # phalanx metrics say it
             if getattr(metric, "name", None) == name and direction in ("up", "down"):
                 return "max" if direction == "up" else "min"
         if any(part in name for part in _HIGHER_IS_BETTER):

@@ -70,11 +70,28 @@ class Checkpoint:
         self._writer = CheckpointWriter()
 
     def _payload(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "save_counter": self.save_counter.value,
-            "objects": {name: state_of(obj) for name, obj in self._objects.items()},
-        }
+        return {"format": FORMAT, "save_counter": self.save_counter.value, "objects": self.state_dict()}
+
+    @property
+    def is_sharded(self) -> bool:
+        """Whether a tracked module is sharded (FullyShardedStrategy's DTensors): then `write`
+        and `save` write the sharded format unless told otherwise."""
+        return _sharded_state.is_sharded(self._objects)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every tracked object's state, by name, in memory (what a single-file save writes
+        of them; the save counter is not in it). The chief of an elastic job hands it to new
+        members (`phalanx.checkpoint.failure_handling`)."""
+        return {name: state_of(obj) for name, obj in self._objects.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Loads a `state_dict` into the tracked objects, by name.
+
+        Raises:
+            KeyError: ``state`` lacks a tracked object's name.
+        """
+        for name, obj in self._objects.items():
+            load_into(obj, state[name], name)
 
     def write(
         self,
@@ -106,7 +123,7 @@ class Checkpoint:
 
         strategy = get_strategy()
         if sharded is None:
-            sharded = not blocking or _sharded_state.is_sharded(self._objects)
+            sharded = not blocking or self.is_sharded
         if not sharded:
             if not blocking:
                 raise ValueError(
@@ -132,7 +149,7 @@ class Checkpoint:
         with n the save counter (incremented first), and lists it in the folder's index, so
         ``latest_checkpoint(folder)`` finds it (as TF); see `write` for the options."""
         self.save_counter.assign_add(1)
-        folder = sharded if sharded is not None else not blocking or _sharded_state.is_sharded(self._objects)
+        folder = sharded if sharded is not None else not blocking or self.is_sharded
         suffix = _sharded.SUFFIX if folder else ".pt"
         path = f"{file_prefix}-{self.save_counter.value}{suffix}"
         written = self.write(path, options, folder, blocking)

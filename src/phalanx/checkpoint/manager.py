@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from phalanx.checkpoint import _sharded, _sharded_state
+from phalanx.checkpoint import _sharded
 from phalanx.checkpoint._files import atomic_write_text, chief_path
 from phalanx.checkpoint._index import (
     INDEX,
@@ -136,7 +136,7 @@ class CheckpointManager:
                 "checkpoint_number must be a non-negative integer: it numbers the file name. "
                 f"Received: {checkpoint_number!r}. HINT: leave it None to count saves."
             )
-        sharded = _sharded_state.is_sharded(self._checkpoint._objects)
+        sharded = self._checkpoint.is_sharded
         suffix = _sharded.SUFFIX if sharded else ".pt"
         path = os.path.join(self._directory, f"{self._name}-{checkpoint_number}{suffix}")
         self._checkpoint.write(path, options, sharded=sharded)

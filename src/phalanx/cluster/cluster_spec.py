@@ -123,7 +123,7 @@ class ClusterSpec:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ClusterSpec):
             return NotImplemented
-        return self._jobs == other._jobs
+        return self.as_dict() == other.as_dict()  # one dict per cluster: equal jobs, indices, addresses
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking value type, like TF's
 

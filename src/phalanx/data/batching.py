@@ -27,7 +27,7 @@ class Batch(Op):
         self._size, self._drop = batch_size, drop_remainder
 
     def iterate(self, inputs: Sequence[Input]) -> Iterator[Any]:
-        rows = inputs[0]._rows()
+        rows = inputs[0].source_rows()
         if rows is not None:
             return batch_rows(rows, self._size, self._drop)
         return _stacked(iter(inputs[0]), self._size, self._drop)

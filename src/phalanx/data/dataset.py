@@ -61,8 +61,13 @@ class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     def _then(self, op: Op) -> Dataset:
         return Dataset(op, (self,))
 
-    def _rows(self) -> Rows | None:
-        """The source rows this dataset yields, if it only selects rows (see `phalanx.data.rows`)."""
+    # The pipeline's own calls between its nodes (not in tf.data): the ops read an input's rows
+    # (`source_rows`), a DataLoader worker takes its share (`worker_share`), and reprs describe
+    # the chain (`describe_chain`). Each node answers for itself and asks its inputs in turn.
+    def source_rows(self) -> Rows | None:
+        """The source rows this dataset yields, if it only selects rows (see `phalanx.data.rows`).
+
+        Called by the ops above it (`batch` cuts whole batches out of them)."""
         return self._op.rows(self._inputs)
 
     # ------------------------------------------------------------------ sources
@@ -184,12 +189,9 @@ class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
         Only single-input chains are walked: after zip or concatenate this is None.
         """
-        node = self
-        while node._op.files is None:
-            if len(node._inputs) != 1:
-                return None
-            node = node._inputs[0]
-        return node._op.files
+        if self._op.files is not None:
+            return self._op.files
+        return self._inputs[0].source_files() if len(self._inputs) == 1 else None
 
     def with_source_files(self, files: Sequence[PathLike]) -> Dataset:
         """The same chain of transformations, read from ``files`` instead of the source's.
@@ -205,12 +207,9 @@ class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 f"with_source_files needs a dataset read from files; this one is {self!r}. HINT: "
                 "build it from Dataset.list_files or Dataset.from_files."
             )
-        return self._rebuilt(paths)
-
-    def _rebuilt(self, files: list[str]) -> Dataset:
         if self._op.files is not None:
-            return Dataset(self._op.with_files(files))
-        return Dataset(self._op.fresh(), (self._inputs[0]._rebuilt(files),))
+            return Dataset(self._op.with_files(paths))
+        return Dataset(self._op.fresh(), (self._inputs[0].with_source_files(paths),))
 
     def with_options(self, options: Options) -> Dataset:
         """This dataset with ``options`` merged over the chain's (fields set here win).
@@ -262,27 +261,29 @@ class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         In a DataLoader worker (``num_workers`` > 1), the dataset the loader holds yields its
         share: the elements ``id, id + n, ...``, so that the loader, which takes one element
         from each worker in turn, gives each element once and in order. The share is taken as
-        near the source as the order allows (`_worker_share`): every map above it runs once
+        near the source as the order allows (`worker_share`): every map above it runs once
         per element in all, not once per worker.
         """
         worker = torch.utils.data.get_worker_info()
         if worker is not None and worker.num_workers > 1 and worker.dataset is self:
-            return self._worker_share(worker.num_workers, worker.id)._op_iterate()
-        return self._op_iterate()
-
-    def _op_iterate(self) -> Iterator[Any]:
+            # the share is a new chain, which the loader does not hold: it iterates plainly
+            return iter(self.worker_share(worker.num_workers, worker.id))
         return self._op.iterate(self._inputs)
 
-    def _worker_share(self, num_shards: int, index: int, block: int = 1) -> Dataset:
+    def worker_share(self, num_shards: int, index: int, block: int = 1) -> Dataset:
         """This chain keeping blocks ``index, index + num_shards, ...`` of ``block`` elements, with
         the shard moved below every op that allows it (`Op.shard_block_below`): map, prefetch,
         with_options and batch (whose blocks become whole batches). It stops at the first op
         whose output depends on elements another worker reads (shuffle, filter, repeat, ...):
-        the chain below that runs in every worker."""
+        the chain below that runs in every worker.
+
+        Called by ``__iter__`` in a DataLoader worker process, for the worker's share; unlike
+        `shard`, the result's elements keep their order across the workers' shares.
+        """
         below = self._op.shard_block_below(block) if len(self._inputs) == 1 else None
         if below is None:  # a copy of this node: the loader's own dataset would shard itself again
             return Dataset(Shard(num_shards, index, block), (Dataset(self._op, self._inputs),))
-        return Dataset(self._op, (self._inputs[0]._worker_share(num_shards, index, below),))
+        return Dataset(self._op, (self._inputs[0].worker_share(num_shards, index, below),))
 
     def as_numpy_iterator(self) -> Iterator[Any]:
         """The elements with every tensor converted to a NumPy array."""
@@ -291,14 +292,15 @@ class Dataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         )
 
     def __repr__(self) -> str:
-        return f"<Dataset {self._describe()}, cardinality={describe(self._cardinality)}>"
+        return f"<Dataset {self.describe_chain()}, cardinality={describe(self._cardinality)}>"
 
-    def _describe(self) -> str:
+    def describe_chain(self) -> str:
+        """The chain of ops from the source(s) up, as ``repr`` shows it: ``range(10) -> batch(2)``."""
         if not self._inputs:
             return self._op.describe()
         if len(self._inputs) == 1:
-            return f"{self._inputs[0]._describe()} -> {self._op.describe()}"
-        return f"{self._op.describe()}({', '.join(d._describe() for d in self._inputs)})"
+            return f"{self._inputs[0].describe_chain()} -> {self._op.describe()}"
+        return f"{self._op.describe()}({', '.join(d.describe_chain() for d in self._inputs)})"
 
     # ------------------------------------------------------------------ element-wise
     def map(

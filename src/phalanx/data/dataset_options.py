@@ -15,18 +15,33 @@ __all__ = ["DistributeOptions", "Options"]
 
 
 class _Fields:
-    """Options base: only declared fields may be set, so a typo fails instead of being ignored."""
+    """Options base: only declared fields may be set, so a typo fails instead of being ignored;
+    every field remembers whether it was set (`is_set`), which is what `merge` needs."""
 
-    __slots__: tuple[str, ...] = ()
+    __slots__ = ("_values",)
     _FIELDS: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}  # the fields set, by name (a field not here has its default)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in self._FIELDS and not name.startswith("_"):
-            raise AttributeError(
-                f"{type(self).__name__} has no option {name!r}. Options that can be set: "
-                f"{list(self._FIELDS)}."
-            )
+            raise AttributeError(self._no_such_option(name))
         super().__setattr__(name, value)
+
+    def _no_such_option(self, name: str) -> str:
+        return f"{type(self).__name__} has no option {name!r}. Options that can be set: {list(self._FIELDS)}."
+
+    def is_set(self, name: str) -> bool:
+        """Whether option ``name`` was set here: one nobody set reads as its default and gives
+        way to any setting in a `merge` (tf.data's rule). Called by the ``merge`` methods.
+
+        Raises:
+            AttributeError: No option ``name``.
+        """
+        if name not in self._FIELDS:
+            raise AttributeError(self._no_such_option(name))
+        return name in self._values
 
 
 class DistributeOptions(_Fields):
@@ -37,24 +52,26 @@ class DistributeOptions(_Fields):
             its name in any case, or its value.
     """
 
-    __slots__ = ("_policy",)
+    __slots__ = ()
     _FIELDS = ("auto_shard_policy",)
-
-    def __init__(self) -> None:
-        self._policy: AutoShardPolicy | None = None
 
     @property
     def auto_shard_policy(self) -> AutoShardPolicy:
         """How the distribution layer splits this dataset across workers."""
-        return AutoShardPolicy.AUTO if self._policy is None else self._policy
+        policy: AutoShardPolicy = self._values.get("auto_shard_policy", AutoShardPolicy.AUTO)
+        return policy
 
     @auto_shard_policy.setter
     def auto_shard_policy(self, value: AutoShardPolicy | str | int) -> None:
-        self._policy = AutoShardPolicy.coerce(value)
+        self._values["auto_shard_policy"] = AutoShardPolicy.coerce(value)
 
-    def _merged(self, outer: DistributeOptions) -> DistributeOptions:
+    def merge(self, outer: DistributeOptions) -> DistributeOptions:
+        """A new DistributeOptions: these, overridden by every field ``outer`` sets
+        (`Options.merge`)."""
         merged = DistributeOptions()
-        merged._policy = outer._policy if outer._policy is not None else self._policy
+        for source in (self, outer):  # outer last: what it sets wins
+            if source.is_set("auto_shard_policy"):
+                merged.auto_shard_policy = source.auto_shard_policy
         return merged
 
 
@@ -71,12 +88,12 @@ class Options(_Fields):
         AttributeError: Setting an option that does not exist.
     """
 
-    __slots__ = ("_deterministic", "_distribute")
+    __slots__ = ("_distribute",)
     _FIELDS = ("deterministic", "experimental_distribute")
 
     def __init__(self) -> None:
+        super().__init__()
         self._distribute = DistributeOptions()
-        self._deterministic: bool | None = None
 
     @property
     def experimental_distribute(self) -> DistributeOptions:
@@ -93,22 +110,35 @@ class Options(_Fields):
             )
         self._distribute = value
 
+    def is_set(self, name: str) -> bool:
+        """Whether option ``name`` was set here (``experimental_distribute``: whether one of its
+        fields was); see `_Fields.is_set`.
+
+        Raises:
+            AttributeError: No option ``name``.
+        """
+        if name == "experimental_distribute":
+            return self._distribute.is_set("auto_shard_policy")
+        return super().is_set(name)
+
     @property
     def deterministic(self) -> bool:
         """Whether the output order must be deterministic."""
-        return True if self._deterministic is None else self._deterministic
+        return bool(self._values.get("deterministic", True))
 
     @deterministic.setter
     def deterministic(self, value: bool) -> None:
         if not isinstance(value, bool):
             raise TypeError(f"deterministic must be a bool. Received: {value!r} ({type(value).__name__}).")
-        self._deterministic = value
+        self._values["deterministic"] = value
 
     def merge(self, outer: Options) -> Options:
         """A new Options: these, overridden by every field ``outer`` sets."""
         merged = Options()
-        merged._distribute = self._distribute._merged(outer._distribute)
-        merged._deterministic = self._deterministic if outer._deterministic is None else outer._deterministic
+        merged.experimental_distribute = self._distribute.merge(outer.experimental_distribute)
+        for source in (self, outer):  # outer last: what it sets wins
+            if source.is_set("deterministic"):
+                merged.deterministic = source.deterministic
         return merged
 
     def copy(self) -> Options:

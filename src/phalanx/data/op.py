@@ -27,7 +27,7 @@ class Input(Protocol):
         """A fresh pass over the input's elements."""
         ...
 
-    def _rows(self) -> Rows | None:
+    def source_rows(self) -> Rows | None:
         """The input's source tensors and row order, when its elements are plain rows."""
         ...
 

@@ -44,7 +44,7 @@ class Repeat(Op):
         return n * self._count if is_known(n) else n
 
     def rows(self, inputs: Sequence[Input]) -> Rows | None:
-        rows = inputs[0]._rows()
+        rows = inputs[0].source_rows()
         if rows is None:
             return None
         order, count = rows.order, self._count

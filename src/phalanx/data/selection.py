@@ -44,7 +44,7 @@ class Take(Op):
         return min(n, self._count) if is_known(n) else n
 
     def rows(self, inputs: Sequence[Input]) -> Rows | None:
-        rows = inputs[0]._rows()
+        rows = inputs[0].source_rows()
         if rows is None or self._count < 0:
             return rows
         return Rows(rows.data, _select(rows.order, 0, self._count, 1))
@@ -73,7 +73,7 @@ class Skip(Op):
         return 0 if self._count < 0 else max(0, n - self._count)
 
     def rows(self, inputs: Sequence[Input]) -> Rows | None:
-        rows = inputs[0]._rows()
+        rows = inputs[0].source_rows()
         if rows is None:
             return None
         order = range(0) if self._count < 0 else _select(rows.order, self._count, None, 1)
@@ -122,7 +122,7 @@ class Shard(Op):
         return n // cycle * self._block + min(max(rest, 0), self._block)
 
     def rows(self, inputs: Sequence[Input]) -> Rows | None:
-        rows = inputs[0]._rows()
+        rows = inputs[0].source_rows()
         if rows is None:
             return None
         if self._block == 1:

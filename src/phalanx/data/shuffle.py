@@ -58,7 +58,7 @@ class Shuffle(Op):
         return inputs[0]
 
     def rows(self, inputs: Sequence[Input]) -> Rows | None:
-        rows = inputs[0]._rows()
+        rows = inputs[0].source_rows()
         if rows is None:
             return None
         return Rows(rows.data, self._shuffled(rows.order))

@@ -76,7 +76,7 @@ class TensorLayout:
             )
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TensorLayout) and self._axes == other._axes
+        return isinstance(other, TensorLayout) and self._axes == other.axes
 
     def __hash__(self) -> int:
         return hash(self._axes)

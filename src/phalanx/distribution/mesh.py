@@ -82,8 +82,8 @@ class DeviceMesh:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DeviceMesh) and (self._shape, self._axis_names) == (
-            other._shape,
-            other._axis_names,
+            other.shape,
+            other.axis_names,
         )
 
     def __hash__(self) -> int:

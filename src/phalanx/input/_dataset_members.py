@@ -1,7 +1,7 @@
 """tf.distribute.DistributedDataset's and DistributedIterator's ``element_spec`` and ``reduce``.
 
 Both distributed datasets inherit `DistributedDatasetMembers`; the iterators they make are
-given their dataset's spec (`attach`), so ``iterator.element_spec`` answers before any step.
+given their dataset's spec (``spec_source``), so ``iterator.element_spec`` answers before any step.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ class DistributedDatasetMembers:
             self._cached_spec = spec_of(as_tensors(batch), self._strategy.num_local_replicas)
         return self._cached_spec
 
+    def _spec(self) -> Any:
+        """`element_spec`, for the iterators this dataset makes (read when they are asked)."""
+        return self.element_spec
+
     def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any]) -> Any:
         """Folds ``reduce_func(state, element)`` over every distributed element (all workers).
 
@@ -59,13 +63,10 @@ class DistributedDatasetMembers:
             state = reduce_func(state, element)
         return state
 
-    def _attach(self, iterator: Any) -> Any:  # a DistributedIterator
-        iterator._spec_source = lambda: self.element_spec
-        return iterator
-
 
 class DistributedIteratorMembers:
-    """``element_spec`` for a distributed iterator: its dataset's."""
+    """``element_spec`` for a distributed iterator: its dataset's (``_spec_source``, which the
+    iterator's constructor sets)."""
 
     _spec_source: Callable[[], Any] | None = None
 

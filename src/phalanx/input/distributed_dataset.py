@@ -74,6 +74,14 @@ class DistributedIterator(DistributedIteratorMembers):
     (`_carry_data_flag`), so the next step needs no end-of-data all-reduce of its own; DATA
     sharding (every worker has every batch: no agreement) reads the next global batch early
     and sends the same flag, so the transport does not announce a pass after the last step.
+
+    Args:
+        strategy: The strategy whose replicas the batches are for.
+        next_pieces: Gives the next step's per-replica pieces (with the global count and the
+            replicas' offsets), or None at the end of this worker's input.
+        options: The `InputOptions` of the distributed dataset.
+        agree: Whether the workers agree on the last step (they read different input).
+        spec_source: Gives the distributed dataset's ``element_spec`` (None: unknown).
     """
 
     def __init__(
@@ -82,8 +90,10 @@ class DistributedIterator(DistributedIteratorMembers):
         next_pieces: Callable[[], tuple[list[Any], int | None, list[int] | None] | None],
         options: InputOptions,
         agree: bool,
+        spec_source: Callable[[], Any] | None = None,
     ) -> None:
         self._strategy = strategy
+        self._spec_source = spec_source  # the dataset's element_spec, read on demand
         self._next_pieces = next_pieces
         self._options = options
         self._agree = agree
@@ -95,7 +105,7 @@ class DistributedIterator(DistributedIteratorMembers):
         self._flag: Any = None  # that flag (`DataFlag`): ``agreed`` once the step's gradients ran
         self._template: list[Any] | None = None
         self._steps = 0
-        self._devices = strategy._fetch_devices() if options.experimental_fetch_to_device else None
+        self._devices = strategy.input_devices if options.experimental_fetch_to_device else None
         # With one replica in the job its batch is the global batch: `run` needs no ledger entry
         # to know the global count or the replica's offset (0), and the step saves its cost.
         self._remember = strategy.num_replicas_in_sync > 1
@@ -133,7 +143,7 @@ class DistributedIterator(DistributedIteratorMembers):
         """What the last step's gradients carried, else an all-reduce (all workers)."""
         flag, self._flag = self._flag, None
         agreed = None if flag is None else flag.agreed
-        return self._strategy._any_worker_has_data(has_data) if agreed is None else agreed
+        return self._strategy.any_worker_has_data(has_data) if agreed is None else agreed
 
     def state_dict(self) -> dict[str, int]:
         """The position (steps taken), so a `Checkpoint` can save where the input was."""
@@ -302,7 +312,7 @@ class DistributedDataset(DistributedDatasetMembers):
         batches = iter(self._source)
         s = self._strategy
         pieces = _Sequencer(s, batches) if self._sequential else _Splitter(s, batches)
-        return self._attach(DistributedIterator(s, pieces, self._options, agree=self._sequential))
+        return DistributedIterator(s, pieces, self._options, self._sequential, self._spec)
 
     def _first_replica_batch(self) -> Any:
         pieces = (_Sequencer if self._sequential else _Splitter)(self._strategy, iter(self._source))()
@@ -349,9 +359,7 @@ class DistributedDatasetsFromFunction(DistributedDatasetMembers):
         s = self._strategy
         agree = s.num_workers_in_sync > 1
         if self._per_replica is not None:
-            return self._attach(
-                DistributedIterator(s, self._per_replica.step_function(), self._options, agree)
-            )
+            return DistributedIterator(s, self._per_replica.step_function(), self._options, agree, self._spec)
         batches = iter(self._dataset)
         local = s.num_local_replicas
 
@@ -371,4 +379,4 @@ class DistributedDatasetsFromFunction(DistributedDatasetMembers):
                 return pieces, None, None
             return pieces, sum(sizes), [sum(sizes[:i]) for i in range(local)]
 
-        return self._attach(DistributedIterator(s, next_pieces, self._options, agree=agree))
+        return DistributedIterator(s, next_pieces, self._options, agree, self._spec)

@@ -60,7 +60,7 @@ def check_strategy(steps: int, strategy: Any) -> None:
     """
     if steps == 1:
         return
-    if strategy._schedules_steps:
+    if strategy.schedules_steps:
         raise ValueError(
             "gradient_accumulation_steps > 1 needs consecutive steps on one worker, and "
             f"{type(strategy).__name__}'s fit schedules every step on whichever worker is free. "
@@ -98,12 +98,12 @@ class Accumulation:
         """What each step's loss is multiplied by: the update applies the mean gradient."""
         return 1.0 / self.steps
 
-    def run(self, strategy: Any, step: Callable[..., Any], batch: Any) -> None:
-        """Runs one training step (cross-replica context, every worker): inside
-        ``strategy.no_sync()`` unless it updates."""
+    def run(self, strategy: Any, step: Callable[[Any], Any], data: Any) -> None:
+        """Runs one training step, ``step(data)`` on every local replica (cross-replica
+        context, every worker): inside ``strategy.no_sync()`` unless it updates."""
         if self.steps == 1:
-            strategy.run(step, args=batch)
+            strategy.run(step, args=(data,))
             return
         with contextlib.nullcontext() if self.updates_now else strategy.no_sync():
-            strategy.run(step, args=batch)
+            strategy.run(step, args=(data,))
         self._since_update = (self._since_update + 1) % self.steps

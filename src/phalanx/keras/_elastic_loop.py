@@ -9,14 +9,13 @@ from there (`DataHandler.epoch(epoch, skip)`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
 from phalanx.checkpoint.failure_handling.elastic import is_recoverable
 from phalanx.checkpoint.failure_handling.fit_state import FitState, elastic_sync_of
 from phalanx.keras._epoch import Epoch
-
-if TYPE_CHECKING:
-    from phalanx.keras.data_adapter import DataHandler
+from phalanx.keras.data_adapter import DataHandler, pack_batch
 
 __all__ = ["MoveTo", "elastic_train_epoch"]
 
@@ -50,19 +49,19 @@ def elastic_train_epoch(
             # whatever it did in this call (one handed the chief's state at the epoch's last
             # boundary, a joiner, ran no step here); a loss there is survived like one in a step
             if model.stop_training:  # a callback stopped the training after the last step
-                return model._logs()  # type: ignore[no-any-return]
+                return model.get_metrics_result()  # type: ignore[no-any-return]
             if sync.boundary():
                 iterator = _reposition(model, handler, state, epoch)
-            batch = next(iterator, _END)
-            if batch is _END:
-                return model._logs()  # type: ignore[no-any-return]
+            data = next(iterator, _END)
+            if data is _END:
+                return model.get_metrics_result()  # type: ignore[no-any-return]
             step = state.next_step
             callbacks.on_train_batch_begin(step)
-            model.strategy.run(model._train_step, args=batch)
+            model.train_function(data)
             sync.step_done()
-            state.next_step = model._steps_done = step + 1
+            state.next_step = step + 1
             state.run_count = model.strategy.run_count
-            callbacks.on_train_batch_end(step, model._logs())
+            callbacks.on_train_batch_end(step, model.get_metrics_result())
         except Exception as exc:
             if not is_recoverable(model.strategy, exc):
                 raise
@@ -70,8 +69,10 @@ def elastic_train_epoch(
             iterator = _reposition(model, handler, state, epoch)
 
 
-def _batches(model: Any, handler: DataHandler, epoch: int, skip: int) -> Any:
-    return iter(model.strategy.experimental_distribute_dataset(Epoch(handler.epoch(epoch, skip))))
+def _batches(model: Any, handler: DataHandler, epoch: int, skip: int) -> Iterator[Any]:
+    """The epoch's distributed batches from step ``skip``, as the steps take them (`pack_batch`)."""
+    batches = model.strategy.experimental_distribute_dataset(Epoch(handler.epoch(epoch, skip)))
+    return (pack_batch(*batch) for batch in batches)
 
 
 def _reposition(model: Any, handler: DataHandler, state: FitState, epoch: int) -> Any:

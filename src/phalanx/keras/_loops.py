@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -11,23 +11,19 @@ from phalanx.checkpoint._objects import load_into, state_of
 from phalanx.checkpoint.failure_handling.elastic import ElasticSync, is_recoverable
 from phalanx.keras._elastic_loop import elastic_train_epoch
 from phalanx.keras._epoch import Epoch
+from phalanx.keras.data_adapter import DataHandler, pack_batch
 
-if TYPE_CHECKING:
-    from phalanx.keras.data_adapter import DataHandler
-
-__all__ = ["LoopModel", "evaluate_loop", "predict_loop", "train_epoch", "validation_pass"]
+__all__ = ["LoopModel", "TrainLoop", "evaluate_loop", "predict_loop", "validation_pass"]
 
 T = TypeVar("T")
 
 
 class LoopModel(Protocol):
     """What the loops use of a `phalanx.keras.Model` (the one implementation), named here so
-    this module does not import model.py, which imports it."""
+    this module does not import model.py, which imports it: Keras 3's public step methods."""
 
     stop_training: bool
     training: bool
-    _steps_done: int
-    _accumulation: Any
 
     @property
     def strategy(self) -> Any: ...
@@ -35,66 +31,77 @@ class LoopModel(Protocol):
     def module(self) -> Any: ...
     def train(self, mode: bool = True) -> Any: ...
     def eval(self) -> Any: ...
-    def _logs(self) -> dict[str, float]: ...
-    def _train_step(self, x: Any, y: Any, sample_weight: Any = None) -> None: ...
-    def _test_step(self, x: Any, y: Any, sample_weight: Any = None) -> None: ...
-    def _predict_step(self, x: Any, y: Any = None, sample_weight: Any = None) -> Any: ...
-    def _reset_metrics(self) -> None: ...
+    def get_metrics_result(self) -> dict[str, float]: ...
+    def train_function(self, data: Any) -> None: ...
+    def test_step(self, data: Any) -> None: ...
+    def predict_step(self, data: Any) -> Any: ...
+    def reset_metrics(self) -> None: ...
 
 
-def _distributed(model: LoopModel, handler: DataHandler, epoch: int, skip: int) -> Any:
-    return model.strategy.experimental_distribute_dataset(Epoch(handler.epoch(epoch, skip)))
+def _distributed(model: LoopModel, handler: DataHandler, epoch: int, skip: int) -> Iterator[Any]:
+    """The epoch's batches distributed over the replicas, each as the steps take it
+    (`pack_batch`: ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)``)."""
+    batches = model.strategy.experimental_distribute_dataset(Epoch(handler.epoch(epoch, skip)))
+    return (pack_batch(*batch) for batch in batches)
 
 
-def train_epoch(
-    model: LoopModel, handler: DataHandler, epoch: int, skip: int, callbacks: Any
-) -> dict[str, float]:
-    """Trains one epoch from step ``skip``; returns the epoch's global logs."""
-    strategy = model.strategy
-    if strategy._schedules_steps:
-        return _scheduled_train_epoch(model, handler, epoch, skip, callbacks)
-    if getattr(strategy, "membership", None) is not None:  # an elastic MultiWorkerMirrored job
-        return elastic_train_epoch(model, handler, epoch, skip, callbacks)
-    logs: dict[str, float] = {}
-    for step, batch in enumerate(_distributed(model, handler, epoch, skip), start=skip):
-        callbacks.on_train_batch_begin(step)
-        model._accumulation.run(strategy, model._train_step, batch)
-        model._steps_done = step + 1
-        logs = model._logs()
-        callbacks.on_train_batch_end(step, logs)
-        if model.stop_training:
-            break
-    return logs or model._logs()
+class TrainLoop:
+    """``fit``'s training epochs for one model, and what outlives an epoch: the logs of the
+    last finished epoch, which a ParameterServer epoch hands its batch callbacks."""
+
+    def __init__(self) -> None:
+        self.last_epoch_logs: dict[str, float] = {}
+
+    def epoch(
+        self, model: LoopModel, handler: DataHandler, epoch: int, skip: int, callbacks: Any
+    ) -> dict[str, float]:
+        """Trains one epoch from step ``skip``; returns the epoch's global logs.
+
+        Raises:
+            MoveTo: An elastic job's chief is in another epoch (`elastic_train_epoch`).
+            BelowMinimumWorkersError: Fewer workers are left than an elastic job's minimum.
+        """
+        strategy = model.strategy
+        if strategy.schedules_steps:
+            return self._scheduled_epoch(model, handler, epoch, skip, callbacks)
+        if getattr(strategy, "membership", None) is not None:  # an elastic MultiWorkerMirrored job
+            return elastic_train_epoch(model, handler, epoch, skip, callbacks)
+        logs: dict[str, float] = {}
+        for step, data in enumerate(_distributed(model, handler, epoch, skip), start=skip):
+            callbacks.on_train_batch_begin(step)
+            model.train_function(data)
+            logs = model.get_metrics_result()
+            callbacks.on_train_batch_end(step, logs)
+            if model.stop_training:
+                break
+        return logs or model.get_metrics_result()
+
+    def _scheduled_epoch(
+        self, model: LoopModel, handler: DataHandler, epoch: int, skip: int, callbacks: Any
+    ) -> dict[str, float]:
+        """One epoch under a strategy whose steps run on remote workers (ParameterServerStrategy):
+        every global batch becomes a function scheduled on some worker, asynchronously; the
+        epoch ends when all have run. Batch callbacks see the logs of the last finished epoch
+        (as with TF, per-batch metrics are not fetched while steps are in flight)."""
+        from phalanx.coordinator import ClusterCoordinator
+
+        strategy = model.strategy
+        coordinator = strategy.cluster_coordinator or ClusterCoordinator(strategy)
+        last = dict(self.last_epoch_logs)
+        for step, batch in enumerate(handler.epoch(epoch, skip), start=skip):
+            callbacks.on_train_batch_begin(step)
+            coordinator.schedule(_train_step_on_worker, args=(model, pack_batch(*batch)))
+            callbacks.on_train_batch_end(step, last)
+            if model.stop_training:
+                break
+        coordinator.join()  # the coordinator's copies (metrics included) now hold the ps values
+        self.last_epoch_logs = model.get_metrics_result()
+        return self.last_epoch_logs
 
 
-def _scheduled_train_epoch(
-    model: LoopModel, handler: DataHandler, epoch: int, skip: int, callbacks: Any
-) -> dict[str, float]:
-    """One epoch under a strategy whose steps run on remote workers (ParameterServerStrategy):
-    every global batch becomes a function scheduled on some worker, asynchronously; the epoch
-    ends when all have run. Batch callbacks see the logs of the last finished epoch (as with
-    TF, per-batch metrics are not fetched while steps are in flight)."""
-    from phalanx.coordinator import ClusterCoordinator
-
-    strategy = model.strategy
-    coordinator = strategy.cluster_coordinator or ClusterCoordinator(strategy)  # type: ignore[attr-defined]
-    last = dict(getattr(model, "_last_epoch_logs", {}))
-    for step, batch in enumerate(handler.epoch(epoch, skip), start=skip):
-        callbacks.on_train_batch_begin(step)
-        coordinator.schedule(_train_step_on_worker, args=(model, batch))
-        model._steps_done = step + 1
-        callbacks.on_train_batch_end(step, last)
-        if model.stop_training:
-            break
-    coordinator.join()  # the coordinator's copies (metrics included) now hold the ps values
-    logs = model._logs()
-    object.__setattr__(model, "_last_epoch_logs", logs)
-    return logs
-
-
-def _train_step_on_worker(model: LoopModel, batch: tuple[Any, ...]) -> None:
+def _train_step_on_worker(model: LoopModel, data: tuple[Any, ...]) -> None:
     """Runs on a worker: the model, its optimizer and metrics resolve to the worker's copies."""
-    model.strategy.run(model._train_step, args=batch)
+    model.train_function(data)
 
 
 def evaluate_loop(model: LoopModel, handler: DataHandler, callbacks: Any) -> dict[str, float]:
@@ -104,7 +111,7 @@ def evaluate_loop(model: LoopModel, handler: DataHandler, callbacks: Any) -> dic
     Raises:
         BelowMinimumWorkersError: Fewer workers are left than the job's minimum (elastic).
     """
-    model._reset_metrics()
+    model.reset_metrics()
     callbacks.on_test_begin()
     fired = _Fired(callbacks.on_test_batch_begin, callbacks.on_test_batch_end)
     logs: dict[str, float] = _elastic_pass(model, lambda redo: _test_pass(model, handler, fired, redo))
@@ -114,12 +121,12 @@ def evaluate_loop(model: LoopModel, handler: DataHandler, callbacks: Any) -> dic
 
 def _test_pass(model: LoopModel, handler: DataHandler, fired: _Fired, redo: bool) -> dict[str, float]:
     if redo:
-        model._reset_metrics()
-    for step, batch in enumerate(_distributed(model, handler, 0, 0)):
+        model.reset_metrics()
+    for step, data in enumerate(_distributed(model, handler, 0, 0)):
         fired.begin(step)
-        model.strategy.run(model._test_step, args=batch)
-        fired.end(step, model._logs())
-    return model._logs()
+        model.strategy.run(model.test_step, args=(data,))
+        fired.end(step, model.get_metrics_result())
+    return model.get_metrics_result()
 
 
 def validation_pass(model: LoopModel, handler: DataHandler, callbacks: Any) -> dict[str, float]:
@@ -148,9 +155,9 @@ def predict_loop(model: LoopModel, handler: DataHandler, callbacks: Any) -> Any:
 
 def _predict_pass(model: LoopModel, handler: DataHandler, fired: _Fired) -> list[Any]:
     outputs: list[Any] = []
-    for step, batch in enumerate(_distributed(model, handler, 0, 0)):
+    for step, data in enumerate(_distributed(model, handler, 0, 0)):
         fired.begin(step)
-        per_replica = model.strategy.run(model._predict_step, args=batch)
+        per_replica = model.strategy.run(model.predict_step, args=(data,))
         gathered = model.strategy.gather(per_replica, axis=0)
         outputs.append(gathered)
         fired.end(step, {"outputs": gathered})

@@ -49,7 +49,7 @@ def _description(model: Any) -> dict[str, Any]:
         "module_class": _class_path(model.module),
         "module_config": _module_config(model.module),
         "architecture": architecture.describe(model.module),
-        "compile": model._compile_config or None,
+        "compile": model.get_compile_config(),
     }
 
 

@@ -23,7 +23,7 @@ import torch
 
 from phalanx.input.splitting import batch_size_of, slice_batch
 
-__all__ = ["DataHandler", "float_dtype_of", "split_validation", "unpack_batch"]
+__all__ = ["DataHandler", "float_dtype_of", "pack_batch", "split_validation", "unpack_batch"]
 
 DEFAULT_BATCH_SIZE = 32
 
@@ -100,6 +100,14 @@ def unpack_batch(batch: Any) -> tuple[Any, Any, Any]:
     if isinstance(batch, list) and len(batch) in (2, 3):
         return unpack_batch(tuple(batch))
     return batch, None, None
+
+
+def pack_batch(x: Any, y: Any = None, sample_weight: Any = None) -> tuple[Any, ...]:
+    """The batch as the steps receive it (Keras' ``data``): ``(x,)``, ``(x, y)`` or
+    ``(x, y, sample_weight)``, without the trailing Nones; `unpack_batch` reverses it."""
+    if sample_weight is not None:
+        return x, y, sample_weight
+    return (x,) if y is None else (x, y)
 
 
 def split_validation(x: Any, y: Any, sample_weight: Any, fraction: float) -> tuple[Any, Any]:

@@ -11,9 +11,9 @@ from phalanx import mixed_precision
 from phalanx.keras import _model_files, optimizers
 from phalanx.keras._accumulation import Accumulation, check_steps, check_strategy
 from phalanx.keras._elastic_loop import MoveTo
-from phalanx.keras._loops import evaluate_loop, predict_loop, train_epoch, validation_pass
+from phalanx.keras._loops import TrainLoop, evaluate_loop, predict_loop, validation_pass
 from phalanx.keras.compile_utils import LossContainer, identifier_config, resolve_metrics
-from phalanx.keras.data_adapter import DataHandler, float_dtype_of, split_validation
+from phalanx.keras.data_adapter import DataHandler, float_dtype_of, split_validation, unpack_batch
 from phalanx.strategies.default import get_replica_context, get_strategy
 
 __all__ = ["Model"]
@@ -34,6 +34,10 @@ class Model(nn.Module):
     per-example losses over the *global* batch); logged losses and metrics are global
     values over every replica and worker.
 
+    As in Keras 3, a subclass may override ``train_step(data)``, ``test_step(data)`` or
+    ``predict_step(data)``: each runs once per replica (replica context) on that replica's
+    slice of the batch, ``data`` being ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)``.
+
     Args:
         module: The network. Kept as ``model.module``; ``model(x)`` calls it.
     """
@@ -49,6 +53,7 @@ class Model(nn.Module):
         self._strategy = get_strategy()
         self.optimizer: torch.optim.Optimizer | None = None
         self.stop_training = False
+        self.compiled = False  # Keras 3's flag: `compile` ran
         self.history: Any = None
         self._losses: LossContainer | None = None
         self._compiled_metrics: list[Any] = []
@@ -56,9 +61,8 @@ class Model(nn.Module):
         # Not submodules: they must not appear in state_dict() twice (or at all).
         object.__setattr__(self, "_loss_tracker", None)
         object.__setattr__(self, "_call", module)
-        self._resume: tuple[int, int] | None = None
-        self._steps_done = 0
-        self._epoch = 0
+        self._resume: tuple[int, int] | None = None  # where the fit now starting continues
+        self._train_loop = TrainLoop()
         self._policy = mixed_precision.Policy("float32")  # the global policy at compile()
         self._loss_scale: mixed_precision.GradScaler | None = None
         self._accumulation = Accumulation()
@@ -121,6 +125,7 @@ class Model(nn.Module):
             "gradient_accumulation_steps": gradient_accumulation_steps,
         }
         self._accumulation = Accumulation(steps)
+        self.compiled = True
 
     @property
     def metrics(self) -> list[Any]:
@@ -130,6 +135,11 @@ class Model(nn.Module):
     @property
     def metrics_names(self) -> list[str]:
         return [m.name for m in self.metrics]
+
+    def get_compile_config(self) -> dict[str, Any] | None:
+        """The arguments `compile` was given, as saved with the model (Keras 3's
+        ``get_compile_config``); None before `compile`."""
+        return dict(self._compile_config) or None
 
     def _require_compiled(self) -> None:
         if self.optimizer is None or self._losses is None:
@@ -149,9 +159,18 @@ class Model(nn.Module):
             y_pred = self(x)
         return _to_float32(y_pred)
 
-    def _train_step(self, x: Any, y: Any, sample_weight: Any = None) -> None:
+    def train_step(self, data: Any) -> None:
+        """One training step on one replica's slice of the batch (replica context): the loss
+        and its gradients, the update (every ``gradient_accumulation_steps``-th step), and the
+        metrics. Keras 3's ``train_step``; override it to train differently. ``fit`` reads the
+        logs from the metrics afterwards (`get_metrics_result`), so a value returned is unused.
+
+        Args:
+            data: ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)``.
+        """
         assert self._losses is not None
         assert self.optimizer is not None
+        x, y, sample_weight = unpack_batch(data)
         y_pred = self._forward(x)
         loss, tracked, tracked_weight = self._losses.replica_loss(y, y_pred, sample_weight)
         accumulation = self._accumulation
@@ -172,14 +191,36 @@ class Model(nn.Module):
         with torch.no_grad():
             self._update_metrics(y, _detach(y_pred), sample_weight, tracked.detach(), tracked_weight)
 
-    def _test_step(self, x: Any, y: Any, sample_weight: Any = None) -> None:
+    def test_step(self, data: Any) -> None:
+        """One evaluation step on one replica's slice of the batch (replica context, no
+        gradients): updates the loss tracker and the metrics. Keras 3's ``test_step``.
+
+        Args:
+            data: ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)``.
+        """
         assert self._losses is not None
+        x, y, sample_weight = unpack_batch(data)
         y_pred = self._forward(x)
         tracked, tracked_weight = self._losses.tracked(y, y_pred, sample_weight)
         self._update_metrics(y, y_pred, sample_weight, tracked, tracked_weight)
 
-    def _predict_step(self, x: Any, y: Any = None, sample_weight: Any = None) -> Any:
+    def predict_step(self, data: Any) -> Any:
+        """The outputs for one replica's slice of the batch (replica context, no gradients).
+        Keras 3's ``predict_step``.
+
+        Args:
+            data: ``(x,)``, or a tuple whose first element is ``x``.
+        """
+        x, _, _ = unpack_batch(data)
         return self._forward(x)
+
+    def train_function(self, data: Any) -> None:
+        """Runs `train_step` on every local replica with its slice of ``data``, a distributed
+        batch (cross-replica context; all workers): what ``fit`` and ``train_on_batch`` call
+        per step, as Keras 3's ``train_function`` (whose logs ``fit`` reads here from
+        `get_metrics_result`). Under gradient accumulation the steps between updates run
+        inside ``strategy.no_sync()`` (`phalanx.keras._accumulation`)."""
+        self._accumulation.run(self._strategy, self.train_step, data)
 
     def _update_metrics(
         self, y: Any, y_pred: Any, sample_weight: Any, tracked: torch.Tensor, tracked_weight: Any = None
@@ -188,12 +229,22 @@ class Model(nn.Module):
         for metric in self._compiled_metrics:
             metric.update_state(y, y_pred, sample_weight=sample_weight)
 
-    def _reset_metrics(self) -> None:
+    def reset_metrics(self) -> None:
+        """Resets the loss tracker and every metric (``fit`` at each epoch, ``evaluate`` at its start)."""
         for metric in self.metrics:
             metric.reset_state()
 
-    def _logs(self) -> dict[str, float]:
+    def get_metrics_result(self) -> dict[str, float]:
+        """The loss tracker's and the metrics' values, by name: global over every replica and
+        worker (a metric's ``result()`` reads across workers: all workers call it). Keras 3's
+        ``get_metrics_result``; the logs ``fit`` and ``evaluate`` hand the callbacks."""
         return {m.name: float(m.result()) for m in self.metrics}
+
+    def resume_at(self, epoch: int, step: int) -> None:
+        """Makes the ``fit`` now starting continue at ``step`` of ``epoch`` instead of at
+        ``initial_epoch``. Called in ``on_train_begin`` (`phalanx.callbacks.BackupAndRestore`
+        after restoring a backup); ``fit`` reads it once, right after."""
+        self._resume = (epoch, step)
 
     # ------------------------------------------------------------------ fit / evaluate / predict
     def fit(
@@ -236,11 +287,10 @@ class Model(nn.Module):
         logs: dict[str, float] = {}
         epoch = start_epoch
         while epoch < epochs:
-            self._epoch = epoch
-            self._reset_metrics()
+            self.reset_metrics()
             cbs.on_epoch_begin(epoch)
             try:
-                logs = train_epoch(self, handler, epoch, skip, cbs)
+                logs = self._train_loop.epoch(self, handler, epoch, skip, cbs)
             except MoveTo as move:  # an elastic job's chief is in another epoch: continue there
                 epoch, skip = move.epoch, move.step
                 continue
@@ -324,11 +374,11 @@ class Model(nn.Module):
     ) -> Any:
         """One training step on one global batch; returns its loss and metrics."""
         self._require_compiled()
-        self._reset_metrics()
+        self.reset_metrics()
         self.train()
         handler = DataHandler(x, y, sample_weight, batch_size=_batch_len(x), float_dtype=float_dtype_of(self))
-        train_epoch(self, handler, 0, 0, _callbacks_module().CallbackList([]))
-        logs = self._logs()
+        self._train_loop.epoch(self, handler, 0, 0, _callbacks_module().CallbackList([]))
+        logs = self.get_metrics_result()
         return logs if return_dict else [logs[n] for n in self.metrics_names]
 
     def test_on_batch(

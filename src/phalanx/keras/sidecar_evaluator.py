@@ -64,7 +64,7 @@ class SidecarEvaluator:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if getattr(model, "_losses", None) is None:
+        if not model.compiled:
             raise ValueError(
                 "SidecarEvaluator needs a compiled model. HINT: model.compile(loss=..., metrics=[...]) "
                 "with the training job's loss and metrics."

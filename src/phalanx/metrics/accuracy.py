@@ -39,7 +39,7 @@ def _check_k(k: int) -> int:
 class Accuracy(MeanMetricWrapper):
     """How often predictions equal targets exactly."""
 
-    _direction = "up"
+    direction = "up"
 
     def __init__(self, name: str = "accuracy", dtype: torch.dtype | str | None = None) -> None:
         super().__init__(accuracy, name=name, dtype=dtype)
@@ -48,7 +48,7 @@ class Accuracy(MeanMetricWrapper):
 class BinaryAccuracy(MeanMetricWrapper):
     """How often ``y_pred > threshold`` matches a 0/1 target."""
 
-    _direction = "up"
+    direction = "up"
 
     def __init__(
         self, name: str = "binary_accuracy", dtype: torch.dtype | str | None = None, threshold: float = 0.5
@@ -59,7 +59,7 @@ class BinaryAccuracy(MeanMetricWrapper):
 class CategoricalAccuracy(MeanMetricWrapper):
     """How often the arg-max matches a one-hot target."""
 
-    _direction = "up"
+    direction = "up"
 
     def __init__(self, name: str = "categorical_accuracy", dtype: torch.dtype | str | None = None) -> None:
         super().__init__(categorical_accuracy, name=name, dtype=dtype)
@@ -68,7 +68,7 @@ class CategoricalAccuracy(MeanMetricWrapper):
 class SparseCategoricalAccuracy(MeanMetricWrapper):
     """How often the arg-max matches an integer target."""
 
-    _direction = "up"
+    direction = "up"
 
     def __init__(
         self, name: str = "sparse_categorical_accuracy", dtype: torch.dtype | str | None = None
@@ -83,7 +83,7 @@ class TopKCategoricalAccuracy(MeanMetricWrapper):
         ValueError: ``k`` is not a positive integer.
     """
 
-    _direction = "up"
+    direction = "up"
 
     def __init__(
         self, k: int = 5, name: str = "top_k_categorical_accuracy", dtype: torch.dtype | str | None = None
@@ -98,7 +98,7 @@ class SparseTopKCategoricalAccuracy(MeanMetricWrapper):
         ValueError: ``k`` is not a positive integer.
     """
 
-    _direction = "up"
+    direction = "up"
 
     def __init__(
         self,

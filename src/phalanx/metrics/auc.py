@@ -92,7 +92,7 @@ class AUC(Metric):
         ValueError: An invalid argument (each message names it).
     """
 
-    _direction = "up"
+    direction = "up"
     true_positives: torch.Tensor
     false_positives: torch.Tensor
     true_negatives: torch.Tensor

@@ -30,11 +30,15 @@ class Metric(nn.Module):
         dtype: Floating dtype of the state (default float32, as Keras).
         name: Name in logs (default: the class name in snake case).
 
+    Attributes:
+        direction: ``"up"`` or ``"down"``: which way is better (None: not known), read by the
+            callbacks' ``mode="auto"`` (`phalanx.callbacks.MonitorCallback`).
+
     Raises:
         ValueError: ``dtype`` is not a floating-point dtype.
     """
 
-    _direction: str | None = None  # "up" or "down": which way is better (mode="auto" in callbacks)
+    direction: str | None = None
 
     def __init__(self, dtype: torch.dtype | str | None = None, name: str | None = None) -> None:
         super().__init__()

@@ -16,7 +16,7 @@ __all__ = ["Precision", "Recall"]
 class _ThresholdedRate(Metric):
     """Counts two confusion cells per threshold; the value is ``tp / (tp + other)``."""
 
-    _direction = "up"
+    direction = "up"
     _other: str  # "false_positives" (precision) or "false_negatives" (recall)
 
     def __init__(

@@ -16,7 +16,7 @@ __all__ = ["MeanAbsoluteError", "MeanSquaredError", "RootMeanSquaredError"]
 class MeanSquaredError(MeanMetricWrapper):
     """The mean over examples of the squared error (averaged over the last axis first)."""
 
-    _direction = "down"
+    direction = "down"
 
     def __init__(self, name: str = "mean_squared_error", dtype: torch.dtype | str | None = None) -> None:
         super().__init__(mean_squared_error, name=name, dtype=dtype)
@@ -25,7 +25,7 @@ class MeanSquaredError(MeanMetricWrapper):
 class MeanAbsoluteError(MeanMetricWrapper):
     """The mean over examples of the absolute error (averaged over the last axis first)."""
 
-    _direction = "down"
+    direction = "down"
 
     def __init__(self, name: str = "mean_absolute_error", dtype: torch.dtype | str | None = None) -> None:
         super().__init__(mean_absolute_error, name=name, dtype=dtype)
@@ -37,7 +37,7 @@ class RootMeanSquaredError(Mean):
     The root is taken of the global mean (from the summed totals), never per batch or replica.
     """
 
-    _direction = "down"
+    direction = "down"
 
     def __init__(self, name: str = "root_mean_squared_error", dtype: torch.dtype | str | None = None) -> None:
         super().__init__(name=name, dtype=dtype)

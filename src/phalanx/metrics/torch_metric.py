@@ -71,7 +71,7 @@ class TorchMetric(Metric):
         self._check_states(template)
         object.__setattr__(self, "_template", template)  # not a submodule: its states are no buffers
         self._defaults: dict[str, torch.Tensor] = {}
-        for state, default in template._defaults.items():
+        for state, default in template.metric_state.items():  # reset: each state holds its default
             self._defaults[state] = default.detach().clone()
             self.add_state(_buffer_name(state), tuple(default.shape), dtype=_total_dtype(default))
         self._copies: dict[Any, Any] = {}
@@ -83,8 +83,10 @@ class TorchMetric(Metric):
 
     def _check_states(self, template: Any) -> None:
         total = _sum_reduction()
+        defaults = template.metric_state  # reset: each state holds its default
+        # torchmetrics keeps each state's reduction in this dict only (``add_state``'s dist_reduce_fx)
         for state, reduce_fx in template._reductions.items():
-            default = template._defaults[state]
+            default = defaults[state]
             if reduce_fx is total and isinstance(default, torch.Tensor):
                 continue
             how = getattr(reduce_fx, "__name__", repr(reduce_fx))

@@ -2,7 +2,7 @@
 
 `Strategy` inherits these from `StrategyInput`. They only read what every strategy has (its
 local replicas, its place among the workers) and hand the work to `phalanx.input`; a strategy
-changes where input goes through its ``_fetch_devices`` hook, not here.
+changes where input goes through its ``input_devices``, not here.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ class DefaultStrategy(Strategy):
     def _registered_submodule(self, submodule: torch.nn.Module, in_replica: bool) -> Any:
         return None
 
-    def _fetch_devices(self) -> tuple[torch.device, ...] | None:
+    @property
+    def input_devices(self) -> tuple[torch.device, ...] | None:
         return None
 
     def __repr__(self) -> str:

@@ -230,6 +230,13 @@ class MultiWorkerMirroredStrategy(Strategy):
         return own
 
     @property
+    def worker_group(self) -> WorkerGroup | None:
+        """The group of workers this strategy steps with (None: one worker), the current
+        membership epoch's in an elastic job. The elastic step boundaries
+        (`phalanx.checkpoint.failure_handling.elastic`) agree and hand state over on it."""
+        return self._group
+
+    @property
     def membership(self) -> Membership | None:
         """The elastic membership (``PHALANX_MIN_WORKERS`` set, several workers), else None."""
         return self._elastic.membership if self._elastic is not None else None
@@ -519,7 +526,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         # indices from other processes: checked (an out-of-range one raises, never corrupts memory)
         return torch.sparse_coo_tensor(all_indices, all_values, t.shape, check_invariants=True).coalesce()
 
-    def _any_worker_has_data(self, has_data: bool) -> bool:
+    def any_worker_has_data(self, has_data: bool) -> bool:
         """Whether any worker still has input this step: an all-reduce MAX (all workers, every step)."""
         if self._group is None:
             return has_data

@@ -79,7 +79,7 @@ class ParameterServerStrategy(Strategy):
         TaskUnavailableError: A ps task did not answer within ``connect_timeout``.
     """
 
-    _schedules_steps = True
+    schedules_steps = True
 
     def __init__(
         self,

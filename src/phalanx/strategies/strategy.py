@@ -67,7 +67,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
     is_default = False
     # parameters made on the meta device in the scope: refused (FullyShardedStrategy materialises them)
     materializes_meta_tensors = False
-    _schedules_steps = False  # Model.fit schedules each step on a remote worker (ParameterServerStrategy)
+    schedules_steps = False  # Model.fit schedules each step on a remote worker (ParameterServerStrategy)
     # BatchNorm layers registered in the scope become phalanx.nn.SyncBatchNorm (`sync_batch_norm=True`)
     _sync_batch_norm = False
 
@@ -398,12 +398,15 @@ class Strategy(StrategyInput, TFStrategyMembers):
         (``in_replica``) (None: keep it). Called by `phalanx._hooks`."""
         return _registration.registered_submodule(submodule, self, in_replica, self._sync_batch_norm)
 
-    def _fetch_devices(self) -> tuple[torch.device, ...] | None:
-        """Where distributed input is placed, per local replica (None: leave it where it is)."""
+    @property
+    def input_devices(self) -> tuple[torch.device, ...] | None:
+        """Where distributed input is placed, per local replica (None: leave it where it is).
+        Read by the distributed iterator, with ``experimental_fetch_to_device``."""
         return self._devices
 
-    def _any_worker_has_data(self, has_data: bool) -> bool:
-        """Whether any worker still has input this step (a collective across workers)."""
+    def any_worker_has_data(self, has_data: bool) -> bool:
+        """Whether any worker still has input this step (a collective across workers: every
+        worker calls it at the same step). Called by the distributed iterator."""
         return has_data
 
     # ------------------------------------------------------------------ cross-worker (overridden)

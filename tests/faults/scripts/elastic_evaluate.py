@@ -39,13 +39,13 @@ class Dying(phalanx.Model):
             print(f"worker {rank} kills itself in the 4th batch of {what}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _test_step(self, *batch):
+    def test_step(self, data):
         self._count()
-        return super()._test_step(*batch)
+        return super().test_step(data)
 
-    def _predict_step(self, *batch):
+    def predict_step(self, data):
         self._count()
-        return super()._predict_step(*batch)
+        return super().predict_step(data)
 
 
 class Events(phalanx.callbacks.Callback):

@@ -29,7 +29,7 @@ with strategy.scope():
     model = nn.Sequential(nn.Linear(3, 512), nn.Linear(512, 1)) if wide else nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 agreements = 0
-agree = strategy._any_worker_has_data
+agree = strategy.any_worker_has_data
 
 
 def counted(has_data):
@@ -38,7 +38,7 @@ def counted(has_data):
     return agree(has_data)
 
 
-strategy._any_worker_has_data = counted
+strategy.any_worker_has_data = counted
 
 
 def step(x):

@@ -230,3 +230,21 @@ def test_the_index_is_written_atomically_and_leaves_no_temp_file(tmp_path):
     manager.save()
     manager.save()
     assert sorted(os.listdir(tmp_path)) == ["checkpoint.json", "ckpt-2.pt"]
+
+
+def test_state_dict_moves_every_object_in_memory_and_names_a_missing_one():
+    source_model, target_model = nn.Linear(2, 1), nn.Linear(2, 1)
+    counter = Counter(7)
+    source = Checkpoint(model=source_model, step=counter)
+    state = source.state_dict()
+    assert sorted(state) == ["model", "step"]
+    assert not source.is_sharded
+    target_counter = Counter(0)
+    Checkpoint(model=target_model, step=target_counter).load_state_dict(state)
+    assert torch.equal(target_model.weight, source_model.weight)
+    assert target_counter.value == 7
+    assert source.save_counter.value == 0  # the state holds the objects only
+    with pytest.raises(KeyError, match="optimizer"):
+        Checkpoint(model=target_model, optimizer=torch.optim.SGD(target_model.parameters())).load_state_dict(
+            state
+        )

@@ -92,3 +92,24 @@ def test_option_errors():
     options.experimental_distribute = DistributeOptions()
     with pytest.raises(TypeError, match="with_options needs a phalanx.data.Options. Received: dict"):
         Dataset.range(3).with_options({"deterministic": True})
+
+
+def test_is_set_tells_a_set_field_from_its_default():
+    options = Options()
+    assert not options.is_set("deterministic")
+    assert not options.is_set("experimental_distribute")
+    options.deterministic = True  # the default's value, but set: it wins in a merge
+    options.experimental_distribute.auto_shard_policy = AutoShardPolicy.AUTO
+    assert options.is_set("deterministic")
+    assert options.is_set("experimental_distribute")
+    assert options.experimental_distribute.is_set("auto_shard_policy")
+    inner = Options()
+    inner.deterministic = False
+    inner.experimental_distribute.auto_shard_policy = "OFF"
+    merged = inner.merge(options)
+    assert merged.deterministic is True
+    assert merged.experimental_distribute.auto_shard_policy is AutoShardPolicy.AUTO
+    with pytest.raises(AttributeError, match=r"Options has no option 'determinstic'"):
+        options.is_set("determinstic")
+    with pytest.raises(AttributeError, match=r"DistributeOptions has no option 'policy'"):
+        options.experimental_distribute.is_set("policy")

@@ -92,7 +92,7 @@ def test_dataloader_workers_split_any_chain_in_order(made):
 
 def test_a_block_shard_counts_its_elements():
     ds = Dataset.range(23).batch(4)
-    shares = [ds._worker_share(3, i) for i in range(3)]
+    shares = [ds.worker_share(3, i) for i in range(3)]
     assert [s.cardinality() for s in shares] == [len(list(s)) for s in shares] == [2, 2, 2]
     assert [b.tolist() for b in shares[2]] == [[8, 9, 10, 11], [20, 21, 22]]
 
@@ -107,7 +107,7 @@ def test_a_worker_s_share_of_tensor_slices_reads_only_its_rows(monkeypatch):
     def made():  # a fresh pipeline: each is at its first epoch, as in a fresh DataLoader worker
         return Dataset.from_tensor_slices(torch.arange(23)).shuffle(23, seed=1).map(lambda v: v * 10)
 
-    share = [v.item() for v in made()._worker_share(2, 1)]
+    share = [v.item() for v in made().worker_share(2, 1)]
     assert len(reads) == 11  # its rows only
     assert share == [v.item() for v in made()][1::2]
 

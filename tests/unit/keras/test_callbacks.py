@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
+import phalanx
 from phalanx import callbacks as C
 from phalanx import metrics as M
 
@@ -287,3 +292,44 @@ def test_callback_errors(fakes):
 def test_backup_and_restore_is_reachable_lazily():
     assert C.BackupAndRestore.__name__ == "BackupAndRestore"
     assert issubclass(C.BackupAndRestore, C.Callback)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _backed_up_fit(strategy, backup_dir, stop_at=None):
+    """fit for 3 epochs of 4 batches with a backup every 2 batches; ``stop_at=(epoch, batch)``
+    raises after that batch (its backup written). Returns the model and the (epoch, batch)
+    pairs the run trained."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g)
+    with strategy.scope():
+        model = phalanx.Model(nn.Linear(4, 1))
+        model.compile(optimizer="sgd", loss="mse")
+    seen, epoch = [], [0]
+
+    def batch_end(batch, logs):
+        seen.append((epoch[0], batch))
+        if (epoch[0], batch) == stop_at:
+            raise _Interrupted
+
+    watch = C.LambdaCallback(
+        on_epoch_begin=lambda e, logs: epoch.__setitem__(0, e), on_train_batch_end=batch_end
+    )
+    backup = C.BackupAndRestore(backup_dir, save_freq=2)
+    with contextlib.suppress(_Interrupted):
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0, shuffle=False, callbacks=[backup, watch])
+    return model, seen
+
+
+def test_backup_and_restore_resumes_fit_after_the_last_batch_backed_up(tmp_path, one_device):
+    reference, _ = _backed_up_fit(one_device, str(tmp_path / "reference"))
+    _, first = _backed_up_fit(one_device, str(tmp_path / "run"), stop_at=(1, 1))
+    assert first[-1] == (1, 1)  # the backup after batch 1 of epoch 1 was the last one written
+    resumed, second = _backed_up_fit(one_device, str(tmp_path / "run"))
+    assert second[0] == (1, 2)  # fit continued right after it, in epoch 1
+    assert second[-1] == (2, 3)
+    for ours, theirs in zip(resumed.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -90,9 +90,11 @@ def test_fit_accepts_dataloader_dataset_and_steps_per_epoch(mirrored_2cpu):
         while True:
             yield x[:10], y[:10]
 
-    history = model.fit(forever(), epochs=2, steps_per_epoch=3, verbose=0)
+    steps = []
+    counted = phalanx.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: steps.append(batch))
+    history = model.fit(forever(), epochs=2, steps_per_epoch=3, verbose=0, callbacks=[counted])
     assert len(history.history["loss"]) == 2
-    assert model._steps_done == 3
+    assert steps == [0, 1, 2, 0, 1, 2]
 
 
 def test_sample_weight_and_multiple_outputs(one_device):
@@ -194,7 +196,9 @@ def test_jit_compile_trains_like_eager(request, name):
     h_eager = eager.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
     h_jit = jit.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
     np.testing.assert_allclose(h_jit.history["loss"], h_eager.history["loss"], rtol=1e-5)
-    assert jit._compile_config["jit_compile"] is True
+    assert jit.get_compile_config()["jit_compile"] is True
+    with strategy.scope():
+        assert phalanx.Model(Net()).get_compile_config() is None  # not compiled
 
 
 def test_errors(one_device):
@@ -220,3 +224,57 @@ def test_errors(one_device):
         model.fit(x, y, steps_per_epoch=0)
     with pytest.raises(ValueError, match=r"A batch must be x, \(x, y\)"):
         model.fit(iter([(x, y, None, None)]), verbose=0)
+
+
+class _SquaredErrorStep(phalanx.Model):
+    """A Keras 3-style ``train_step`` override: unpacks ``(x, y)`` itself and updates the model."""
+
+    def train_step(self, data):
+        self.calls.append(len(data))
+        x, y = data
+        per_example = ((self(x) - y) ** 2).mean(dim=-1)
+        phalanx.compute_average_loss(per_example).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.metrics[0].update_state(per_example)  # the loss tracker: fit's "loss" log
+
+
+class _CountedTestStep(phalanx.Model):
+    """A ``test_step`` override around the built-in one."""
+
+    def test_step(self, data):
+        self.seen.append(len(data))
+        return super().test_step(data)
+
+
+def _regression(cls, strategy):
+    torch.manual_seed(0)
+    with strategy.scope():
+        model = cls(nn.Linear(4, 2))
+        model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+@pytest.mark.parametrize("name", ["one_device", "mirrored_2cpu"])
+def test_an_overridden_train_step_trains_as_the_built_in_one(request, name):
+    strategy = request.getfixturevalue(name)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 4, generator=g), torch.randn(32, 2, generator=g)
+    built_in, custom = _regression(phalanx.Model, strategy), _regression(_SquaredErrorStep, strategy)
+    custom.calls = []
+    h_built_in = built_in.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    h_custom = custom.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    for ours, theirs in zip(custom.get_weights(), built_in.get_weights(), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h_custom.history["loss"], h_built_in.history["loss"], rtol=1e-5)
+    assert custom.calls == [2] * (8 * strategy.num_local_replicas)  # 8 steps, (x, y) on each replica
+
+
+def test_an_overridden_test_step_gets_the_batch_as_keras_packs_it(one_device):
+    model = _regression(_CountedTestStep, one_device)
+    model.seen = []
+    x, y = torch.randn(8, 4), torch.randn(8, 2)
+    model.evaluate(x, y, batch_size=4, verbose=0)
+    model.evaluate(x, y, batch_size=4, verbose=0, sample_weight=torch.ones(8))
+    assert model.seen == [2, 2, 3, 3]  # (x, y), then (x, y, sample_weight)
+    assert model.predict(x, batch_size=4).shape == (8, 2)  # predict_step gets (x,)

@@ -165,12 +165,12 @@ def test_compile_refuses_a_bad_gradient_accumulation_steps(one_device):
 
 def test_accumulation_under_a_strategy_that_schedules_steps_on_any_worker_is_refused():
     # ParameterServerStrategy's class attribute; its fit runs each step on whichever worker is free
-    assert phalanx.ParameterServerStrategy._schedules_steps
+    assert phalanx.ParameterServerStrategy.schedules_steps
     with pytest.raises(ValueError, match="consecutive steps on one worker"):
-        check_strategy(4, SimpleNamespace(_schedules_steps=True))
-    check_strategy(1, SimpleNamespace(_schedules_steps=True))  # no accumulation: fine
+        check_strategy(4, SimpleNamespace(schedules_steps=True))
+    check_strategy(1, SimpleNamespace(schedules_steps=True))  # no accumulation: fine
 
 
 def test_accumulation_in_an_elastic_job_is_refused():
     with pytest.raises(ValueError, match="not supported in an elastic job"):
-        check_strategy(2, SimpleNamespace(_schedules_steps=False, membership=object()))
+        check_strategy(2, SimpleNamespace(schedules_steps=False, membership=object()))

@@ -63,7 +63,7 @@ def check_supported(strategy: Any, what: str) -> None:
     Raises:
         NotImplementedError: ParameterServerStrategy.
     """
-    if getattr(strategy, "_schedules_steps", False):
+    if strategy.schedules_steps:
         raise NotImplementedError(
             f"{what} needs workers that step together (OneDevice, Mirrored, CentralStorage or "
             f"MultiWorkerMirroredStrategy). Received: {strategy!r}. HINT: under ParameterServerStrategy the "

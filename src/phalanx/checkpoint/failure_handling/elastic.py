@@ -84,7 +84,7 @@ class ElasticSync:
             return True
         if self._synced:
             return False
-        group = self.strategy._group
+        group = self.strategy.worker_group
         flag = torch.tensor([int(self.strategy.membership.join_pending)], dtype=torch.int64)
         group.all_reduce(flag, torch.distributed.ReduceOp.MAX, what="the elastic join agreement")
         if not flag.item():
@@ -104,7 +104,7 @@ class ElasticSync:
         self.last_loss_at = time.monotonic()
         for attempt in range(MAX_RECOVERIES):
             reason = str(exc).split(". HINT")[0]
-            log.warning("%s re-forms the group after: %s", self._own_name(), reason)
+            log.warning("%s re-forms the group after: %s", self.strategy.membership.own_name, reason)
             try:
                 self.strategy.reform(admit=admit)
                 self.sync_state()
@@ -115,13 +115,9 @@ class ElasticSync:
                 exc = again
         self.recoveries += 1
 
-    def _own_name(self) -> str:
-        membership = self.strategy.membership
-        return membership._name(membership.me.task)  # type: ignore[no-any-return]
-
     def sync_state(self) -> None:
         """Every member takes the chief's state: one broadcast of its size, one of its bytes."""
-        group = self.strategy._group
+        group = self.strategy.worker_group
         payload = torch.zeros(0, dtype=torch.uint8)
         if group.rank == 0:
             buffer = io.BytesIO()

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from phalanx.checkpoint._files import atomic_write_text, chief_path
-from phalanx.checkpoint._objects import load_into, state_of
 from phalanx.checkpoint.checkpoint import Checkpoint
 from phalanx.checkpoint.failure_handling.coordination import PreemptionCoordinator, check_supported
 from phalanx.checkpoint.failure_handling.elastic import ElasticSync, is_recoverable
@@ -187,16 +186,14 @@ class PreemptionCheckpointHandler:
 
     def _elastic_state(self) -> dict[str, Any]:
         """What the chief of an elastic job hands a new member (every checkpointed object)."""
-        objects = self._manager.checkpoint._objects
         return {
-            "objects": {name: state_of(obj) for name, obj in objects.items()},
+            "objects": self._manager.checkpoint.state_dict(),
             "run_calls": self._run_calls,
             "run_count": self._run_count_done,
         }
 
     def _load_elastic_state(self, state: dict[str, Any]) -> None:
-        for name, obj in self._manager.checkpoint._objects.items():
-            load_into(obj, state["objects"][name], name)
+        self._manager.checkpoint.load_state_dict(state["objects"])
         self._run_calls = int(state["run_calls"])
         self._strategy.run_count = self._run_count_done = int(state["run_count"])
 

@@ -214,6 +214,11 @@ class Membership:
         """This task's rank in the current epoch."""
         return self.members.index(self.me)
 
+    @property
+    def own_name(self) -> str:
+        """This task's name (``worker:2``), for log lines and errors."""
+        return self._name(self.me.task)
+
     def task_name(self, rank: int) -> str:
         """The name of the task with this rank in the current epoch."""
         return self._name(self.members[rank].task) if 0 <= rank < len(self.members) else f"worker:{rank}"
