@@ -26,6 +26,7 @@ Nothing is asserted: worker 0 of each job writes its figures; this process print
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -172,18 +173,65 @@ def _make_fully_sharded() -> Any:
     return FullyShardedStrategy()
 
 
-# job name -> (estimate kind, how to make the strategy; None: raw torch)
-JOBS: dict[str, tuple[str, Callable[[], Any] | None]] = {
-    "multi_worker_mirrored": ("multi_worker_mirrored", _make_mwms),
-    "fully_sharded": ("fully_sharded", _make_fully_sharded),
-    "raw_fsdp2": ("fully_sharded", None),
+def _make_model_parallel(shape: tuple[int, ...]) -> Any:
+    """Every Linear split by output features over the model axis (unpaired: each gathers its
+    output), sharded over the batch axis as well when the mesh has one."""
+    from phalanx.experimental import DeviceMesh, LayoutMap, ModelParallelStrategy
+
+    layouts = LayoutMap(DeviceMesh(shape, ("batch", "model")[-len(shape) :]))
+    layouts[r"\d+\.0\.weight"] = ("model", None)
+    return ModelParallelStrategy(layout_map=layouts, batch_dim_name="batch")
+
+
+def _mesh_1d(workers: int) -> tuple[int, ...] | None:
+    return (workers,)
+
+
+def _mesh_2d(workers: int) -> tuple[int, ...] | None:
+    return (2, workers // 2) if workers >= 4 and workers % 2 == 0 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One row kind of the table: its estimate kind, how a worker makes its strategy (None:
+    raw torch), and its mesh for ``workers`` (None where it has no such mesh: skipped)."""
+
+    kind: str
+    make: Callable[[int], Any] | None
+    mesh: Callable[[int], tuple[int, ...] | None] | None = None
+
+
+JOBS: dict[str, Job] = {
+    "multi_worker_mirrored": Job("multi_worker_mirrored", lambda w: _make_mwms()),
+    "fully_sharded": Job("fully_sharded", lambda w: _make_fully_sharded()),
+    "model_parallel_1d": Job("model_parallel", lambda w: _make_model_parallel(_mesh_1d(w) or ()), _mesh_1d),
+    "model_parallel_2d": Job("model_parallel", lambda w: _make_model_parallel(_mesh_2d(w) or ()), _mesh_2d),
+    "raw_fsdp2": Job("fully_sharded", None),
 }
+
+
+def _runs(name: str, workers: int) -> bool:
+    """Whether the job has a mesh for ``workers`` (2-D needs 4 or more, an even number)."""
+    mesh = JOBS[name].mesh
+    return mesh is None or mesh(workers) is not None
+
+
+def _replicas(job: Job, workers: int) -> int:
+    """Data-parallel replicas: the batch axis of a mesh, else every worker."""
+    if job.mesh is None:
+        return workers
+    shape = job.mesh(workers) or (workers,)
+    return shape[0] if len(shape) == 2 else 1
 
 
 def _job(name: str, cfg: dict, result_path: str) -> None:
     """One job (every worker): trains, saves, and worker 0 writes the largest worker's figures."""
-    import torch.distributed.checkpoint  # noqa: F401  # what the job imports, before the meter:
-    import torch.distributed.fsdp  # noqa: F401  # a user's process has imported it before
+    # what the job imports, before the meter (modules are not a strategy's memory): torch's
+    # checkpointing and FSDP2, phalanx's strategies, and torch._dynamo, which making any torch
+    # optimizer imports (~25 MiB of Python objects, whatever the strategy, one device too)
+    import torch._dynamo  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
 
     import phalanx.experimental  # noqa: F401
     from phalanx.memory import PeakMeter
@@ -191,8 +239,10 @@ def _job(name: str, cfg: dict, result_path: str) -> None:
     torch.set_num_threads(1)
     meter = PeakMeter()
     marks: dict[str, int] = {}
-    make = JOBS[name][1]
-    strategy = make() if make is not None else None
+    make = JOBS[name].make
+    from phalanx.cluster import resolve_cluster
+
+    strategy = make(resolve_cluster().num_workers) if make is not None else None
     seconds = (
         _phalanx_job(strategy, cfg, marks, meter) if strategy is not None else _raw_job(cfg, marks, meter)
     )
@@ -207,18 +257,22 @@ def _job(name: str, cfg: dict, result_path: str) -> None:
         dist.destroy_process_group()
 
 
-def _estimate(job: str, cfg: dict, workers: int) -> Any:
+def _estimate(name: str, cfg: dict, workers: int) -> Any:
     from phalanx.experimental import estimate_memory
     from phalanx.memory.estimate import BASE_RUNTIME_BYTES
 
+    job = JOBS[name]
     return estimate_memory(
         mlp(cfg["width"], cfg["layers"], "meta"),
         torch.optim.Adam,
-        strategy=JOBS[job][0],
+        strategy=job.kind,
         num_workers=workers,
+        mesh_shape=job.mesh(workers) if job.mesh is not None else None,
         sample_input=(cfg["width"],),
-        per_worker_batch=GLOBAL_BATCH // workers,
-        runtime_bytes=BASE_RUNTIME_BYTES if JOBS[job][1] is None else None,  # raw: gloo, no segment
+        per_worker_batch=GLOBAL_BATCH // _replicas(job, workers),
+        runtime_bytes=BASE_RUNTIME_BYTES if job.make is None else None,  # raw: gloo, no segment
+        built_whole=not cfg.get("meta", False),
+        release_memory=job.make is not None,  # raw FSDP2: FSDP2 and glibc as they are
     )
 
 
@@ -303,7 +357,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--meta", action="store_true", help="build the model on the meta device")
-    parser.add_argument("--malloc", nargs="*", default=["default", "tuned"], choices=["default", "tuned"])
+    parser.add_argument("--malloc", nargs="*", default=["default"], choices=["default", "tuned"])
     parser.add_argument("--jobs", nargs="*", default=list(JOBS), choices=list(JOBS))
     parser.add_argument(
         "--cap-mb", type=float, default=0, help="per-worker cap for the largest model (0: skip)"
@@ -322,11 +376,12 @@ def main() -> int:
         for malloc in args.malloc
         for workers in args.workers
         for name in args.jobs
+        if _runs(name, workers)
     ]
     if args.cap_mb:
         cap = int(args.cap_mb * 2**20)
         for workers in args.workers:
-            for name in args.jobs:
+            for name in (n for n in args.jobs if _runs(n, workers)):
                 width = largest_width(name, cap, workers, args.layers)
                 row = run_job(name, {**cfg, "width": width}, workers, args.malloc[0])
                 row["cap_mib"] = args.cap_mb

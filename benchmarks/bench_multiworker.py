@@ -1,19 +1,23 @@
 """MultiWorkerMirroredStrategy over 2 processes against raw torch.distributed (gloo) and DDP.
 
-Run: python benchmarks/bench_multiworker.py [--quick]
+Run: python benchmarks/bench_multiworker.py [--quick] [--section N ...]   (N: 1-4, default all)
 
 1. All-reduce: phalanx's cross-worker path (``strategy.cross_worker_all_reduce``, the one
    reduce/all_reduce/gradient sync use: staging, deadline and health check included) against
    raw ``torch.distributed.all_reduce`` on the same gloo group, at 4 KB, 256 KB, 4 MB, 64 MB.
    ratio = raw time / phalanx time (goal >= 0.95 from 4 MB).
-2. Training throughput: MLP 784-1024-1024-10, global batch 256 (128 per worker), SGD, 2
-   workers x 1 intra-op thread: a phalanx custom loop (experimental_distribute_dataset,
-   strategy.run, compute_average_loss, gradient buckets) against DistributedDataParallel
-   (gloo) on the same per-worker batches. ratio = phalanx / DDP examples per second (goal >= 1.0).
-   A round is several epochs of 25 steps (100 steps, 40 with ``--quick``): long enough that what
-   builds up over seconds of training shows (2 s of gloo works held cost 25 % of a
-   sustained step and none of a 25-step round). Printed: the best round of each side and, in
-   brackets, the ratio of the median rounds.
+2. The user's loop: MLP 784-1024-1024-10, global batch 256 (128 per worker), SGD, 2 workers x
+   1 intra-op thread, written as users write it: a custom loop over
+   ``strategy.experimental_distribute_dataset`` of in-memory global batches (default options,
+   ``strategy.run`` per step, a final ``strategy.reduce`` of the loss), and ``Model.fit`` over
+   the same batches, each against DistributedDataParallel (gloo) running its own half of each
+   batch in a plain loop. Rounds of 30 and 100 steps alternate, each side going first in turn,
+   after one warm-up round of each (first-step work: the chief's broadcast, DDP's bucket
+   rebuild). A round is timed from a barrier to a barrier and includes everything the user's
+   loop does in it: the distributed iterator made for the pass, ``fit``'s setup, the reduce.
+   ratio = phalanx / DDP examples per second, best round (median in brackets); goal >= 1.3
+   on shared memory, >= 1.0 over gloo, for both loops and both round lengths. CPU ms per step
+   of worker 0 (every thread of the process) beside it: steadier than wall time on a busy box.
 3. The gradient engines alone, in a plain torch loop of that MLP (no ``run``, no iterator):
    phalanx's gradient buckets (`phalanx.communication.engine.bucketing`, over the strategy's own
    transport) against DDP's C++ reducer as DDP builds it, and as DDP with
@@ -21,7 +25,7 @@ Run: python benchmarks/bench_multiworker.py [--quick]
    Printed as CPU ms per step of worker 0 above the same loop with no all-reduce at all, then
    where each engine's CPU goes: the training thread and the others (gloo's, the
    shared-memory transport's), from ``/proc/self/task/*/schedstat``.
-4. The collective check's cost (`phalanx.communication.checks.collective_check`): the loop of 2 with
+4. The collective check's cost (`phalanx.communication.checks.collective_check`): 2's custom loop with
    the codes on and off in alternating rounds of the same run (skipped when the run has them
    off). ratio = examples per second on / off (goal: within noise).
 
@@ -48,7 +52,7 @@ from torch import nn
 
 SIZES = {"4KB": 1 << 10, "256KB": 1 << 16, "4MB": 1 << 20, "64MB": 1 << 24}  # float32 elements
 GLOBAL_BATCH = 256
-EPOCHS, EPOCHS_QUICK = 4, 2  # of 25 steps (8 with --quick) a training round
+ROUND_STEPS = (30, 100)  # the training rounds, alternating: short and long
 
 
 def _round(fn: Callable[[], object], repeats: int) -> float:
@@ -91,16 +95,6 @@ def _best_alternating(
     return min(times_ours), min(times_ref)
 
 
-def _epochs(epoch: Callable[[], None], count: int) -> Callable[[], None]:
-    """One round: ``count`` epochs back to back."""
-
-    def run() -> None:
-        for _ in range(count):
-            epoch()
-
-    return run
-
-
 def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
@@ -112,27 +106,82 @@ def _mlp() -> nn.Module:
     )
 
 
-def _phalanx_epoch(strategy, data: list) -> Callable[[], None]:
-    """One epoch of the phalanx custom loop over ``data`` (the MLP, SGD, TF's loss convention)."""
+def _user_loop(strategy, batches: dict[int, list]) -> dict[int, Callable[[], object]]:
+    """The custom loop a user writes, one round function per round length: the MLP and SGD made
+    in the scope, ``experimental_distribute_dataset`` of in-memory global batches with its
+    default options, ``strategy.run`` per step (TF's loss convention, the loss returned), and
+    a final ``strategy.reduce`` of the last step's loss. Each round is one pass over its own
+    distributed dataset (a fresh iterator, as ``for x, y in dataset`` makes)."""
     import phalanx
 
     with strategy.scope():
         model = _mlp()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    options = phalanx.InputOptions(experimental_fetch_to_device=False)
-    dataset = strategy.experimental_distribute_dataset(data, options)
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         per_example = nn.functional.cross_entropy(model(x), y, reduction="none")
-        phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH).backward()  # summed
+        loss = phalanx.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH)
+        loss.backward()  # gradients summed across workers (TF's convention)
         optimizer.step()
         optimizer.zero_grad()
+        return loss.detach()
 
-    def epoch() -> None:
-        for x, y in dataset:
-            strategy.run(step, args=(x, y))
+    def make(data: list) -> Callable[[], object]:
+        dataset = strategy.experimental_distribute_dataset(data)
 
-    return epoch
+        def one_round() -> object:
+            per_replica = None
+            for x, y in dataset:
+                per_replica = strategy.run(step, args=(x, y))
+            return strategy.reduce("sum", per_replica, axis=None)
+
+        return one_round
+
+    return {steps: make(data) for steps, data in batches.items()}
+
+
+def _fit_loop(strategy, batches: dict[int, list]) -> dict[int, Callable[[], object]]:
+    """``Model.fit`` over the same global batches, one round function per round length: the
+    arrays of a round's batches, ``batch_size`` the global batch, one epoch, no shuffling (the
+    same batches as the other sides), ``verbose=0``; its global loss logged at every step."""
+    import phalanx
+
+    with strategy.scope():
+        model = phalanx.Model(_mlp())
+        model.compile(
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+            loss=phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+
+    def make(data: list) -> Callable[[], object]:
+        x, y = torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])
+        return lambda: model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+
+    return {steps: make(data) for steps, data in batches.items()}
+
+
+def _ddp_loop(reference, rank: int, batches: dict[int, list]) -> dict[int, Callable[[], object]]:
+    """The DDP loop a user writes: each worker's own half of every global batch, a plain loop,
+    gradients averaged by DDP's reducer on a plain gloo group."""
+    half = GLOBAL_BATCH // 2
+    model = nn.parallel.DistributedDataParallel(_mlp(), process_group=reference)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def make(data: list) -> Callable[[], object]:
+        mine = [(x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]) for x, y in data]
+
+        def one_round() -> object:
+            loss = None
+            for x, y in mine:
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            return loss
+
+        return one_round
+
+    return {steps: make(data) for steps, data in batches.items()}
 
 
 def _batches(steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -161,36 +210,40 @@ def _bench_all_reduce(strategy, reference, quick: bool) -> list[str]:
     return lines
 
 
-def _bench_training(strategy, reference, rank: int, quick: bool) -> str:
-    steps = 8 if quick else 25
-    data = _batches(steps, 1)
-    half = GLOBAL_BATCH // 2
-    mine = [(x[rank * half : (rank + 1) * half], y[rank * half : (rank + 1) * half]) for x, y in data]
-
-    ddp_model = nn.parallel.DistributedDataParallel(_mlp(), process_group=reference)
-    ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
-
-    def ddp_epoch() -> None:
-        for x, y in mine:
-            loss = nn.functional.cross_entropy(ddp_model(x), y)  # DDP averages gradients
-            loss.backward()
-            ddp_opt.step()
-            ddp_opt.zero_grad()
-
-    epochs = EPOCHS_QUICK if quick else EPOCHS
-    phalanx_round = _epochs(_phalanx_epoch(strategy, data), epochs)
-    times_ours, times_ddp, cpu_ours, cpu_ddp = _alternating(
-        phalanx_round, _epochs(ddp_epoch, epochs), 1, 3 if quick else 5
-    )
-    steps *= epochs
-    ours_rate, ddp_rate = GLOBAL_BATCH * steps / min(times_ours), GLOBAL_BATCH * steps / min(times_ddp)
-    return (
-        f"MLP 784-1024-1024-10 batch 256, 2 workers x 1 thread, {steps} steps a round   phalanx"
-        f" {ours_rate:7.0f} ex/s   DDP {ddp_rate:7.0f} ex/s   ratio {ours_rate / ddp_rate:5.2f}"
-        f" (median {_median(times_ddp) / _median(times_ours):4.2f})   (phalanx/DDP; goal >= 1.0)"
-        f"   CPU ms/step of worker 0: phalanx {min(cpu_ours) / steps * 1e3:5.1f}"
-        f"  DDP {min(cpu_ddp) / steps * 1e3:5.1f}"
-    )
+def _bench_training(strategy, reference, rank: int, quick: bool) -> list[str]:
+    """The user's loops against DDP's in alternating rounds of 30 and 100 steps (see the module
+    docstring); one line per phalanx loop and round length."""
+    batches = {steps: _batches(steps, seed) for seed, steps in enumerate(ROUND_STEPS, start=1)}
+    sides = {
+        "custom loop": _user_loop(strategy, batches),
+        "fit": _fit_loop(strategy, batches),
+        "DDP": _ddp_loop(reference, rank, batches),
+    }
+    for rounds in sides.values():  # warm-up: first-step work (broadcasts, DDP's bucket rebuild)
+        for one_round in rounds.values():
+            one_round()
+    wall = {(side, steps): [] for side in sides for steps in ROUND_STEPS}
+    cpu = {(side, steps): [] for side in sides for steps in ROUND_STEPS}
+    order = list(sides)
+    for repeat in range(2 if quick else 5):
+        for steps in ROUND_STEPS:
+            for side in order[repeat % 3 :] + order[: repeat % 3]:  # each side goes first in turn
+                start = time.process_time()
+                wall[side, steps].append(_round(sides[side][steps], 1) / steps)
+                cpu[side, steps].append((time.process_time() - start) / steps)
+    lines = []
+    for steps in ROUND_STEPS:
+        ddp_best, ddp_median = min(wall["DDP", steps]), _median(wall["DDP", steps])
+        ddp_cpu = min(cpu["DDP", steps]) * 1e3
+        for side in ("custom loop", "fit"):
+            best, median = min(wall[side, steps]), _median(wall[side, steps])
+            lines.append(
+                f"user's {side:<11} {steps:3d}-step rounds   phalanx {GLOBAL_BATCH / best:7.0f} ex/s   "
+                f"DDP {GLOBAL_BATCH / ddp_best:7.0f} ex/s   ratio {ddp_best / best:5.2f} (median "
+                f"{ddp_median / median:4.2f})   (phalanx/DDP; goal >= 1.3 shm, >= 1.0 gloo)   CPU ms/step "
+                f"of worker 0: phalanx {min(cpu[side, steps]) * 1e3:5.1f}  DDP {ddp_cpu:5.1f}"
+            )
+    return lines
 
 
 def _thread_ns() -> dict[str, int]:
@@ -282,8 +335,8 @@ def _bench_engines(strategy, reference, rank: int, quick: bool) -> str:
 
 
 def _bench_check(strategy, rank: int, quick: bool) -> str:
-    """The collective check's cost in one run: the training loop of `_bench_training` with the
-    codes on and off in alternating rounds (both workers switch at the same point)."""
+    """The collective check's cost in one run: the user's custom loop of `_bench_training` with
+    the codes on and off in alternating rounds (both workers switch at the same point)."""
     group = strategy._group
     if not group._check.enabled:
         return "collective check: off for this run (PHALANX_COLLECTIVE_CHECK=0), no A/B"
@@ -292,9 +345,8 @@ def _bench_check(strategy, rank: int, quick: bool) -> str:
         group._check.enabled = on
         group._gloo.set_checked(on)
 
-    epochs = EPOCHS_QUICK if quick else EPOCHS
-    steps = (8 if quick else 25) * epochs
-    run_round = _epochs(_phalanx_epoch(strategy, _batches(steps // epochs, 3)), epochs)
+    steps = ROUND_STEPS[0] if quick else ROUND_STEPS[-1]
+    run_round = _user_loop(strategy, {steps: _batches(steps, 3)})[steps]
 
     def rounds(on: bool) -> None:
         switch(on)
@@ -310,7 +362,7 @@ def _bench_check(strategy, rank: int, quick: bool) -> str:
     )
 
 
-def worker(quick: bool) -> None:
+def worker(quick: bool, sections: list[int]) -> None:
     import phalanx
 
     torch.set_num_threads(1)
@@ -319,10 +371,15 @@ def worker(quick: bool) -> None:
     rank = strategy.cluster_resolver.worker_index
     # the references on plain gloo: the default group is phalanx's own (process_group.py)
     reference = dist.new_group(backend="gloo")
-    lines = _bench_all_reduce(strategy, reference, quick)
-    lines.append(_bench_training(strategy, reference, rank, quick))
-    lines.append(_bench_engines(strategy, reference, rank, quick))
-    lines.append(_bench_check(strategy, rank, quick))
+    lines: list[str] = []
+    if 1 in sections:
+        lines += _bench_all_reduce(strategy, reference, quick)
+    if 2 in sections:
+        lines += _bench_training(strategy, reference, rank, quick)
+    if 3 in sections:
+        lines.append(_bench_engines(strategy, reference, rank, quick))
+    if 4 in sections:
+        lines.append(_bench_check(strategy, rank, quick))
     if rank == 0:
         group = strategy._group
         transport = "shared memory (same machine)" if group.uses_shared_memory else "gloo"
@@ -338,18 +395,22 @@ def worker(quick: bool) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (about a minute)")
+    parser.add_argument(
+        "--section", type=int, action="append", choices=(1, 2, 3, 4), help="run only these (repeatable)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sections = args.section or [1, 2, 3, 4]
     if args.worker:
-        worker(args.quick)
+        worker(args.quick, sections)
         return 0
     from phalanx.cluster import launch
 
     return launch(
         os.path.abspath(__file__),
         workers=2,
-        args=["--worker"] + (["--quick"] if args.quick else []),
+        args=["--worker"] + (["--quick"] if args.quick else []) + [f"--section={n}" for n in sections],
         timeout=600,
     )
 

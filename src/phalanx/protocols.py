@@ -68,6 +68,9 @@ class VariableHome(Protocol):
     def aggregate_sync_on_read(self, var: Any) -> torch.Tensor:
         """The cross-replica value of a sync-on-read variable (a collective with several workers)."""
 
+    def forget_read(self, var: Any) -> None:
+        """Drops what `reading_together` aggregated for ``var`` (it was written)."""
+
     def merged_assign(
         self, var: Any, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], index: int
     ) -> Any:

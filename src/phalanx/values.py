@@ -25,11 +25,17 @@ class ReduceOp(enum.Enum):
     @classmethod
     def coerce(cls, op: ReduceOp | str) -> ReduceOp:
         """Accepts a ReduceOp or its name in any case ("sum", "MEAN")."""
-        if isinstance(op, cls):
+        if type(op) is cls:
             return op
-        if isinstance(op, str) and op.upper() in cls.__members__:
-            return cls[op.upper()]
-        raise ValueError(f"reduce op must be ReduceOp.SUM, ReduceOp.MEAN, 'SUM' or 'MEAN'. Received: {op!r}.")
+        found = _REDUCE_OPS.get(op.upper()) if isinstance(op, str) else None  # (reduce runs every step)
+        if found is None:
+            raise ValueError(
+                f"reduce op must be ReduceOp.SUM, ReduceOp.MEAN, 'SUM' or 'MEAN'. Received: {op!r}."
+            )
+        return found
+
+
+_REDUCE_OPS = {op.name: op for op in ReduceOp}
 
 
 class DistributedValues:

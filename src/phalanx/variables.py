@@ -257,7 +257,7 @@ class DistributedVariable(torch.Tensor):
 
     @property
     def aggregation(self) -> VariableAggregation:
-        """How replicas' values combine: a sync-on-read read, a merged replica write."""
+        """How replicas' writes combine, and a sync-on-read read aggregates (tf.Variable's)."""
         return self._aggregation
 
     @property
@@ -511,6 +511,7 @@ class SyncOnReadVariable(DistributedVariable):
         return self
 
     def _write_aggregate(self, value: torch.Tensor) -> None:
+        self._strategy.variable_policy.forget_read(self)  # an aggregate read before is stale
         sum_like = self._aggregation is VariableAggregation.SUM
         first_worker = self._strategy.worker_rank == 0
         with torch.no_grad():

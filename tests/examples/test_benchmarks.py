@@ -47,3 +47,13 @@ def test_scaling_benchmark_compares_both_transports_with_ddp(tmp_path):
     assert "2 workers, shared memory" in done.stdout
     assert "2 workers, gloo" in done.stdout
     assert plot.stat().st_size > 0
+
+
+def test_multiworker_benchmark_times_the_users_loops_against_ddp():
+    # section 2 only: the custom loop and fit, in rounds of 30 and 100 steps, each against DDP
+    done = run_python(BENCHMARKS / "bench_multiworker.py", "--quick", "--section", "2", timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for loop in ("custom loop", "fit        "):
+        for steps in (" 30", "100"):
+            assert f"user's {loop} {steps}-step rounds" in done.stdout
+    assert done.stdout.count("CPU ms/step of worker 0") == 4

@@ -5,7 +5,12 @@ file (the plain ``load_state_dict(torch.load(path, mmap=True))``) and from a saf
 train a few steps and save the end weights as safetensors, matching one device. The same
 program under MultiWorkerMirroredStrategy (which holds the whole model on every worker, so
 builds it on the CPU) is killed by the cap. Skipped where no memory cgroup can be made (not
-root, no cgroup v1 memory controller)."""
+root, no cgroup v1 memory controller).
+
+The workers run with glibc's default malloc settings, as a user's process does. The full-size
+run (docs/big_models.md) is the same test at another size: ``PHALANX_BIG_MODEL_BYTES=1.07e9``
+builds 64 x ``Linear(2048, 2048)`` (a 2048-wide stack of that many bytes; under 500 MB, a
+1024-wide one), and ``pytest -s`` prints each worker's measured peak."""
 
 from __future__ import annotations
 
@@ -29,13 +34,23 @@ from support.strategies import ProcessRunner
 
 pytestmark = pytest.mark.multiprocess
 WORKERS, GLOBAL_BATCH, STEPS = 4, 8, 3
-WIDTH, DEPTH = 1024, 24  # 25.2M float32 parameters: 100.7 MB
+# the opt-in full size, read here as PHALANX_TORCH_CONFORMANCE is (a test's size, no phalanx knob)
+MODEL_BYTES = float(os.environ.get("PHALANX_BIG_MODEL_BYTES", "0") or 0)
+
+
+def _shape(model_bytes: float) -> tuple[int, int]:
+    """(width, depth) of the stack of about ``model_bytes`` float32 bytes (0: the default size)."""
+    if not model_bytes:
+        return 1024, 24  # 25.2M float32 parameters: 100.7 MB
+    width = 2048 if model_bytes >= 5e8 else 1024
+    return width, max(1, round(model_bytes / (width * (width + 1) * 4)))
+
+
+WIDTH, DEPTH = _shape(MODEL_BYTES)
+# seconds per worker run: the default size's, scaled with the model (the box may be loaded)
+TIMEOUT = 240 * max(1.0, WIDTH * (WIDTH + 1) * DEPTH * 4 / 2e8)
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 MEMORY = Path("/sys/fs/cgroup/memory")
-# glibc's defaults let the layers FSDP2 gathers each step fragment the heap, which a process's
-# usage then counts (docs/big_models.md); this test measures what loading holds, so its workers
-# give freed blocks back as benchmarks/bench_fsdp.py's do
-MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
 def _stack(width: int, depth: int) -> nn.Module:
@@ -82,13 +97,16 @@ def capped(strategy: phalanx.Strategy, groups: list[str], sources: dict[str, str
     _program(strategy, WIDTH, 1, sources["layer"], os.path.join(folder, "layer.safetensors"))
     runtime = int((group / "memory.max_usage_in_bytes").read_text())
     model_bytes = WIDTH * (WIDTH + 1) * DEPTH * 4
-    (group / "memory.limit_in_bytes").write_text(str(runtime + int(0.8 * model_bytes)))
-    losses = {}
+    cap = runtime + int(0.8 * model_bytes)
+    (group / "memory.limit_in_bytes").write_text(str(cap))
+    losses, peaks = {}, {}
     for kind in ("torch", "safetensors"):
+        (group / "memory.max_usage_in_bytes").write_text("0")  # this program's peak from here
         end = os.path.join(folder, f"end-{kind}.safetensors")
         losses[kind] = _program(strategy, WIDTH, DEPTH, sources[kind], end)
+        peaks[kind] = int((group / "memory.max_usage_in_bytes").read_text())
         gc.collect()  # the model of one program is gone before the next (FSDP2's modules hold cycles)
-    return {"losses": losses}
+    return {"losses": losses, "runtime": runtime, "cap": cap, "peaks": peaks}
 
 
 def _own_memory_group() -> Path | None:
@@ -169,8 +187,15 @@ def test_four_capped_workers_load_train_and_save_a_model_none_of_them_could_hold
     out = tmp_path / "out"
     out.mkdir()
     runner = ProcessRunner("fsdp_4workers", "experimental.FullyShardedStrategy", tmp_path, WORKERS)
-    workers = runner.run(capped, [str(g) for g in memory_groups], sources, str(out), env=MALLOC, timeout=240)
+    workers = runner.run(capped, [str(g) for g in memory_groups], sources, str(out), timeout=TIMEOUT)
     assert [_oom_kills(g) for g in memory_groups] == [0] * WORKERS
+    model_mb = WIDTH * (WIDTH + 1) * DEPTH * 4 / 1e6
+    for rank, worker in enumerate(workers):  # shown with pytest -s (docs/big_models.md's figures)
+        peaks = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in worker["peaks"].items())
+        print(
+            f"worker {rank}: model {model_mb:.1f} MB, runtime {worker['runtime'] / 2**20:.0f} MiB, "
+            f"cap {worker['cap'] / 2**20:.0f} MiB, peak (cgroup) {peaks}"
+        )
     expected_losses, expected = _one_device(sources["torch"])
     for kind in ("torch", "safetensors"):
         for worker in workers:
@@ -187,7 +212,7 @@ def test_the_same_program_under_multi_worker_mirrored_is_killed_by_the_cap(memor
     runner = ProcessRunner("mwms_4workers", "MultiWorkerMirroredStrategy", tmp_path, WORKERS)
     groups = [str(g) for g in memory_groups]
     with pytest.raises(AssertionError, match="tasks failed") as failed:
-        runner.run(capped, groups, sources, str(out), env=MALLOC, timeout=240)
+        runner.run(capped, groups, sources, str(out), timeout=TIMEOUT)
     assert not isinstance(failed.value, ClusterTimeout)
     assert re.search(r"'worker-\d': -9", str(failed.value)), "a worker was killed (SIGKILL)"
     assert sum(_oom_kills(g) for g in memory_groups) >= 1, "by the cgroup's OOM killer"

@@ -170,6 +170,8 @@ def test_keras_under_two_workers_restore_metrics_and_predict_order(tmp_path, one
         torch.testing.assert_close(torch.tensor(result["predictions"]), expected)  # input order, 53 = 6x8 + 5
         assert result["metric"] == pytest.approx(reference.result().item())
         assert result["loss"] == pytest.approx(loss, rel=1e-5)
+        assert result["logs"] == result["one_by_one"]  # the same sums, exactly (2 workers)
+        assert result["logs_collectives"] == 1
 
 
 def test_sync_batch_norm_across_workers(tmp_path):

@@ -12,7 +12,7 @@ import torch
 from phalanx.input._dataset_members import DistributedDatasetMembers, DistributedIteratorMembers
 from phalanx.input.input_options import AutoShardPolicy, InputContext, InputOptions, InputReplicationMode
 from phalanx.input.per_replica_input import PerReplicaInput
-from phalanx.input.splitting import as_tensors, batch_size_of, slice_batch, split_sizes
+from phalanx.input.splitting import as_tensors, batch_size_of, slice_batch, split_sizes, usual_batch_size
 from phalanx.values import iter_leaves, map_structure, regroup
 
 if TYPE_CHECKING:
@@ -106,6 +106,8 @@ class DistributedIterator(DistributedIteratorMembers):
         self._template: list[Any] | None = None
         self._steps = 0
         self._devices = strategy.input_devices if options.experimental_fetch_to_device else None
+        # every piece goes to the CPU: a tensor is there when `is_cpu` (no device object to make)
+        self._to_cpu = self._devices is not None and all(d.type == "cpu" for d in self._devices)
         # With one replica in the job its batch is the global batch: `run` needs no ledger entry
         # to know the global count or the replica's offset (0), and the step saves its cost.
         self._remember = strategy.num_replicas_in_sync > 1
@@ -132,9 +134,11 @@ class DistributedIterator(DistributedIteratorMembers):
         pieces, global_count, offsets = step
         self._steps += 1
         self._template = pieces
-        if self._devices is not None:
+        if self._to_cpu:
+            pieces = [p if _all_on_cpu(p) else _to_device(p, torch.device("cpu")) for p in pieces]
+        elif self._devices is not None:
             pieces = [_to_device(p, d) for p, d in zip(pieces, self._devices, strict=True)]
-        batch = regroup(pieces)
+        batch = pieces[0] if len(pieces) == 1 else regroup(pieces)
         if self._remember:
             self._strategy.remember_batch(batch, global_count, offsets)
         return batch
@@ -176,9 +180,19 @@ class DistributedIterator(DistributedIteratorMembers):
             return Optional()
 
 
+def _all_on_cpu(structure: Any) -> bool:
+    """Whether every tensor of a usual ``(x, y[, None])`` batch is on the CPU (False: look closer)."""
+    if type(structure) is not tuple:
+        return False
+    for t in structure:  # noqa: SIM110 - a loop: no generator made at every step
+        if t is not None and (type(t) is not torch.Tensor or not t.is_cpu):
+            return False
+    return True
+
+
 def _to_device(structure: Any, device: torch.device) -> Any:
     if all(not isinstance(t, torch.Tensor) or t.device == device for t in iter_leaves(structure)):
-        return structure  # the usual case on the CPU: nothing to rebuild
+        return structure  # nothing to rebuild
     non_blocking = device.type == "cuda"
     return map_structure(
         lambda t: t if t.device == device else t.to(device, non_blocking=non_blocking), structure
@@ -204,13 +218,17 @@ class _Splitter:
 
     def __call__(self) -> tuple[list[Any], int | None, list[int] | None] | None:
         try:
-            batch = as_tensors(self._peeked.pop() if self._peeked else next(self._batches))
+            batch = self._peeked.pop() if self._peeked else next(self._batches)
         except StopIteration:
             return None
-        size = batch_size_of(batch)
-        replicas, first = self._strategy.num_replicas_in_sync, self._strategy.first_replica_id
+        size = usual_batch_size(batch)  # (x, y) of tensors: nothing to convert, one look
+        if size < 0:
+            batch = as_tensors(batch)
+            size = batch_size_of(batch)
+        replicas = self._strategy.num_replicas_in_sync
         if replicas == 1:  # one replica in the job takes the whole batch, unsliced
             return [batch], size, [0]
+        first = self._strategy.first_replica_id
         sizes = split_sizes(size, replicas)
         starts = [sum(sizes[:g]) for g in range(replicas)]
         mine = range(first, first + self._strategy.num_local_replicas)

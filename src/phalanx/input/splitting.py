@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["batch_size_of", "as_tensors", "split_sizes", "slice_batch"]
+__all__ = ["as_tensors", "batch_size_of", "slice_batch", "split_sizes", "usual_batch_size"]
 
 
 def split_sizes(batch_size: int, num_parts: int) -> list[int]:
@@ -26,6 +26,12 @@ def as_tensors(structure: Any) -> Any:
     """Converts NumPy arrays (and nested tuples/lists/dicts of them) to tensors without copying."""
     if isinstance(structure, torch.Tensor):
         return structure
+    if type(structure) is tuple:  # the usual batch, ``(x, y[, None])``: nothing to convert or rebuild
+        for v in structure:
+            if type(v) is not torch.Tensor and v is not None:
+                break
+        else:
+            return structure
     if isinstance(structure, np.ndarray):
         return torch.from_numpy(structure)
     if isinstance(structure, tuple) and hasattr(structure, "_fields"):
@@ -37,12 +43,30 @@ def as_tensors(structure: Any) -> Any:
     return structure
 
 
+def usual_batch_size(structure: Any) -> int:
+    """The batch size of the usual batch, a tuple of tensors (and Nones) with one batch size;
+    -1 for anything else (`as_tensors` and `batch_size_of` then decide). One cheap look: the
+    distributed iterator asks it at every step."""
+    size = -1
+    if type(structure) is tuple:
+        for v in structure:
+            if v is None:
+                continue
+            if type(v) is not torch.Tensor or v.dim() == 0 or (size >= 0 and v.shape[0] != size):
+                return -1
+            size = v.shape[0]
+    return size
+
+
 def batch_size_of(structure: Any) -> int:
     """The leading dimension of the first tensor leaf.
 
     Raises:
         ValueError: The batch has no tensor, or its tensors disagree on the batch size.
     """
+    size = usual_batch_size(structure)  # the usual batch, ``(x, y[, None])``: no walk, no set
+    if size >= 0:
+        return size
     sizes: set[int] = set()
     _collect_sizes(structure, sizes)
     if not sizes:

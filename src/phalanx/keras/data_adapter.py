@@ -244,6 +244,9 @@ class DataHandler:
         batches = self._raw_epoch(epoch)
         if self._steps_per_epoch is not None:
             batches = itertools.islice(batches, self._steps_per_epoch)
+        if self._arrays is not None:  # cast once when the handler was made: slices of tensors
+            yield from (unpack_batch(batch) for batch in itertools.islice(batches, skip, None))
+            return
         for batch in itertools.islice(batches, skip, None):
             yield unpack_batch(_to_tensors(batch, self._float_dtype))
 

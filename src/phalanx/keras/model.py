@@ -238,7 +238,11 @@ class Model(nn.Module):
         """The loss tracker's and the metrics' values, by name: global over every replica and
         worker (a metric's ``result()`` reads across workers: all workers call it). Keras 3's
         ``get_metrics_result``; the logs ``fit`` and ``evaluate`` hand the callbacks."""
-        return {m.name: float(m.result()) for m in self.metrics}
+        metrics = self.metrics
+        # every metric's state in one cross-worker sum, not one each (read at every step by fit)
+        states = (state for m in metrics for state in m.buffers())
+        with self._strategy.variable_policy.reading_together(states):
+            return {m.name: float(m.result()) for m in metrics}
 
     def resume_at(self, epoch: int, step: int) -> None:
         """Makes the ``fit`` now starting continue at ``step`` of ``epoch`` instead of at

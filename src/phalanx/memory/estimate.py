@@ -60,17 +60,32 @@ __all__ = [
 
 STRATEGY_KINDS = ("multi_worker_mirrored", "fully_sharded", "model_parallel")
 MiB = 1 << 20
-# what a worker adds from the strategy's creation whatever the model: threads, the modules
-# torch and phalanx import at first use (scope hooks, DTensor, the optimizer's kernels), the
-# Python objects of the step (measured with a 66k-parameter model: 44-48 MiB per worker)
-BASE_RUNTIME_BYTES = 44 * MiB
-# units FSDP2 holds gathered at the peak of backward: between 2 (the unit computed and the one
-# prefetched) and 3 (with a unit's unsharded gradients or the reduce-scatter's input); fitted
-GATHERED_UNITS = 2.5
+# what a worker adds from the strategy's creation whatever the model: threads, the pages of
+# torch's kernels run for the first time, the step's Python objects (measured with the
+# benchmark's MLP, less its tensors and segments: 19-22 MiB per worker). Not modules: making a
+# torch optimizer imports torch._dynamo (~25 MiB of Python objects, whatever the strategy)
+BASE_RUNTIME_BYTES = 20 * MiB
+# FSDP2 at the peak of backward: the unit computed, its unsharded gradients, the next unit
+# prefetched, and the gradient shards reduced so far (about half a unit); counted in place of
+# the gradients and the step's temporaries, which the backward peak exceeds only when units
+# are large against a worker's share (fitted)
+GATHERED_UNITS = 3.5
+# release_memory=False: FSDP2 keeps each unit's reduce-scatter input through the next unit's
+# backward, and glibc's heap keeps the gathered units it served (fitted to the benchmark's
+# raw FSDP2 on gloo, 6 Adam steps, two runs: 28-35 units; it grows with the steps)
+KEPT_INPUT_UNITS = 1
+RETAINED_HEAP_UNITS = 31
 # MultiWorkerMirrored's gradient engine: buckets staged for their all-reduce at the peak (fitted)
 REDUCTION_SHARE = 0.6
-# phalanx's same-host transport: 2 buffer sets x W slots x 4 MiB (transports/shm/shared_memory.py)
+# model_parallel with a batch axis of more than one worker: its mesh's subgroups carry FSDP2's
+# collectives over gloo, whose recent works (16) keep their tensors (fitted: the benchmark's
+# (2, 2) mesh, in units of the batch axis's unit)
+SUBGROUP_WORKS_UNITS = 10.7
+# phalanx's same-host transport: an all-reduce's slots hold 4 MiB of float32 each
+# (transports/shm/shared_memory.py: 2 buffer sets x W slots); broadcasts, all-gathers and
+# reduce-scatters share one 8 MiB set between the workers
 SHM_SLOT_BYTES = 4 * MiB
+SHM_SET_BYTES = 8 * MiB
 _PARTS = (
     "runtime",
     "parameters",
@@ -80,6 +95,8 @@ _PARTS = (
     "reduction",
     "gathered_units",
     "activations",
+    "allocator",
+    "whole_model",
 )
 
 # optimizer class name -> (state tensors per parameter, temporaries of the step per parameter)
@@ -313,6 +330,8 @@ def estimate_memory(
     per_worker_batch: int | None = None,
     mixed_precision: Any = None,
     runtime_bytes: int | None = None,
+    built_whole: bool = False,
+    release_memory: bool = True,
 ) -> MemoryEstimate:
     """One worker's peak resident memory growth under ``strategy``, broken down (any process).
 
@@ -331,6 +350,14 @@ def estimate_memory(
             ``MixedPrecisionPolicy``: parameters are gathered and activations kept in it.
         runtime_bytes: What the strategy holds before any model (default: phalanx's
             transport and threads, see the module docstring).
+        built_whole: ``fully_sharded``/``model_parallel``: the model is made whole on every
+            worker's device in the scope (not on the meta device), and sharded at the first
+            run: the worker then holds it whole plus its shards for a moment (``whole_model``:
+            what that adds above the training peak). MultiWorkerMirrored always holds it whole.
+        release_memory: False: FSDP2 and glibc as they are (raw FSDP2, or
+            ``FullyShardedStrategy(release_memory=False)``): the kept reduce-scatter input
+            and what glibc's heap keeps of the gathered units (``allocator``, fitted to the
+            benchmark's 6 steps).
 
     Returns:
         The `MemoryEstimate` (its ``peak`` and ``parts``).
@@ -347,10 +374,11 @@ def estimate_memory(
         state, step = optimizer if isinstance(optimizer, tuple) else optimizer_factors(optimizer)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    whole_unit = _unit_bytes(model, param_dtype)
+    unit = whole_unit // gather_split if gather_split else 0
     if runtime_bytes is None:
-        runtime_bytes = BASE_RUNTIME_BYTES + (2 * workers * SHM_SLOT_BYTES if workers > 1 else 0)
+        runtime_bytes = BASE_RUNTIME_BYTES + _transport_bytes(strategy, workers, trained, unit)
     sharded = strategy != "multi_worker_mirrored"
-    unit = _unit_bytes(model, param_dtype) // gather_split if gather_split else 0
     parts = {
         "runtime": runtime_bytes,
         "parameters": params // share,
@@ -358,10 +386,42 @@ def estimate_memory(
         "optimizer_state": int(state * trained) // share,
         "optimizer_step": int(step * trained) // share,
         "reduction": 0 if sharded or workers == 1 else int(REDUCTION_SHARE * trained),
-        "gathered_units": int(GATHERED_UNITS * unit),
         "activations": _activations(model, sample_input, per_worker_batch, param_dtype),
     }
+    units = GATHERED_UNITS + (0 if release_memory else KEPT_INPUT_UNITS)
+    parts["gathered_units"] = max(0, int(units * unit) - parts["gradients"] - parts["optimizer_step"])
+    parts["allocator"] = 0 if release_memory or not unit else int(RETAINED_HEAP_UNITS * unit)
+    if strategy == "model_parallel" and gather_split:
+        parts["allocator"] += int(SUBGROUP_WORKS_UNITS * unit)
+    training = sum(v for k, v in parts.items() if k != "runtime")
+    # sharding a model made whole: all of it, this worker's shards, and one unit in transit
+    building = params + params // share + whole_unit if sharded and built_whole else 0
+    parts["whole_model"] = max(0, building - training)
     return MemoryEstimate(strategy, workers, {name: int(parts[name]) for name in _PARTS})
+
+
+def _transport_bytes(strategy: str, workers: int, trained: int, unit: int) -> int:
+    """The shared-memory segments a worker maps and reads (phalanx's same-host transport; none
+    for one worker): MultiWorkerMirrored's all-reduces fill every slot of 2 sets of ``W`` up to
+    4 MiB slots, its broadcasts (initial values) the chief's slot of the sets broadcasts,
+    all-gathers and reduce-scatters share; FSDP2's per-unit collectives fill those sets; a
+    model_parallel job broadcasts whole units from the chief (its axes' subgroups: gloo)."""
+    if workers < 2:
+        return 0
+    part = _power_of_two(max(1024, SHM_SET_BYTES // 4 // workers), down=True) * 4  # float32 slot
+    if strategy == "fully_sharded":
+        return 2 * workers * min(part, _power_of_two(max(1, unit // 4 // workers)) * 4)
+    broadcasts = 2 * part
+    if strategy == "model_parallel":
+        return broadcasts
+    bucket = min(trained, 25 * MiB) // 4  # the gradient engine's buckets, float32
+    slot = min(SHM_SLOT_BYTES, _power_of_two(max(1024, bucket)) * 4)
+    return 2 * workers * slot + (broadcasts if part != slot else 0)  # same size: one segment
+
+
+def _power_of_two(n: int, down: bool = False) -> int:
+    """The power of two at or above ``n`` (``down``: at or below)."""
+    return 1 << (n.bit_length() - 1) if down else 1 << (n - 1).bit_length()
 
 
 def _activations(model: nn.Module, sample: Any, batch: int | None, dtype: torch.dtype | None) -> int:

@@ -26,7 +26,7 @@ class BatchLedger:
             if len(self._entries) > _KEEP:
                 del self._entries[next(iter(self._entries))]
 
-    def take(self, args: Any, kwargs: dict[str, Any]) -> tuple[int | None, list[int] | None]:
+    def take(self, args: Any, kwargs: dict[str, Any] | None) -> tuple[int | None, list[int] | None]:
         """The facts of the remembered batch among ``args``/``kwargs`` (found by identity),
         else of the latest batch handed out; (None, None) when none is remembered."""
         if not self._entries:

@@ -49,16 +49,18 @@ def check_run_call(strategy: DistributionStrategy, fn: Callable[..., Any], args:
         )
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"strategy.run kwargs must be a dict. Received: {type(kwargs).__name__}.")
-    for value in (*args, *(kwargs or {}).values()):
-        check_components(strategy, value)
-    warn_undistributed(strategy, [*args, *(kwargs or {}).values()])
-    replica = context.current_replica()
-    if replica is not None and not replica[0].is_default:
+    values = (*args, *kwargs.values()) if kwargs else args
+    for value in values:
+        if type(value) is not torch.Tensor:  # a plain tensor has no components to count
+            check_components(strategy, value)
+    if strategy.num_local_replicas > 1:
+        warn_undistributed(strategy, values)
+    top = context.current_frame()  # the replica context, if any, is the top frame's
+    if top is not None and top.replica_context is not None and not top.strategy.is_default:
         raise RuntimeError(
             "strategy.run was called inside a replica context (inside another run). "
             "HINT: call strategy.run from the training loop, outside strategy.run."
         )
-    top = context.current_frame()
     current = top.strategy if top is not None else strategy
     if current is not strategy and not current.is_default:
         raise RuntimeError(

@@ -29,6 +29,7 @@ from phalanx.state_views import sharded_state_dicts, sharded_views_open
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from phalanx.strategies.sharding.meta_init import MetaInit, post_order
 from phalanx.strategies.sharding.plan import ShardingPlan
+from phalanx.strategies.sharding.reduce_scatter import FreeingReduceScatter
 from phalanx.strategies.step_sync import StepSync
 from phalanx.variables import AGGREGATION_MARK, DistributedVariable
 
@@ -192,11 +193,12 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
         release_memory: Keep the process's resident memory near what it holds (default):
             glibc maps every allocation of 1 MiB or more on its own and returns it when freed
             (`phalanx.memory.map_large_allocations`, set for the whole process at the
-            strategy's creation), and the heap's free memory is returned after each optimizer
-            step. Without it glibc keeps the layers FSDP2 gathers each step in its heap, and
-            a worker's peak resident memory counts them (docs/big_models.md, Memory per
-            worker). False, and one worker (nothing is gathered), leave the C allocator as
-            it is.
+            strategy's creation), the heap's free memory is returned after each optimizer
+            step, and on the CPU each unit's reduce-scatter input is freed as soon as its
+            collective returns (FSDP2 would keep it through the next unit's backward). Without
+            it glibc keeps the layers FSDP2 gathers each step in its heap, and a worker's peak
+            resident memory counts them (docs/big_models.md, Memory per worker). False, and
+            one worker (nothing is gathered), leave the C allocator and FSDP2 as they are.
 
     Raises:
         ValueError: ``shard`` is not one of `SHARD_MODES`, more than one device is given,
@@ -416,8 +418,7 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
                 fully_shard(
                     unit, mesh=mesh, reshard_after_forward=self._shard == "full", mp_policy=self._mp_policy
                 )
-                unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # TF's convention: sums
-                unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # SUM on gloo too
+                self._configure_unit(unit)
                 if filled:
                     self._meta.allocate(unit)
                 unit.set_requires_gradient_sync(self._units_sync, recurse=False)  # type: ignore[operator]
@@ -437,6 +438,15 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             self._unbroadcast.extend(meta_buffers)
             self._broadcast_from_chief()
         self._meta.pending = False
+
+    def _configure_unit(self, unit: nn.Module) -> None:
+        """FSDP2's settings of a unit just sharded (here and in ModelParallelStrategy): TF's
+        convention (gradients summed, SUM on the wire), and with ``release_memory`` on the CPU
+        a reduce-scatter that frees its input when it returns (`FreeingReduceScatter`)."""
+        unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]
+        unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # SUM on gloo too
+        if self._release_memory and self._devices[0].type == "cpu":
+            unit.set_custom_reduce_scatter(FreeingReduceScatter())  # type: ignore[operator]
 
     def _agreed(self, flags: list[bool]) -> list[bool]:
         """Each flag, true only where it is true on every worker (one all-reduce; every worker

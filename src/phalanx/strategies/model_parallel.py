@@ -323,8 +323,7 @@ class ModelParallelStrategy(FullyShardedStrategy):
                     module.register_parameter(name, nn.Parameter(local, requires_grad=p.requires_grad))
         if data is not None:
             fully_shard(unit, mesh=data, reshard_after_forward=True, mp_policy=self._mp_policy)
-            unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # TF's convention: sums
-            unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # SUM on gloo too
+            self._configure_unit(unit)
 
     def _broadcast_whole(self, params: Sequence[torch.Tensor]) -> None:
         """The chief's values of ``params`` on every worker (all workers; one broadcast per dtype)."""

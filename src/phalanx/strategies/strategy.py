@@ -101,6 +101,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
         self._replica_frame = context.Frame(self, self._replica_contexts[0])
         self._batches = BatchLedger()
         self._run_count = 0
+        self._timeline_asked = False  # `_start_timeline_if_asked` ran (at a scope or run)
         self._variable_policy = self._make_variable_policy()
         self._sync_switch = SyncSwitch(type(self).__name__)
         self._reduction = CrossReplicaReduction(self, self._cross_device_ops)
@@ -271,18 +272,26 @@ class Strategy(StrategyInput, TFStrategyMembers):
                 "scope first; one program uses one strategy."
             )
         self._use_torch_hooks()
+        self._start_timeline_if_asked()
         replica_context = top.replica_context if top is not None and top.strategy is self else None
         with context.push_frame(self, replica_context):
             yield self
 
     def _use_torch_hooks(self) -> None:
-        """Installs phalanx's changes to torch (`phalanx._hooks`) if they are not in place."""
+        """Installs phalanx's changes to torch (`phalanx._hooks`) if they are not in place
+        (at every scope and `run`: they come off while no strategy is alive)."""
         if self.is_default:
             return
         _hooks.install()
         if self._num_local_replicas > 1 or hasattr(self.step_sync, "before_unscale"):
             adopt_torch_grad_scalers()  # per-replica state; sharded parameters before unscale_
-        if settings.current().timeline:  # opt-in tracing starts with the first scope
+
+    def _start_timeline_if_asked(self) -> None:
+        """Starts the opt-in tracing (``PHALANX_TIMELINE``) at a scope, or at this strategy's
+        first `run` (a strategy run without a scope). Not at every `run`: reading the
+        environment costs more than the rest of `run`'s bookkeeping."""
+        self._timeline_asked = True
+        if not self.is_default and settings.current().timeline:
             from phalanx import timeline
 
             timeline.start()
@@ -312,8 +321,11 @@ class Strategy(StrategyInput, TFStrategyMembers):
             TypeError: ``options`` is not a `RunOptions` (TPU-only in TF: accepted, no effect).
         """
         check_run_call(self, fn, args, kwargs)
-        check_run_options(options)  # TF's options steer TPU compilation only: nothing to apply
+        if options is not None:
+            check_run_options(options)  # TF's options steer TPU compilation only: nothing to apply
         self._use_torch_hooks()
+        if not self._timeline_asked:
+            self._start_timeline_if_asked()
         self._before_run()
         self._gradient_sync.prepare_run()
         try:
@@ -324,21 +336,21 @@ class Strategy(StrategyInput, TFStrategyMembers):
     def _run_replicas(
         self, fn: Callable[..., Any], args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any] | None
     ) -> Any:
-        kwargs = kwargs or {}
         gbs, offsets = self._batches.take(args, kwargs)
         self._run_count += 1
-        for i, replica_ctx in enumerate(self._replica_contexts):
-            replica_ctx.begin_step(gbs, offsets[i] if offsets else 0)
-        if self._num_local_replicas == 1:
+        if self._num_local_replicas == 1:  # on the calling thread: no threads, no write guard
+            only = self._replica_contexts[0]
+            only.begin_step(gbs, offsets[0] if offsets else 0)
             previous = context.push_replica_frame(self._replica_frame, 0)
             try:
-                return fn(*args, **kwargs)
+                return fn(*args, **kwargs) if kwargs else fn(*args)
             finally:
                 context.pop_replica_frame(previous)
                 self.step_sync.reset_thread()
-                # The default strategy's replica context is also the one code outside any run
-                # sees: the step's global batch size must not outlive the step.
-                self._replica_contexts[0].end_step()
+                only.end_step()
+        kwargs = kwargs or {}
+        for i, replica_ctx in enumerate(self._replica_contexts):
+            replica_ctx.begin_step(gbs, offsets[i] if offsets else 0)
         grad_mode = torch.is_grad_enabled()
         modes = thread_modes()
         # modules hand replicas plain components: their in-place writes outside a step are checked
@@ -523,7 +535,8 @@ class Strategy(StrategyInput, TFStrategyMembers):
         Raises:
             RuntimeError: Called inside `run` (use ``get_replica_context().all_reduce``).
         """
-        return self._reduction.reduce(ReduceOp.coerce(reduce_op), value, axis)
+        op = reduce_op if type(reduce_op) is ReduceOp else ReduceOp.coerce(reduce_op)
+        return self._reduction.reduce(op, value, axis)
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates every replica's value along ``axis``, in global replica order (cross-replica).

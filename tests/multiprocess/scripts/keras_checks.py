@@ -30,6 +30,14 @@ predictions = model.predict(x, batch_size=8)
 loss, accuracy = model.evaluate(x, y, batch_size=10, verbose=0)
 for batch in strategy.experimental_distribute_dataset([(x[:25], y[:25])]):
     strategy.run(lambda a, b: metric.update_state(a, model(b)), args=(batch[1], batch[0]))
+# fit's per-step logs: every metric state (loss total and count, accuracy total and count) in
+# one cross-worker all-reduce, giving what reading each state on its own gives
+one_by_one = {m.name: float(m.result()) for m in model.metrics}
+calls = []
+all_reduce = strategy._cross_worker_all_reduce
+strategy._cross_worker_all_reduce = lambda *args, **kwargs: calls.append(1) or all_reduce(*args, **kwargs)
+logs = model._logs()
+strategy._cross_worker_all_reduce = all_reduce
 with open(os.path.join(out_dir, f"keras-{rank}.json"), "w") as f:
     json.dump(
         {
@@ -37,6 +45,9 @@ with open(os.path.join(out_dir, f"keras-{rank}.json"), "w") as f:
             "loss": loss,
             "accuracy": accuracy,
             "metric": float(metric.result()),
+            "logs": logs,
+            "one_by_one": one_by_one,
+            "logs_collectives": len(calls),
             "weight": net.state_dict()["0.weight"].tolist(),
         },
         f,

@@ -80,3 +80,11 @@ def test_two_shot_is_chosen_only_with_a_core_per_worker_unless_forced(monkeypatc
     assert _wants_two_shot(cores + 1)
     monkeypatch.setenv(TWO_SHOT_ENV, "0")
     assert not _wants_two_shot(3)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4, 8])
+def test_the_slots_of_parts_keep_one_set_within_set_elements_whatever_the_workers(workers):
+    part = shared_memory.part_elements(workers)
+    assert part & (part - 1) == 0  # a power of two: the segment's capacity
+    assert workers * part <= shared_memory.SET_ELEMENTS < 2 * workers * part
+    assert shared_memory.part_elements(1 << 30) == shared_memory.MIN_CAPACITY

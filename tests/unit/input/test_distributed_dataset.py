@@ -85,6 +85,29 @@ def test_bad_batches_are_rejected(mirrored_2cpu):
         next(iter(mirrored_2cpu.experimental_distribute_dataset([("a", "b")])))
 
 
+@pytest.mark.parametrize(
+    "batch",
+    [
+        (torch.ones(2, 1), torch.ones(3)),
+        (torch.ones(2, 1), torch.tensor(1.0)),
+        (torch.ones(2), None, torch.ones(1)),
+    ],
+)
+def test_bad_tuple_batches_are_rejected_by_one_replica_too(any_strategy, batch):
+    # the usual (x, y[, None]) batch takes a short path: it refuses what the full walk refuses
+    with pytest.raises(ValueError, match="same first dimension|batch dimension"):
+        next(iter(any_strategy.experimental_distribute_dataset([batch])))
+
+
+def test_the_usual_batch_reaches_one_replica_as_the_same_tensors(one_device):
+    x, y = torch.ones(4, 2), torch.zeros(4)
+    for batch in ((x, y), (x, y, None)):
+        [given] = list(one_device.experimental_distribute_dataset([batch]))
+        assert type(given) is tuple  # no copy, no rebuilt structure
+        assert len(given) == len(batch)
+        assert all(a is b for a, b in zip(given, batch, strict=True))
+
+
 def test_interleaved_iterators_each_give_run_their_own_global_batch_size(any_strategy):
     def mean_of_ones(x):
         return phalanx.compute_average_loss(torch.ones(x.shape[0]))

@@ -14,8 +14,10 @@ from phalanx.experimental import estimate_memory, plan_memory
 from phalanx.memory.estimate import (
     BASE_RUNTIME_BYTES,
     GATHERED_UNITS,
+    KEPT_INPUT_UNITS,
     REDUCTION_SHARE,
-    SHM_SLOT_BYTES,
+    RETAINED_HEAP_UNITS,
+    SUBGROUP_WORKS_UNITS,
     activation_bytes,
     optimizer_factors,
 )
@@ -26,9 +28,14 @@ P = LAYERS * (WIDTH * WIDTH + WIDTH) * 4  # parameter bytes, float32
 U = (WIDTH * WIDTH + WIDTH) * 4  # one Linear's own parameters: the largest unit
 
 
-def _mlp() -> nn.Module:
+def _mlp(width: int = WIDTH, layers: int = LAYERS) -> nn.Module:
     with torch.device("meta"):
-        return nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()) for _ in range(LAYERS)])
+        return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
+
+
+def _gathered(units: float, unit: int, est) -> int:
+    """The backward's units, counted where they exceed the gradients and the step's temporaries."""
+    return max(0, int(units * unit) - est.parts["gradients"] - est.parts["optimizer_step"])
 
 
 def test_multi_worker_mirrored_holds_the_whole_state_on_every_worker():
@@ -39,8 +46,22 @@ def test_multi_worker_mirrored_holds_the_whole_state_on_every_worker():
     assert est.parts["optimizer_step"] == P
     assert est.parts["reduction"] == int(REDUCTION_SHARE * P)  # the gradients' staged buckets
     assert est.parts["gathered_units"] == 0
-    assert est.parts["runtime"] == BASE_RUNTIME_BYTES + 2 * 2 * SHM_SLOT_BYTES
+    assert est.parts["whole_model"] == 0  # its parameters are the whole model
     assert est.peak == sum(est.parts.values())
+
+
+@pytest.mark.parametrize(
+    ("strategy", "workers", "segments_mib"),
+    [
+        ("multi_worker_mirrored", 2, 2 * 2 * 4),  # all-reduce slots; broadcasts: the same 4 MiB ones
+        ("multi_worker_mirrored", 4, 2 * 4 * 4 + 2 * 2),  # and the chief's 2 MiB broadcast slots
+        ("fully_sharded", 2, 16),  # one 8 MiB set of slots per call, 2 sets, whatever the workers
+        ("fully_sharded", 4, 16),
+    ],
+)
+def test_the_runtime_counts_the_shared_memory_segments_a_worker_reads(strategy, workers, segments_mib):
+    est = estimate_memory(_mlp(2048, 4), torch.optim.Adam, strategy=strategy, num_workers=workers)
+    assert est.parts["runtime"] == BASE_RUNTIME_BYTES + segments_mib * MiB
 
 
 @pytest.mark.parametrize("workers", [2, 4])
@@ -50,7 +71,23 @@ def test_fully_sharded_keeps_a_share_of_the_state_plus_the_gathered_units(worker
     assert est.parts["gradients"] == P // workers
     assert est.parts["optimizer_state"] == 2 * P // workers
     assert est.parts["reduction"] == 0
-    assert est.parts["gathered_units"] == int(GATHERED_UNITS * U)
+    assert est.parts["gathered_units"] == _gathered(GATHERED_UNITS, U, est) > 0
+    assert est.parts["allocator"] == est.parts["whole_model"] == 0
+
+
+def test_without_release_memory_fsdp2_and_glibc_keep_gathered_units():
+    kept = estimate_memory(_mlp(), torch.optim.Adam, num_workers=4, release_memory=False)
+    assert kept.parts["gathered_units"] == _gathered(GATHERED_UNITS + KEPT_INPUT_UNITS, U, kept)
+    assert kept.parts["allocator"] == int(RETAINED_HEAP_UNITS * U)
+
+
+def test_a_model_built_whole_is_held_whole_while_it_is_sharded():
+    big = _mlp(2048, 4)  # 64 MiB: on 4 workers, all of it plus the shards outgrow training
+    est = estimate_memory(big, torch.optim.SGD, num_workers=4, built_whole=True)
+    whole = 4 * (2048 * 2048 + 2048) * 4
+    training = sum(v for k, v in est.parts.items() if k not in ("runtime", "whole_model"))
+    assert est.parts["whole_model"] == whole + whole // 4 + whole // 4 - training > 0
+    assert estimate_memory(big, torch.optim.SGD, num_workers=4).parts["whole_model"] == 0
 
 
 def test_one_worker_gathers_nothing_and_reduces_nothing():
@@ -63,7 +100,9 @@ def test_one_worker_gathers_nothing_and_reduces_nothing():
 def test_mixed_precision_gathers_the_units_in_the_half_dtype():
     full = estimate_memory(_mlp(), None, strategy="fully_sharded", num_workers=2)
     half = estimate_memory(_mlp(), None, strategy="fully_sharded", num_workers=2, mixed_precision="bfloat16")
-    assert abs(half.parts["gathered_units"] * 2 - full.parts["gathered_units"]) <= 1
+    assert full.parts["gathered_units"] == _gathered(GATHERED_UNITS, U, full)
+    assert half.parts["gathered_units"] == _gathered(GATHERED_UNITS, U // 2, half)
+    assert half.parts["gathered_units"] < full.parts["gathered_units"]
     assert half.parts["parameters"] == full.parts["parameters"]  # the shards stay float32
 
 
@@ -71,9 +110,10 @@ def test_model_parallel_splits_the_state_over_the_mesh_and_gathers_along_the_bat
     est = estimate_memory(_mlp(), torch.optim.Adam, strategy="model_parallel", mesh_shape=(2, 2))
     assert est.num_workers == 4
     assert est.parts["parameters"] == P // 4
-    assert est.parts["gathered_units"] == int(GATHERED_UNITS * (U // 2))
+    assert est.parts["gathered_units"] == _gathered(GATHERED_UNITS, U // 2, est)
+    assert est.parts["allocator"] == int(SUBGROUP_WORKS_UNITS * (U // 2))  # the batch axis's gloo works
     tensor_parallel = estimate_memory(_mlp(), torch.optim.Adam, strategy="model_parallel", mesh_shape=(4,))
-    assert tensor_parallel.parts["gathered_units"] == 0
+    assert tensor_parallel.parts["gathered_units"] == tensor_parallel.parts["allocator"] == 0
 
 
 def test_optimizer_factors_follow_the_optimizer_and_its_options():

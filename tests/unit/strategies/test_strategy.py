@@ -227,3 +227,16 @@ def test_a_steps_global_batch_size_does_not_outlive_the_step(any_strategy):
     any_strategy.run(lambda x: None, args=(next(batches),))
     # outside any scope and run: the default strategy's replica context, local batch rule
     assert phalanx.compute_average_loss(torch.tensor([1.0, 2.0, 3.0])).item() == 2.0
+
+
+def test_run_reads_the_environment_at_its_first_call_only(any_strategy, monkeypatch):
+    # `phalanx.settings.current()` reads every PHALANX_* variable: once a step cost more than
+    # the rest of run's bookkeeping (the opt-in timeline is decided at a scope or the first run)
+    from phalanx import settings
+
+    reads = []
+    real = settings.current
+    monkeypatch.setattr(settings, "current", lambda: reads.append(1) or real())
+    for _ in range(3):
+        any_strategy.run(lambda x: x * 2, args=(torch.tensor(1.0),))
+    assert len(reads) <= 1  # none for the default strategy, which never traces

@@ -214,10 +214,10 @@ class Rounds:
         """Ends the rounds left open by a backward pass that raised (its end-of-backward
         callback never ran): every moved-aside gradient goes back (after ``run``)."""
         for index, state in enumerate(self._rounds):
-            if state.open:
+            if state.open:  # (a round not open is a fresh one: nothing to end or replace)
                 held = self._held[index]
                 if not state.syncs:  # leaves first held by the failed pass let go
                     for key in [k for k, e in held.items() if e.cell[0] in state.bases]:
                         del held[key]
                 state.restore(keep=frozenset(e.cell[0] for e in held.values()))
-            self._rounds[index] = Round()
+                self._rounds[index] = Round()

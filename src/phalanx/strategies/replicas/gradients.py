@@ -147,9 +147,11 @@ class GradientSync:
 
     def end_run(self) -> None:
         """Stops merging at the end of backward passes (after each ``run``, also after an
-        error: rounds a failed backward left open give their gradients back)."""
-        self._rounds.active = False
-        self._rounds.abort()
+        error: rounds a failed backward left open give their gradients back). A run that did
+        not merge (one replica in the job) opened no round: nothing to end."""
+        if self._rounds.active:
+            self._rounds.active = False
+            self._rounds.abort()
 
     # ---------------------------------------------------------------- the merge point
     def _merge(

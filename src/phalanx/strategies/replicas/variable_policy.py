@@ -15,8 +15,9 @@ One-device strategies keep this policy but never create distributed variables.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["VariablePolicy", "install_own_copy"]
 
 _MERGEABLE = ("copy_", "add_", "sub_")
+_SUMMED = (VariableAggregation.SUM, VariableAggregation.MEAN)  # aggregations a read sums
 
 
 class VariablePolicy:
@@ -71,6 +73,8 @@ class VariablePolicy:
         # Changes whenever the set of live variables or their components may have: readers
         # that cache something per variable (the replica write guard) compare it.
         self.generation = 0
+        # `reading_together`'s aggregates, by id: (variable, value)
+        self._read_together: dict[int, tuple[DistributedVariable, torch.Tensor]] | None = None
 
     @property
     def strategy(self) -> DistributionStrategy:
@@ -187,21 +191,72 @@ class VariablePolicy:
     # ------------------------------------------------------------------ reads and writes
     def aggregate_sync_on_read(self, var: DistributedVariable) -> torch.Tensor:
         """The cross-replica value of a sync-on-read variable (all workers, when several:
-        the cross-worker sum is a collective)."""
+        the cross-worker sum is a collective; inside `reading_together`, made on entry)."""
+        if self._read_together is not None:
+            found = self._read_together.get(id(var))
+            if found is not None and found[0] is var:
+                return found[1]
         components = var.stored_components
-        aggregation = var.aggregation
-        if aggregation in (VariableAggregation.ONLY_FIRST_REPLICA, VariableAggregation.NONE):
+        if var.aggregation in (VariableAggregation.ONLY_FIRST_REPLICA, VariableAggregation.NONE):
             return components[0]
-        total = components[0]
-        if len(components) > 1:
-            total = self._ops.reduce_to(ReduceOp.SUM, components, self._strategy.local_devices[0])
-        workers = self._strategy.num_workers_in_sync
-        if workers > 1:
-            total = self._strategy.cross_worker_all_reduce(total.clone(), ReduceOp.SUM)
-        count = len(components) * workers  # before the first run: one component
-        if aggregation is VariableAggregation.MEAN and count > 1:
-            total = total / count
+        total = self._local_sum(components)
+        if self._strategy.num_workers_in_sync > 1:
+            total = self._across_workers(total.clone())
+        return self._finish_aggregate(var, total)
+
+    def _local_sum(self, components: Sequence[torch.Tensor]) -> torch.Tensor:
+        """This worker's replicas' components summed onto its first device."""
+        if len(components) == 1:
+            return components[0]
+        return self._ops.reduce_to(ReduceOp.SUM, list(components), self._strategy.local_devices[0])
+
+    def _across_workers(self, total: torch.Tensor) -> torch.Tensor:
+        """The sum of every worker's ``total`` (all workers; may be written in place)."""
+        return self._strategy.cross_worker_all_reduce(total, ReduceOp.SUM)
+
+    def _finish_aggregate(self, var: DistributedVariable, total: torch.Tensor) -> torch.Tensor:
+        """A SUM over every replica and worker as ``var``'s aggregation reads it (MEAN: divided)."""
+        count = len(var.stored_components) * self._strategy.num_workers_in_sync  # before a run: one
+        if var.aggregation is VariableAggregation.MEAN and count > 1:
+            return total / count
         return total
+
+    @contextlib.contextmanager
+    def reading_together(self, variables: Iterable[Any]) -> Iterator[None]:
+        """Inside, reads of the sync-on-read ``variables`` (others are ignored) come from one
+        cross-worker all-reduce per dtype and device, made on entry, instead of one each
+        (cross-replica context; all workers, with the same variables in the same order).
+
+        The sums are those the reads would make one by one (the same local sums, the same
+        cross-worker sum of each element). `Model.fit` reads its metrics' states this way at
+        every step. A variable written inside is read afresh. With one worker: no effect.
+        """
+        if self._strategy.num_workers_in_sync == 1 or self._read_together is not None:
+            yield
+            return
+        packs: dict[tuple[torch.dtype, torch.device], list[tuple[SyncOnReadVariable, torch.Tensor]]] = {}
+        for var in variables:
+            if isinstance(var, SyncOnReadVariable) and var.aggregation in _SUMMED:
+                local = self._local_sum(var.stored_components)
+                packs.setdefault((local.dtype, local.device), []).append((var, local))
+        read: dict[int, tuple[DistributedVariable, torch.Tensor]] = {}
+        for members in packs.values():
+            flat = self._across_workers(torch.cat([local.reshape(-1) for _, local in members]))  # a copy
+            start = 0
+            for var, local in members:
+                total = flat[start : start + local.numel()].view_as(local)
+                start += local.numel()
+                read[id(var)] = (var, self._finish_aggregate(var, total))
+        self._read_together = read
+        try:
+            yield
+        finally:
+            self._read_together = None
+
+    def forget_read(self, var: DistributedVariable) -> None:
+        """Drops what `reading_together` aggregated for ``var`` (called when it is written)."""
+        if self._read_together is not None:
+            self._read_together.pop(id(var), None)
 
     def merged_assign(
         self,
@@ -256,7 +311,7 @@ class VariablePolicy:
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
             return values[0]
         total = self._ops.reduce_to(ReduceOp.SUM, values, self._strategy.local_devices[0])
-        total = self._strategy.cross_worker_all_reduce(total, ReduceOp.SUM)
+        total = self._across_workers(total)
         if aggregation is VariableAggregation.MEAN:
             total = total / self._strategy.num_replicas_in_sync
         return total

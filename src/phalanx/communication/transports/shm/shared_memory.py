@@ -35,7 +35,14 @@ stack, and no gloo work holding a gathered layer after it is used.
 A worker writes set ``i % 2`` again only at call ``i + 2``, after every worker published
 ``i + 1``, that is after every worker finished reading set ``i % 2`` in call ``i``: one
 meeting per call (two when two-shot; a worker reads its peers' sums only in call ``i`` too).
-Tensors larger than `CHUNK_ELEMENTS` go through in chunks.
+Tensors larger than a slot go through in chunks: an all-reduce's slot holds up to
+`CHUNK_ELEMENTS` (its sum is the chunk), a broadcast's, an all-gather's and a
+reduce-scatter's up to `SET_ELEMENTS` / workers, so that their segment (2 sets of every
+worker's slot, all of which every worker maps and reads) stays at 2 x 8 MiB of float32
+whatever the number of workers (2 workers: all-reduce's 4 MiB slots). FullyShardedStrategy
+moves every layer through all-gathers and reduce-scatters each step: with all-reduce's slots
+its workers would each map 2 x W x 4 MiB (32 MiB at 4 workers) for what 16 MiB carries in
+twice the meetings (docs/big_models.md).
 
 Segments are files in ``/dev/shm`` named after the job, created by every worker with
 ``posix_fallocate`` (a full ``/dev/shm`` is an error, never a SIGBUS), checked to be shared
@@ -83,6 +90,7 @@ from phalanx.communication.transports.shm.same_machine import (  # noqa: F401 (r
 
 __all__ = [
     "CHUNK_ELEMENTS",
+    "SET_ELEMENTS",
     "SHARED_MEMORY_ENV",
     "TWO_SHOT_ELEMENTS",
     "SharedMemoryAllReduce",
@@ -91,7 +99,8 @@ __all__ = [
     "shared_memory_supported",
 ]
 
-CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per slot at most: a 16 MiB segment for 2 workers
+CHUNK_ELEMENTS = 1 << 20  # all-reduce: 4 MiB of float32 per slot at most (a 16 MiB segment for 2 workers)
+SET_ELEMENTS = 1 << 21  # broadcast, all-gather, reduce-scatter: one set of slots, every worker's together
 TWO_SHOT_ELEMENTS = 1 << 18  # from 1 MiB of float32, with 3 or more workers
 TWO_SHOT_ENV = "PHALANX_SHM_TWO_SHOT"
 MIN_CAPACITY = 1 << 10
@@ -102,6 +111,13 @@ _OPS: dict[Any, Callable[..., torch.Tensor]] = {
     dist.ReduceOp.MAX: torch.maximum,
     dist.ReduceOp.MIN: torch.minimum,
 }
+
+
+def part_elements(world: int) -> int:
+    """Elements of one worker's slot for a broadcast, an all-gather or a reduce-scatter:
+    `SET_ELEMENTS` shared by the workers, rounded down to a power of two (a segment's size)."""
+    share = max(MIN_CAPACITY, SET_ELEMENTS // world)
+    return 1 << (share.bit_length() - 1)
 
 
 def _wants_two_shot(world: int) -> bool:
@@ -171,6 +187,7 @@ class SharedMemoryAllReduce:
         self._segments: dict[tuple[torch.dtype, int], _Segment | None] = {}
         self._paths: list[str] = []
         self._calls = 0
+        self._part = part_elements(world_size)  # a slot of the collectives that move parts
         self._mismatch = mismatch or _differ
         self._closing = threading.Event()
         self._lane = Lane("phalanx-shm-allreduce")  # every call, in order, on one thread
@@ -242,8 +259,8 @@ class SharedMemoryAllReduce:
         flat = tensor.view(-1)
         if flat.numel() == 0:
             self._meet(signed)
-        for start in range(0, flat.numel(), CHUNK_ELEMENTS):
-            chunk = flat[start : start + CHUNK_ELEMENTS]
+        for start in range(0, flat.numel(), self._part):
+            chunk = flat[start : start + self._part]
             rows = self._exchange(chunk, signed, write=self._rank == src)
             if rows is None:  # no segment of this size: the gloo group carries it
                 options = dist.BroadcastOptions()
@@ -259,8 +276,8 @@ class SharedMemoryAllReduce:
         flat, targets = tensor.reshape(-1), [o.view(-1) for o in out]
         if flat.numel() == 0:
             self._meet(signed)
-        for start in range(0, flat.numel(), CHUNK_ELEMENTS):
-            chunk = flat[start : start + CHUNK_ELEMENTS]
+        for start in range(0, flat.numel(), self._part):
+            chunk = flat[start : start + self._part]
             n = chunk.numel()
             pieces = [t[start : start + n] for t in targets]
             rows = self._exchange(chunk, signed)
@@ -281,7 +298,7 @@ class SharedMemoryAllReduce:
         m = parts.shape[1]
         if m == 0:
             self._meet(signed)
-        step = max(1, CHUNK_ELEMENTS // self._world)
+        step = max(1, self._part // self._world)  # (world, step) fills one slot
         combine = _OPS[op]
         for start in range(0, m, step):
             columns = parts[:, start : start + step]  # (world, width): one chunk of every part
