@@ -34,10 +34,10 @@ for batch in strategy.experimental_distribute_dataset([(x[:25], y[:25])]):
 # one cross-worker all-reduce, giving what reading each state on its own gives
 one_by_one = {m.name: float(m.result()) for m in model.metrics}
 calls = []
-all_reduce = strategy._cross_worker_all_reduce
-strategy._cross_worker_all_reduce = lambda *args, **kwargs: calls.append(1) or all_reduce(*args, **kwargs)
+all_reduce = strategy.cross_worker_all_reduce
+strategy.cross_worker_all_reduce = lambda *args, **kwargs: calls.append(1) or all_reduce(*args, **kwargs)
 logs = model._logs()
-strategy._cross_worker_all_reduce = all_reduce
+strategy.cross_worker_all_reduce = all_reduce
 with open(os.path.join(out_dir, f"keras-{rank}.json"), "w") as f:
     json.dump(
         {

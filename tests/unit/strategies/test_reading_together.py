@@ -19,7 +19,7 @@ class _OneOfTwoWorkers(Strategy):
         super().__init__(["cpu:0", "cpu:1"], num_workers=2, worker_index=0)
         self.all_reduces = 0
 
-    def _cross_worker_all_reduce(self, tensor, op, options=None):
+    def cross_worker_all_reduce(self, tensor, op, options=None):
         self.all_reduces += 1
         return tensor * 2  # the other worker holds the same values
 
