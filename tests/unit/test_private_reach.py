@@ -3,9 +3,10 @@
 A reach-in is ``x._name`` where ``x`` is neither ``self``, ``cls``, ``super()`` nor a module
 (an imported name, or a chain of them such as ``torch.nn``). Names that are public by their
 library's own contract despite the underscore (a namedtuple's ``_asdict`` / ``_replace`` /
-``_fields``, ctypes' ``_fields_``) are not reach-ins. The few left are the documented torch
-internals in ``phalanx/_hooks.py`` and the strategy hooks a strategy calls on another
-(docs/architecture.md, "Strategy hooks"). Run this file as a script to list them all.
+``_fields``, ctypes' ``_fields_``) are not reach-ins. The few left are torch internals with no
+public spelling, each read in one function of ``phalanx/_hooks.py`` (docs/architecture.md, "The
+torch footprint"), a sparse tensor's entry count and torchmetrics' state reductions.
+Run this file as a script to list them all.
 """
 
 from __future__ import annotations
