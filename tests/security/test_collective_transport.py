@@ -23,37 +23,16 @@ from phalanx.communication.transports.tls.endpoint import TlsEndpoint
 from phalanx.communication.transports.tls.links import RingLinks
 from phalanx.communication.transports.tls.ring import TlsRing
 from phalanx.security.certificates import task_certificate
+from security.redirecting import Redirecting, worker_name
 
 TOKEN = "the-cluster-secret-0123456789abcdef"
 OTHER = "another-clusters-secret-0123456789"
 MARKER = 1234.5678  # a value whose bytes must never be seen on the wire
 
 
-def _name(rank):
-    return f"worker:{rank} (127.0.0.1:{2220 + rank})"
-
-
-class _Redirecting:
-    """The job's store, except that rank 0 reads ``redirect``'s address for rank 1 (a relay or
-    an impostor at the address the store gives)."""
-
-    def __init__(self, store, redirect):
-        self._store, self._redirect = store, redirect
-
-    def set(self, key, value):
-        self._store.set(key, value)
-
-    def get(self, key):
-        value = self._store.get(key)
-        if key == "tls-ring/addr/1" and self._redirect is not None:
-            host, _, named = value.decode().split("|")
-            return f"{host}|{self._redirect()}|{named}".encode()
-        return value
-
-
 def _ring(store, rank, world, failure, timeout):
     """Worker ``rank``'s ring on 127.0.0.1 with the cluster's token (blocks until connected)."""
-    links = RingLinks(store, rank, world, TlsEndpoint("127.0.0.1", ("127.0.0.1", 1), TOKEN), _name)
+    links = RingLinks(store, rank, world, TlsEndpoint("127.0.0.1", ("127.0.0.1", 1), TOKEN), worker_name)
     return TlsRing(links, failure, timeout)
 
 
@@ -65,7 +44,7 @@ def _rings(world, store=None, redirect=None, timeout=10.0, first=None):
     made = [None] * world
 
     def make(rank):
-        view = _Redirecting(store, redirect) if rank == 0 else store
+        view = Redirecting(store, "tls-ring/addr/1", redirect) if rank == 0 else store
         try:
             made[rank] = _ring(view, rank, world, lambda: None, timeout)
         except Exception as exc:
@@ -347,7 +326,7 @@ def test_the_choice_of_transport(monkeypatch, caplog):
     with pytest.raises(ValueError, match="PHALANX_COLLECTIVES must be auto, tls or gloo. Received: .*'tsl'"):
         collectives_mode()
     args = (dist.HashStore(), 0, 2, "127.0.0.1", ("127.0.0.1", 1))
-    rest = (_name, lambda: None, 5.0)
+    rest = (worker_name, lambda: None, 5.0)
     monkeypatch.setenv("PHALANX_COLLECTIVES", "tls")
     monkeypatch.delenv("PHALANX_CLUSTER_TOKEN", raising=False)
     with pytest.raises(ValueError, match="PHALANX_COLLECTIVES=tls needs PHALANX_CLUSTER_TOKEN"):

@@ -20,6 +20,7 @@ from phalanx.communication.group.work import PeerGoneError
 from phalanx.communication.transports.tls.endpoint import TlsEndpoint, tls_contexts
 from phalanx.communication.transports.tls.peers import TlsPeers
 from phalanx.security.certificates import task_certificate
+from security.redirecting import Redirecting, worker_name
 
 TOKEN = "the-cluster-secret-0123456789abcdef"
 OTHER = "another-clusters-secret-0123456789"
@@ -27,40 +28,18 @@ MARKER = 4321.8765  # a value whose bytes must never be seen on the wire
 KEY = "tls-p2p/addr/{}"
 
 
-def _name(rank):
-    return f"worker:{rank} (127.0.0.1:{2220 + rank})"
-
-
-class _Redirecting:
-    """The job's store, except that rank 0 reads ``port()`` as rank 2's address (an impostor
-    or a relay at the address the store gives)."""
-
-    def __init__(self, store, port):
-        self._store, self._port = store, port
-
-    def set(self, key, value):
-        self._store.set(key, value)
-
-    def get(self, key):
-        value = self._store.get(key)
-        if key == KEY.format(2):
-            host, _, named = value.decode().split("|")
-            return f"{host}|{self._port()}|{named}".encode()
-        return value
-
-
 def _peers(world, store=None, redirect=None, timeout=5.0):
     store = store or dist.HashStore()
     made = []
     for rank in range(world):
-        view = _Redirecting(store, redirect) if rank == 0 and redirect is not None else store
+        view = Redirecting(store, KEY.format(2), redirect) if rank == 0 and redirect is not None else store
         made.append(
             TlsPeers(
                 TlsEndpoint("127.0.0.1", ("127.0.0.1", 1), TOKEN),
                 view,
                 rank,
                 world,
-                _name,
+                worker_name,
                 lambda: None,
                 timeout,
             )
