@@ -59,16 +59,6 @@ def _mlp() -> nn.Module:
     )
 
 
-def _sent_bytes() -> int:
-    """Bytes this network namespace sent on its interfaces but lo (``/proc/net/dev``)."""
-    total = 0
-    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
-        name, counters = line.split(":", 1)
-        if name.strip() != "lo":
-            total += int(counters.split()[8])
-    return total
-
-
 def _options(name: str) -> Any:
     import phalanx
 
@@ -98,12 +88,14 @@ def _ddp(model: nn.Module, name: str, group: Any) -> nn.parallel.DistributedData
 
 
 def _timed(epoch: Any, steps: int) -> tuple[float, float]:
+    from multihost.hosts import sent_bytes
+
     """One pass, started together on every worker: (seconds per step, bytes sent per step)."""
     dist.barrier()
-    sent, start = _sent_bytes(), time.perf_counter()
+    sent, start = sent_bytes(), time.perf_counter()
     epoch()
     dist.barrier()
-    return (time.perf_counter() - start) / steps, (_sent_bytes() - sent) / steps
+    return (time.perf_counter() - start) / steps, (sent_bytes() - sent) / steps
 
 
 def _step_times(strategy: Any, name: str, group: Any, quick: bool) -> dict[str, float]:

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-__all__ = ["Host", "HostProcess", "SimulatedHosts", "missing_tools"]
+__all__ = ["Host", "HostProcess", "SimulatedHosts", "missing_tools", "sent_bytes"]
 
 _TOOLS = ("ip", "unshare", "nsenter", "tc")
 
@@ -52,6 +52,18 @@ def missing_tools() -> str | None:
     if absent:
         return f"simulated hosts need {', '.join(absent)} (iproute2 / util-linux)"
     return None
+
+
+def sent_bytes() -> int:
+    """Bytes this process's network namespace has sent on every interface but lo
+    (``/proc/net/dev``): what a task on a simulated host put on its link."""
+    total = 0
+    with open("/proc/net/dev") as f:
+        for line in f.read().splitlines()[2:]:
+            name, counters = line.split(":", 1)
+            if name.strip() != "lo":
+                total += int(counters.split()[8])
+    return total
 
 
 def _sh(command: str) -> str:

@@ -12,24 +12,15 @@ import contextlib
 import json
 import os
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 import phalanx
+from multihost.hosts import sent_bytes
 
 GLOBAL_BATCH, MICRO = 64, 4
-
-
-def sent_bytes() -> int:
-    total = 0
-    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
-        name, counters = line.split(":", 1)
-        if name.strip() != "lo":
-            total += int(counters.split()[8])
-    return total
 
 
 out_dir = sys.argv[1]
