@@ -27,14 +27,23 @@ what ``.grad`` holds):
 * At the end of the backward pass (an autograd-engine callback, as DDP's) each parameter
   this pass did not reach contributes zeros, every remaining bucket starts, and the pass
   waits for all of them: each parameter's ``.grad`` becomes its base plus the sum of the
-  deltas (a view of its bucket when there was no base). So each round issues exactly one
-  all-reduce per bucket on every worker, whatever the data did, and gradient accumulation
-  (several backward passes before one step) sums deltas: ``sum(d1) + sum(d2)``.
+  deltas (a view of its bucket when there was no base). So each round issues the same
+  all-reduces on every worker, whatever the data did, and gradient accumulation (several
+  backward passes before one step) sums deltas: ``sum(d1) + sum(d2)``.
 * The last bucket of the launch order (always a packed one, if need be of flags alone)
   also carries one "has a delta" flag per parameter of every bucket; after the sum, a
   parameter that no worker has a delta for keeps its ``.grad`` untouched (None after
   ``zero_grad()``), as on one device. A pass that accumulated nothing
   (``torch.autograd.grad``) puts the bases back and starts no all-reduce.
+* Only the buckets some worker wrote to in the last round are *expected* (start in order
+  during backward), with the flags' bucket, which then starts at the pass's end: every
+  worker reads the same sums, so every worker expects the same buckets. A second model in
+  the scope that this loop never trains (``fit``'s beside a custom loop's, a GAN's other
+  half) costs its flags, not its bytes, as in TF, where only the gradients a step applies
+  are all-reduced. A bucket that was not expected but that some worker wrote to after all
+  (the flags say so) starts after the others, on every worker, before anything is installed:
+  a surprise costs one more exchange, never a wrong sum. The first round after the buckets
+  are built expects them all.
 * A parameter that died (its model was dropped) keeps its slot, as zeros, until every
   worker has dropped it: the last bucket also carries one "dead here" flag per parameter, and
   once their sum says every worker's copy is dead, every worker forgets the slot at the
@@ -130,7 +139,8 @@ class GradientBuckets:
         self._wait_at_end = wait_at_end or wait
         self._announce = announce if compressor is None or compressor.predictable else None
         self._tail = announce_tail if self._announce is not None else 0
-        self._rebuilt = False  # since the last pass (tell `announce` at the next)
+        self._rebuilt = False  # a new pass since the last (tell `announce` at the next)
+        self._announced = False  # this pass's all-reduces were announced
         self._sum_sparse = sum_sparse
         self._workers = workers
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
@@ -319,6 +329,7 @@ class GradientBuckets:
             if self._rebuilt and self._announce is not None:
                 self._announce([])  # at the same point on every worker: a pass's first hook
             self._rebuilt = False
+            self._announced = False
             self._traffic.begin_round()
             for bucket in buckets:
                 bucket.ready = [False] * len(bucket.params)
@@ -327,8 +338,9 @@ class GradientBuckets:
             self._sparse_deltas = {}
 
     def _end_round(self, index: int, state: Round) -> None:
-        """End of the backward pass: start every bucket, wait, install base + sum (all
-        workers; blocks until the all-reduces finish).
+        """End of the backward pass: start every expected bucket, wait, then the buckets that
+        were not expected but some worker wrote to (the flags say which), and install
+        base + sum (all workers; blocks until the all-reduces finish).
 
         Raises:
             PeerUnavailableError: (from ``wait``) a worker died or stopped answering.
@@ -340,13 +352,15 @@ class GradientBuckets:
                 for i, ready in enumerate(bucket.ready):
                     if not ready:
                         self._not_reached(bucket, i)
-            self._launch_ready(buckets)
+            self._launch_ready(buckets, at_end=True)
             self._flush_running(self._wait_at_end)
             _read_flags(buckets)
+            self._launch_late(buckets)
             newly_sparse: set[int] = set()
             dead: set[int] = set()
             for bucket in buckets:
                 newly_sparse |= self._install(bucket, dead)
+            self._expect(buckets)
             if newly_sparse:  # agreed by every worker (the flags were summed): rebuild without them
                 for k, ref in enumerate(self._params):
                     self._is_sparse[k] = self._is_sparse[k] or id(ref()) in newly_sparse
@@ -358,14 +372,47 @@ class GradientBuckets:
             self._sparse_deltas = {}
 
     def _not_reached(self, bucket: Bucket, i: int) -> None:
-        """A parameter this pass did not accumulate into: no delta; its ``.grad`` stays."""
+        """A parameter this pass did not accumulate into: no delta; its ``.grad`` stays. In an
+        expected bucket its slot carries zeros; in another, only its flag says "none" (the
+        zeros are written if the bucket goes late after all, `_launch_late`)."""
         p = bucket.params[i]
         if id(p) in self._bases:
             p.grad = self._bases.pop(id(p))
+        if not bucket.expected:
+            bucket.had[i] = 0.0
+            return
         g = p.grad
         if g is not None and bucket.owns(g):
             p.grad = g.clone()  # the buffer is about to carry this round's deltas
         bucket.put(i, None)
+
+    def _launch_late(self, buckets: list[Bucket]) -> None:
+        """Starts and waits for the buckets this round did not expect but some worker wrote
+        to (after the flags' sum: every worker starts the same ones, in order)."""
+        late = [k for k, bucket in enumerate(buckets) if not bucket.expected and any(bucket.summed_had)]
+        if not late:
+            return
+        if self._announce is not None:
+            self._announce([])  # these were not in the pass's announcement, nor in the next's
+        for k in late:
+            bucket = buckets[k]
+            bucket.expected = True  # its unreached slots now carry zeros
+            for i, ready in enumerate(bucket.ready):
+                if not ready:
+                    self._not_reached(bucket, i)
+            self._launch(buckets, k)
+        self._flush_running(self._wait_at_end)
+
+    def _expect(self, buckets: list[Bucket]) -> None:
+        """Decides which buckets the next round launches in order: those some worker wrote to
+        in this one (the summed flags: every worker decides alike) and the flags' bucket. A
+        change of the set is a new pass for the announcement, as a rebuild is."""
+        last = len(buckets) - 1
+        for k, bucket in enumerate(buckets):
+            expected = k == last or any(bucket.summed_had)
+            if expected != bucket.expected:
+                bucket.expected = expected
+                self._rebuilt = True
 
     def _install(self, bucket: Bucket, dead: set[int]) -> set[int]:
         """Installs a summed bucket's base + sum; returns the ids of its parameters some
@@ -413,23 +460,43 @@ class GradientBuckets:
         with self._lock:
             self._rounds.abort()
 
-    def _launch_ready(self, buckets: list[Bucket]) -> None:
-        while self._next_launch < len(buckets) and buckets[self._next_launch].complete():
-            bucket = buckets[self._next_launch]
-            for p in bucket.params:
-                # A .grad that is a view of this buffer (installed at the last step) must not be
-                # written by autograd while the buffer is being reduced: give it its own memory.
-                g = p.grad
-                if g is not None and bucket.owns(g):
-                    p.grad = g.clone()
-            if self._next_launch == 0 and self._announce is not None:
-                self._announce(self._traffic.plan([(b.size, b.dtype, not _is_flags(b)) for b in buckets]))
-            if self._next_launch == len(buckets) - 1:  # the last: every bucket's flags are known
-                _write_flags(buckets)
-            assert bucket.tensor is not None
-            views, compressible = _compressible(bucket) if self._traffic.compressor else ([], False)
-            bucket.work = self._traffic.start(self._next_launch, bucket.tensor.view(-1), views, compressible)
+    def _launch_ready(self, buckets: list[Bucket], at_end: bool = False) -> None:
+        """Starts the expected buckets that are complete, in order; the flags' bucket (the
+        last) only once every flag is known: at the end of the pass when some bucket is not
+        expected (a delta may still reach it), else when it is complete too."""
+        last = len(buckets) - 1
+        while self._next_launch < len(buckets):
+            k = self._next_launch
+            bucket = buckets[k]
+            if not bucket.expected:  # left for the round's end, if a worker wrote to it
+                self._next_launch += 1
+                continue
+            if not bucket.complete():
+                return
+            if k == last and not at_end and not all(b.expected for b in buckets):
+                return
+            self._launch(buckets, k)
             self._next_launch += 1
+
+    def _launch(self, buckets: list[Bucket], k: int) -> None:
+        """Starts bucket ``k``'s all-reduce (the first of a pass announces the pass; the last
+        bucket writes every bucket's flags first)."""
+        bucket = buckets[k]
+        for p in bucket.params:
+            # A .grad that is a view of this buffer (installed at the last step) must not be
+            # written by autograd while the buffer is being reduced: give it its own memory.
+            g = p.grad
+            if g is not None and bucket.owns(g):
+                p.grad = g.clone()
+        if not self._announced and self._announce is not None:
+            self._announced = True
+            plan = [(b.size, b.dtype, not _is_flags(b)) for b in buckets if b.expected]
+            self._announce(self._traffic.plan(plan))
+        if k == len(buckets) - 1:  # the last: every bucket's flags are known
+            _write_flags(buckets)
+        assert bucket.tensor is not None
+        views, compressible = _compressible(bucket) if self._traffic.compressor else ([], False)
+        bucket.work = self._traffic.start(k, bucket.tensor.view(-1), views, compressible)
 
     def _flush_running(self, wait: Wait | None = None) -> None:
         """Waits for the all-reduces still running (the round's sums at its end; otherwise
