@@ -113,6 +113,10 @@ class BackupAndRestore(Callback):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
 
+    def reads_batch_logs(self) -> bool:
+        """Backing up by steps reads no logs."""
+        return False
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._backup_if_preempted(batch)
         if self.save_freq == "epoch":

@@ -55,6 +55,21 @@ class Callback:
     def on_batch_end(self, batch: int, logs: Logs = None) -> None:
         """Keras' old name for `on_train_batch_end` (which calls it)."""
 
+    def reads_batch_logs(self) -> bool:
+        """Whether this callback reads the logs its training batch hooks are handed.
+
+        A step's global logs cost a cross-worker sum of every metric's state, so `fit` makes
+        them only when some callback reads them (as Keras 2 called batch hooks only when a
+        callback implemented them); otherwise the batch hooks get empty logs. The answer must
+        be the same on every worker (every worker runs the same callbacks). Default: whether
+        the callback's class or the callback itself overrides ``on_train_batch_end`` or
+        ``on_batch_end``; a callback whose batch hook never reads its logs says False.
+        """
+        return any(
+            name in vars(self) or getattr(type(self), name) is not getattr(Callback, name)
+            for name in ("on_train_batch_end", "on_batch_end")
+        )
+
     def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None:
         """Called before training step ``batch`` (0-based within the epoch)."""
         self.on_batch_begin(batch, logs)

@@ -62,6 +62,10 @@ class CallbackList(Callback):
             )
         self.callbacks.append(callback)
 
+    def reads_batch_logs(self) -> bool:
+        """Whether any of the callbacks reads its training batch logs."""
+        return any(callback.reads_batch_logs() for callback in self.callbacks)
+
     def set_model(self, model: Any) -> None:
         """Binds every callback to ``model``."""
         super().set_model(model)

@@ -77,6 +77,10 @@ class ProgbarLogger(Callback):
         if self.progbar is not None and self.progbar.verbose:
             print(f"Epoch {epoch + 1}/{self.epochs}", flush=True)
 
+    def reads_batch_logs(self) -> bool:
+        """The live bar (verbose=1) shows every step's logs; one line per epoch reads none."""
+        return self.verbose == 1
+
     def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
         self._update(batch, logs)
 

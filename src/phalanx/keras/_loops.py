@@ -67,10 +67,12 @@ class TrainLoop:
         if getattr(strategy, "membership", None) is not None:  # an elastic MultiWorkerMirrored job
             return elastic_train_epoch(model, handler, epoch, skip, callbacks)
         logs: dict[str, float] = {}
+        reads = callbacks.reads_batch_logs()  # else no step's logs: no cross-worker sum per step
         for step, data in enumerate(_distributed(model, handler, epoch, skip), start=skip):
             callbacks.on_train_batch_begin(step)
             model.train_function(data)
-            logs = model.get_metrics_result()
+            if reads:
+                logs = model.get_metrics_result()
             callbacks.on_train_batch_end(step, logs)
             if model.stop_training:
                 break
