@@ -7,10 +7,12 @@ reduction, the shared-memory segment's and the TLS ring's additions all add floa
 values and round the result to it, once per worker added. So the sum carries the rounding of the
 narrow type (float16: 11 significant bits; bfloat16: 8), not only the cast of each worker's part.
 
-float16 holds numbers up to 65504: as DDP's hook does, each worker divides by the number of
-workers before the cast and the sum is multiplied back in the bucket's own dtype, so a sum of
-``n`` large gradients does not overflow where one does not. bfloat16 has float32's range and is
-not scaled. Buckets of a dtype not wider than the wire's (float16, bfloat16) go as they are.
+float16 holds numbers up to 65504: as DDP's hook does, each worker casts its bucket and divides
+it by the number of workers in float16 (two passes, the second over half the bytes: dividing
+in float32 first was a third pass over the widest copy), and the sum is multiplied back in the
+bucket's own dtype, so a sum of ``n`` large gradients does not overflow where one does not.
+bfloat16 has float32's range and is not scaled. Buckets of a dtype not wider than the wire's
+(float16, bfloat16) go as they are.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ class HalfPrecision:
     def start(
         self, key: Hashable, flat: torch.Tensor, views: Sequence[torch.Tensor], launch: Launch
     ) -> Started:
-        narrow = flat.div(self._scale).to(self.wire) if self._scale != 1.0 else flat.to(self.wire)
+        narrow = flat.to(self.wire)
+        if self._scale != 1.0:
+            narrow.div_(self._scale)
         return _Cast(flat, narrow, self._scale, launch(narrow))
 
     def reset(self) -> None:
