@@ -68,11 +68,14 @@ def test_an_idle_model_stops_moving_and_a_surprise_is_summed_everywhere(mwms_2wo
     solo = 16 * WIDE * 4  # the rest of ``idle`` shares the bucket that carries the flags
     for result in results:
         first, *rest = result["sent"]
-        assert rest and all(n == rest[0] for n in rest)
+        assert rest
+        assert all(n == rest[0] for n in rest)
         assert first - rest[0] == solo  # only the first step moved the idle model's solo bucket
     for a, b in zip(results[0]["weights"], results[1]["weights"], strict=True):
         torch.testing.assert_close(a, b)
     # worker 1's gradient of ``idle``, summed: the same on both workers (worker 0 sent zeros)
-    for p0, p1, want in zip(results[0]["idle_grads"], results[1]["idle_grads"], results[1]["local"], strict=True):
+    for p0, p1, want in zip(
+        results[0]["idle_grads"], results[1]["idle_grads"], results[1]["local"], strict=True
+    ):
         torch.testing.assert_close(p0, want)
         torch.testing.assert_close(p1, want)

@@ -113,8 +113,9 @@ class BackupAndRestore(Callback):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
 
-    def reads_batch_logs(self) -> bool:
+    def reads_batch_logs(self, mode: str = "train") -> bool:
         """Backing up by steps reads no logs."""
+        super().reads_batch_logs(mode)  # (checks ``mode``)
         return False
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 __all__ = ["Callback", "Logs"]
 
 Logs = dict[str, Any] | None
+_BATCH_ENDS = {"train": ("on_train_batch_end", "on_batch_end"), "test": ("on_test_batch_end",)}
 
 
 class Callback:
@@ -55,19 +56,26 @@ class Callback:
     def on_batch_end(self, batch: int, logs: Logs = None) -> None:
         """Keras' old name for `on_train_batch_end` (which calls it)."""
 
-    def reads_batch_logs(self) -> bool:
-        """Whether this callback reads the logs its training batch hooks are handed.
+    def reads_batch_logs(self, mode: str = "train") -> bool:
+        """Whether this callback reads the logs its batch hooks are handed, in training
+        (``mode="train"``: ``on_train_batch_end``) or evaluation (``"test"``: ``on_test_batch_end``).
 
-        A step's global logs cost a cross-worker sum of every metric's state, so `fit` makes
-        them only when some callback reads them (as Keras 2 called batch hooks only when a
-        callback implemented them); otherwise the batch hooks get empty logs. The answer must
-        be the same on every worker (every worker runs the same callbacks). Default: whether
-        the callback's class or the callback itself overrides ``on_train_batch_end`` or
-        ``on_batch_end``; a callback whose batch hook never reads its logs says False.
+        A step's global logs cost a cross-worker sum of every metric's state, so `fit` and
+        `evaluate` make them only when some callback reads them (as Keras 2 called batch hooks
+        only when a callback implemented them); otherwise the batch hooks get empty logs. The
+        answer must be the same on every worker (every worker runs the same callbacks).
+        Default: whether the callback's class or the callback itself overrides that hook (in
+        training, ``on_batch_end`` too); a callback whose batch hook never reads its logs says
+        False.
+
+        Raises:
+            ValueError: ``mode`` is neither "train" nor "test".
         """
+        if mode not in _BATCH_ENDS:
+            raise ValueError(f'reads_batch_logs takes mode "train" or "test". Received: {mode!r}.')
         return any(
             name in vars(self) or getattr(type(self), name) is not getattr(Callback, name)
-            for name in ("on_train_batch_end", "on_batch_end")
+            for name in _BATCH_ENDS[mode]
         )
 
     def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None:

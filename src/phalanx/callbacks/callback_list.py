@@ -62,9 +62,9 @@ class CallbackList(Callback):
             )
         self.callbacks.append(callback)
 
-    def reads_batch_logs(self) -> bool:
-        """Whether any of the callbacks reads its training batch logs."""
-        return any(callback.reads_batch_logs() for callback in self.callbacks)
+    def reads_batch_logs(self, mode: str = "train") -> bool:
+        """Whether any of the callbacks reads its batch logs in ``mode`` ("train", "test")."""
+        return any(callback.reads_batch_logs(mode) for callback in self.callbacks)
 
     def set_model(self, model: Any) -> None:
         """Binds every callback to ``model``."""

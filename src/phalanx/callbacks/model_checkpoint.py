@@ -78,9 +78,9 @@ class ModelCheckpoint(MonitorCallback):
     def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
         self._current_epoch = epoch
 
-    def reads_batch_logs(self) -> bool:
-        """Saving by steps reads the step's logs (the monitored value, the file name)."""
-        return self.save_freq != "epoch"
+    def reads_batch_logs(self, mode: str = "train") -> bool:
+        """Saving by steps reads the training step's logs (the monitored value, the file name)."""
+        return super().reads_batch_logs(mode) and (mode != "train" or self.save_freq != "epoch")
 
     def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
         if self._should_save_on_batch(batch):

@@ -77,9 +77,11 @@ class ProgbarLogger(Callback):
         if self.progbar is not None and self.progbar.verbose:
             print(f"Epoch {epoch + 1}/{self.epochs}", flush=True)
 
-    def reads_batch_logs(self) -> bool:
-        """The live bar (verbose=1) shows every step's logs; one line per epoch reads none."""
-        return self.verbose == 1
+    def reads_batch_logs(self, mode: str = "train") -> bool:
+        """The live bar (verbose=1) shows every step's logs (an evaluation's only outside
+        `fit`); one line per epoch reads none."""
+        super().reads_batch_logs(mode)  # (checks ``mode``)
+        return self.verbose == 1 and (mode == "train" or not self._called_in_fit)
 
     def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
         self._update(batch, logs)

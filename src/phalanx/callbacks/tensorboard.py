@@ -186,9 +186,9 @@ class TensorBoard(Callback):
             trace_dir = os.path.join(self._write_dir, "train", "plugins", "profile", run)
             self._profiler.batch_begin(self._train_step + 1, trace_dir)
 
-    def reads_batch_logs(self) -> bool:
-        """Writing batch summaries (``update_freq`` a number of steps) reads the logs."""
-        return isinstance(self.update_freq, int)
+    def reads_batch_logs(self, mode: str = "train") -> bool:
+        """Writing batch summaries (``update_freq`` a number of steps) reads the training logs."""
+        return super().reads_batch_logs(mode) and (mode != "train" or isinstance(self.update_freq, int))
 
     def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
         self._train_step += 1

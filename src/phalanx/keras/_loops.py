@@ -67,7 +67,7 @@ class TrainLoop:
         if getattr(strategy, "membership", None) is not None:  # an elastic MultiWorkerMirrored job
             return elastic_train_epoch(model, handler, epoch, skip, callbacks)
         logs: dict[str, float] = {}
-        reads = callbacks.reads_batch_logs()  # else no step's logs: no cross-worker sum per step
+        reads = callbacks.reads_batch_logs("train")  # else no step's logs: no cross-worker sum per step
         for step, data in enumerate(_distributed(model, handler, epoch, skip), start=skip):
             callbacks.on_train_batch_begin(step)
             model.train_function(data)
@@ -116,18 +116,21 @@ def evaluate_loop(model: LoopModel, handler: DataHandler, callbacks: Any) -> dic
     model.reset_metrics()
     callbacks.on_test_begin()
     fired = _Fired(callbacks.on_test_batch_begin, callbacks.on_test_batch_end)
-    logs: dict[str, float] = _elastic_pass(model, lambda redo: _test_pass(model, handler, fired, redo))
+    reads = callbacks.reads_batch_logs("test")  # else no step's logs: no cross-worker sum per step
+    logs: dict[str, float] = _elastic_pass(model, lambda redo: _test_pass(model, handler, fired, redo, reads))
     callbacks.on_test_end(logs)
     return logs
 
 
-def _test_pass(model: LoopModel, handler: DataHandler, fired: _Fired, redo: bool) -> dict[str, float]:
+def _test_pass(
+    model: LoopModel, handler: DataHandler, fired: _Fired, redo: bool, reads: bool
+) -> dict[str, float]:
     if redo:
         model.reset_metrics()
     for step, data in enumerate(_distributed(model, handler, 0, 0)):
         fired.begin(step)
         model.strategy.run(model.test_step, args=(data,))
-        fired.end(step, model.get_metrics_result())
+        fired.end(step, model.get_metrics_result() if reads else {})
     return model.get_metrics_result()
 
 
