@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.communication.group.recent_works import SUBGROUP_KEEP_WORKS_COUNT
 from support.cluster import LocalCluster
 
 pytestmark = pytest.mark.multiprocess
@@ -69,3 +70,10 @@ def test_a_subgroup_whose_workers_agree_sums_and_finishes():
     ]
     assert len(steps[0]) == 8
     assert steps[0] == steps[1]  # the same summed loss and weights on both
+    for rank in range(2):
+        # a subgroup holds only the works its gloo threads may still hold (12 MiB each here):
+        # FSDP2's gathered layers over a mesh's batch axis go when FSDP2 lets them go, not 16
+        # collectives later (the job's count kept all ten: 120 MiB)
+        held = re.search(r"^HELD (\S+)$", run[f"worker-{rank}"].output, re.MULTILINE)
+        assert held is not None, run.output
+        assert float(held.group(1)) < 12 * (SUBGROUP_KEEP_WORKS_COUNT + 1), run.output

@@ -7,8 +7,11 @@ one more subgroup all-reduce (3 numbers) at step DIVERGE: every worker must rais
 `CollectiveMismatchError` at that collective, print ``MISMATCH <steps completed> <message>``
 and exit 1. With ``lonely`` nobody all-reduces the loss, and worker:1's stray all-reduce
 meets nothing on the subgroup (worker:0 waits in the next step's collectives): the stall
-inspector names it. ``plain``: no stray collective; both finish. Every worker first prints
-``BACKEND <name of the subgroup's backend>``.
+inspector names it. ``plain``: no stray collective; both finish, after 10 all-gathers of 4 MiB
+on the subgroup whose tensors nothing keeps, printing ``HELD <MiB>``: the resident memory they
+left behind (each gloo work the subgroup holds for its threads keeps its input and the 8 MiB
+it gathered into; glibc maps every tensor on its own, so freed ones leave nothing). Every
+worker first prints ``BACKEND <name of the subgroup's backend>``.
 
 usage: subgroup_collectives.py plain|stray|lonely
 """
@@ -21,8 +24,10 @@ from torch import nn
 
 import phalanx
 from phalanx.errors import CollectiveMismatchError
+from phalanx.memory import map_large_allocations, resident_bytes
 
 MODE = sys.argv[1]
+map_large_allocations()
 STEPS, DIVERGE = 8, 5
 strategy = phalanx.MultiWorkerMirroredStrategy()
 rank = strategy.cluster_resolver.worker_index
@@ -55,6 +60,14 @@ try:
         done = step + 1
         checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
         print(f"STEP {step} {float(total):.6g} {checksum:.10g}", flush=True)
+    if MODE == "plain":
+        before = resident_bytes()
+        for i in range(10):
+            gathered = torch.empty(2 << 20)
+            dist.all_gather_into_tensor(gathered, torch.full((1 << 20,), float(i)), group=metrics)
+            assert gathered[-1] == i
+            del gathered
+        print(f"HELD {(resident_bytes() - before) / 2**20:.1f}", flush=True)
     strategy.close()
 except CollectiveMismatchError as exc:
     print(f"MISMATCH {done} {exc}", flush=True)

@@ -102,11 +102,12 @@ class _Work:
 def test_a_groups_in_flight_works_are_those_not_completed():
     """`WorkerGroup.in_flight`: what dropping a group waits for (`ElasticGroups.drop`)."""
     group = WorkerGroup.__new__(WorkerGroup)  # no process group: only its held works matter
-    group._works = RecentWorks()
+    group._works, group._subgroup_works = RecentWorks(), [RecentWorks(keep_count=2)]
     assert group.in_flight() == []
-    done, waiting = _Work(True), _Work(False)
+    done, waiting, on_subgroup = _Work(True), _Work(False), _Work(False)
     group._works.add(done)
     group._works.add(waiting)
-    assert group.in_flight() == [waiting]
-    waiting.done = True
+    group._subgroup_works[0].add(on_subgroup)  # a new_group()'s collective: the job's too
+    assert group.in_flight() == [waiting, on_subgroup]
+    waiting.done = on_subgroup.done = True
     assert group.in_flight() == []

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["KEEP_WORKS_COUNT", "KEEP_WORKS_SECONDS", "RecentWorks"]
+__all__ = ["KEEP_WORKS_COUNT", "KEEP_WORKS_SECONDS", "SUBGROUP_KEEP_WORKS_COUNT", "RecentWorks"]
 
 KEEP_WORKS_SECONDS = 2.0
 # A completed work is let go sooner once this many newer works were started: a gloo thread
@@ -25,6 +25,12 @@ KEEP_WORKS_SECONDS = 2.0
 # 0.5 GB for a 7.4 MB model over gloo) and made malloc return and fault in their pages again
 # every step (docs/performance.md, multi-worker).
 KEEP_WORKS_COUNT = 16
+# A group made with ``torch.distributed.new_group()`` keeps works of its own, fewer: its gloo
+# (torch's ``ProcessGroupGloo``, 2 threads) runs at most 2 works at a time, and its works carry
+# whole tensors (FSDP2's gathered layers over a mesh's batch axis, ModelParallelStrategy's
+# subgroups): the job's 16 kept up to 16 gathered layers alive after FSDP2 had let them go.
+# Its 2 newest cover the works those threads may still hold.
+SUBGROUP_KEEP_WORKS_COUNT = 2
 
 
 class RecentWorks:

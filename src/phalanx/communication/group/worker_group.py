@@ -63,7 +63,7 @@ from phalanx.communication.checks.stall_inspector import CollectiveMismatchError
 from phalanx.communication.group.collectives import GroupCollectives
 from phalanx.communication.group.failures import POLL_SECONDS, GroupFailures
 from phalanx.communication.group.process_group import BACKEND, PhalanxProcessGroup, register_backend
-from phalanx.communication.group.recent_works import RecentWorks
+from phalanx.communication.group.recent_works import SUBGROUP_KEEP_WORKS_COUNT, RecentWorks
 from phalanx.communication.group.subgroups import SubgroupEngine
 from phalanx.communication.group.transports import open_transport, point_to_point_of, subgroup_transport
 from phalanx.communication.membership.borrowed_store import (
@@ -160,6 +160,8 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         self._closed = False
         self._elastic = elastic
         self._subgroup_checks: list[CollectiveCheck] = []
+        # each new_group()'s own recent works: a few, as its gloo runs few (`RecentWorks`)
+        self._subgroup_works: list[RecentWorks] = []
         # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; restarts reuse it.
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         prefix = f"phalanx/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') if agent_store else '0'}/"
@@ -280,7 +282,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
     def in_flight(self) -> list[Any]:
         """This group's collectives that were started and have not completed yet (those its
         `RecentWorks` holds): what dropping the group must let fail before it goes on."""
-        return self._works.pending()
+        return [*self._works.pending(), *(w for works in self._subgroup_works for w in works.pending())]
 
     @property
     def uses_tls(self) -> bool:
@@ -336,6 +338,8 @@ class WorkerGroup(GroupFailures, GroupCollectives):
         members = list(global_ranks) or list(range(size))
         names = [self._name(r) for r in members]
         shorter = timeout if timeout is not None and timeout < self._collective_timeout else None
+        works = RecentWorks(keep_count=SUBGROUP_KEEP_WORKS_COUNT)
+        self._subgroup_works.append(works)
         engine = SubgroupEngine(
             gloo,
             store,
@@ -343,7 +347,7 @@ class WorkerGroup(GroupFailures, GroupCollectives):
             size,
             names,
             self._check.enabled,
-            self._works.add,
+            works.add,
             self._check_usable,
             self.wait,
             self._watch if size == self.world_size else None,  # the same numbering everywhere
@@ -457,3 +461,5 @@ class WorkerGroup(GroupFailures, GroupCollectives):
             self._pg = self._group = None
             self._gloo.group = None  # its last reference to the gloo group
             self._works.clear()  # else the user's group may still run: hold them to the end
+            for works in self._subgroup_works:  # their groups went with the job's (torch's registry)
+                works.clear()
