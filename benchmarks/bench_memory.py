@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -41,6 +42,10 @@ import torch.distributed as dist
 from torch import nn
 
 GLOBAL_BATCH = 64
+# what a script imports at its top besides torch (see `_job`): phalanx's, or raw torch's (FSDP2,
+# tensor parallelism, DCP)
+SCRIPT_IMPORTS = ("phalanx", "phalanx.experimental")
+RAW_IMPORTS = ("torch.distributed.fsdp", "torch.distributed.tensor.parallel", "torch.distributed.checkpoint")
 TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "1048576"}
 
 
@@ -101,10 +106,17 @@ def _phalanx_job(strategy: Any, cfg: dict, marks: dict, meter: Any) -> float:
     return seconds
 
 
-def _raw_job(cfg: dict, marks: dict, meter: Any) -> float:
+def _raw_job(cfg: dict, marks: dict, meter: Any, mesh_shape: tuple[int, ...] | None) -> float:
+    """Raw torch: FSDP2 over every worker (``mesh_shape`` None), or torchtitan's recipe over a
+    ``(tp,)`` or ``(dp, tp)`` mesh: ``parallelize_module`` pairs the Linears (ColwiseParallel,
+    then RowwiseParallel) over ``tp``, and ``fully_shard`` shards them over ``dp`` (when more
+    than one worker)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     import phalanx
 
@@ -118,21 +130,38 @@ def _raw_job(cfg: dict, marks: dict, meter: Any) -> float:
     )
     marks["runtime"] = meter.growth()
     model = mlp(cfg["width"], cfg["layers"], "meta" if cfg["meta"] else "cpu")
-    for block in model:
-        fully_shard(block[0])
-    fully_shard(model)
+    dp_mesh, replica, replicas = None, dist.get_rank(), dist.get_world_size()
+    if mesh_shape is not None:
+        names = ("dp", "tp")[-len(mesh_shape) :]
+        mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+        pairs = cfg["layers"] - cfg["layers"] % 2
+        plan: dict[str, Any] = {
+            f"{i}.0": ColwiseParallel() if i % 2 == 0 else RowwiseParallel() for i in range(pairs)
+        }
+        if pairs < cfg["layers"]:  # an unpaired last Linear gathers its output
+            plan[f"{pairs}.0"] = ColwiseParallel(output_layouts=Replicate())
+        parallelize_module(model, mesh["tp"], plan)
+        if len(mesh_shape) == 2:
+            dp_mesh = mesh["dp"]
+            replica, replicas = dp_mesh.get_local_rank(), mesh_shape[0]
+        else:
+            replica, replicas = 0, 1
+    if mesh_shape is None or dp_mesh is not None:
+        for block in model:
+            fully_shard(block[0], mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
     if cfg["meta"]:
         model.to_empty(device="cpu")
         for block in model:
             block[0].reset_parameters()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    _, mine = _data(cfg["steps"], cfg["width"], dist.get_rank(), dist.get_world_size())
+    _, mine = _data(cfg["steps"], cfg["width"], replica, replicas)
     start = None
     for i, (x, y) in enumerate(mine):
         if i == 1:
             dist.barrier()
             start = time.perf_counter()
-        nn.functional.cross_entropy(model(x), y).backward()  # FSDP2 averages
+        nn.functional.cross_entropy(model(x), y).backward()  # FSDP2 averages over dp
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if i == 0:
@@ -161,26 +190,32 @@ def _remove(directory: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _make_mwms() -> Any:
+def _mwms_class() -> Any:
     import phalanx
 
-    return phalanx.MultiWorkerMirroredStrategy()
+    return phalanx.MultiWorkerMirroredStrategy
 
 
-def _make_fully_sharded() -> Any:
+def _fully_sharded_class() -> Any:
     from phalanx.experimental import FullyShardedStrategy
 
-    return FullyShardedStrategy()
+    return FullyShardedStrategy
 
 
-def _make_model_parallel(shape: tuple[int, ...]) -> Any:
+def _model_parallel_class() -> Any:
+    from phalanx.experimental import ModelParallelStrategy
+
+    return ModelParallelStrategy
+
+
+def _model_parallel_kwargs(shape: tuple[int, ...]) -> dict:
     """Every Linear split by output features over the model axis (unpaired: each gathers its
     output), sharded over the batch axis as well when the mesh has one."""
-    from phalanx.experimental import DeviceMesh, LayoutMap, ModelParallelStrategy
+    from phalanx.experimental import DeviceMesh, LayoutMap
 
     layouts = LayoutMap(DeviceMesh(shape, ("batch", "model")[-len(shape) :]))
     layouts[r"\d+\.0\.weight"] = ("model", None)
-    return ModelParallelStrategy(layout_map=layouts, batch_dim_name="batch")
+    return {"layout_map": layouts, "batch_dim_name": "batch"}
 
 
 def _mesh_1d(workers: int) -> tuple[int, ...] | None:
@@ -193,20 +228,34 @@ def _mesh_2d(workers: int) -> tuple[int, ...] | None:
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One row kind of the table: its estimate kind, how a worker makes its strategy (None:
-    raw torch), and its mesh for ``workers`` (None where it has no such mesh: skipped)."""
+    """One row kind of the table: its estimate kind, the strategy's class (imported before the
+    meter starts, as a user's script imports it at its top; None: raw torch), the arguments a
+    worker makes it with for ``workers``, and its mesh (None where it has no such mesh: skipped)."""
 
     kind: str
-    make: Callable[[int], Any] | None
+    strategy_class: Callable[[], Any] | None
+    kwargs: Callable[[int], dict] = lambda workers: {}
     mesh: Callable[[int], tuple[int, ...] | None] | None = None
 
 
 JOBS: dict[str, Job] = {
-    "multi_worker_mirrored": Job("multi_worker_mirrored", lambda w: _make_mwms()),
-    "fully_sharded": Job("fully_sharded", lambda w: _make_fully_sharded()),
-    "model_parallel_1d": Job("model_parallel", lambda w: _make_model_parallel(_mesh_1d(w) or ()), _mesh_1d),
-    "model_parallel_2d": Job("model_parallel", lambda w: _make_model_parallel(_mesh_2d(w) or ()), _mesh_2d),
+    "multi_worker_mirrored": Job("multi_worker_mirrored", _mwms_class),
+    "fully_sharded": Job("fully_sharded", _fully_sharded_class),
+    "model_parallel_1d": Job(
+        "model_parallel",
+        _model_parallel_class,
+        lambda w: _model_parallel_kwargs(_mesh_1d(w) or ()),
+        _mesh_1d,
+    ),
+    "model_parallel_2d": Job(
+        "model_parallel",
+        _model_parallel_class,
+        lambda w: _model_parallel_kwargs(_mesh_2d(w) or ()),
+        _mesh_2d,
+    ),
     "raw_fsdp2": Job("fully_sharded", None),
+    "raw_tp_1d": Job("model_parallel", None, mesh=_mesh_1d),
+    "raw_fsdp2_tp_2d": Job("model_parallel", None, mesh=_mesh_2d),
 }
 
 
@@ -226,28 +275,35 @@ def _replicas(job: Job, workers: int) -> int:
 
 def _job(name: str, cfg: dict, result_path: str) -> None:
     """One job (every worker): trains, saves, and worker 0 writes the largest worker's figures."""
-    # what the job imports, before the meter (modules are not a strategy's memory): torch's
-    # checkpointing and FSDP2, phalanx's strategies, and torch._dynamo, which making any torch
-    # optimizer imports (~25 MiB of Python objects, whatever the strategy, one device too)
-    import torch._dynamo  # noqa: F401
-    import torch.distributed.checkpoint  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401
-
-    import phalanx.experimental  # noqa: F401
+    # as a user measures: the script's imports first, then the meter, just before the strategy
+    # is made. Every job's script imports the same modules (torch, phalanx and
+    # phalanx.experimental, which brings torch's DTensor and FSDP2 in; a raw torch script its
+    # FSDP2, tensor parallelism and DCP), so that no row's figure differs from another's by
+    # modules one imported before its meter and the other after; what the training imports
+    # later (torch._dynamo at the optimizer's creation, torch's checkpointing at the save) is
+    # each job's. ``imports``: what those imports added (the meter's "with imports" figure).
+    from phalanx.cluster import resolve_cluster
     from phalanx.memory import PeakMeter
 
     torch.set_num_threads(1)
-    meter = PeakMeter()
+    job = JOBS[name]
+    workers = resolve_cluster().num_workers
+    from_imports = PeakMeter()
+    cls = job.strategy_class() if job.strategy_class is not None else None
+    for module in SCRIPT_IMPORTS if cls is not None else RAW_IMPORTS:
+        importlib.import_module(module)
+    imports = from_imports.now()
+    meter = PeakMeter(reset=False)
     marks: dict[str, int] = {}
-    make = JOBS[name].make
-    from phalanx.cluster import resolve_cluster
-
-    strategy = make(resolve_cluster().num_workers) if make is not None else None
+    marks["imports"] = imports
+    strategy = cls(**job.kwargs(workers)) if cls is not None else None
     seconds = (
-        _phalanx_job(strategy, cfg, marks, meter) if strategy is not None else _raw_job(cfg, marks, meter)
+        _phalanx_job(strategy, cfg, marks, meter)
+        if strategy is not None
+        else _raw_job(cfg, marks, meter, job.mesh(workers) if job.mesh is not None else None)
     )
     every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, {"marks": marks, "seconds": seconds, "reset_ok": meter.reset_ok})
+    dist.all_gather_object(every, {"marks": marks, "seconds": seconds, "reset_ok": from_imports.reset_ok})
     if dist.get_rank() == 0:
         with open(result_path, "w") as f:
             json.dump(every, f)
@@ -255,11 +311,16 @@ def _job(name: str, cfg: dict, result_path: str) -> None:
         strategy.close()
     else:
         dist.destroy_process_group()
+        # raw torch has no RecentWorks: a gloo thread may drop the last reference to a tensor
+        # parallelism collective's work while the interpreter finalizes, which aborts the
+        # process ("terminate called without an active exception"); everything is written
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _estimate(name: str, cfg: dict, workers: int) -> Any:
     from phalanx.experimental import estimate_memory
-    from phalanx.memory.estimate import BASE_RUNTIME_BYTES
 
     job = JOBS[name]
     return estimate_memory(
@@ -270,9 +331,8 @@ def _estimate(name: str, cfg: dict, workers: int) -> Any:
         mesh_shape=job.mesh(workers) if job.mesh is not None else None,
         sample_input=(cfg["width"],),
         per_worker_batch=GLOBAL_BATCH // _replicas(job, workers),
-        runtime_bytes=BASE_RUNTIME_BYTES if job.make is None else None,  # raw: gloo, no segment
         built_whole=not cfg.get("meta", False),
-        release_memory=job.make is not None,  # raw FSDP2: FSDP2 and glibc as they are
+        raw_torch=job.strategy_class is None,  # torch's gloo groups, FSDP2 and glibc as they are
     )
 
 
@@ -298,6 +358,7 @@ def run_job(name: str, cfg: dict, workers: int, malloc: str) -> dict:
         "malloc": malloc,
         "width": cfg["width"],
         "peak_mib": peak / 2**20,
+        "with_imports_mib": max(w["marks"]["save"] + w["marks"]["imports"] for w in every) / 2**20,
         "by_worker_mib": [w["marks"]["save"] / 2**20 for w in every],
         "marks_mib": {k: max(w["marks"][k] for w in every) / 2**20 for k in every[0]["marks"]},
         "estimate_mib": estimate.peak / 2**20,
@@ -312,7 +373,7 @@ def _print_rows(rows: list[dict]) -> None:
     and examples per second against raw FSDP2's (same workers, malloc and width)."""
     print(
         f"{'job':<22}{'workers':>8}{'malloc':>9}{'width':>7}{'peak MiB':>10}{'estimate':>10}"
-        f"{'est/meas':>9}{'vs mwms':>9}{'ex/s':>8}{'vs raw':>8}"
+        f"{'est/meas':>9}{'vs mwms':>9}{'+imports':>10}{'vs mwms':>9}{'ex/s':>8}{'vs raw':>8}"
     )
     done = [r for r in rows if "failed" not in r]
 
@@ -328,10 +389,13 @@ def _print_rows(rows: list[dict]) -> None:
             continue
         mwms, raw = same("multi_worker_mirrored", r), same("raw_fsdp2", r)
         memory = f"{r['peak_mib'] / mwms['peak_mib']:9.2f}" if mwms else f"{'':>9}"
+        with_imports = f"{r['with_imports_mib']:10.1f}" + (
+            f"{r['with_imports_mib'] / mwms['with_imports_mib']:9.2f}" if mwms else f"{'':>9}"
+        )
         speed = f"{r['examples_per_s'] / raw['examples_per_s']:8.2f}" if raw else f"{'':>8}"
         print(
             f"{r['job']:<22}{r['workers']:>8}{r['malloc']:>9}{r['width']:>7}{r['peak_mib']:10.1f}"
-            f"{r['estimate_mib']:10.1f}{r['estimate_mib'] / r['peak_mib']:9.3f}{memory}"
+            f"{r['estimate_mib']:10.1f}{r['estimate_mib'] / r['peak_mib']:9.3f}{memory}{with_imports}"
             f"{r['examples_per_s']:8.0f}{speed}"
             + (f"  (cap {r['cap_mib']:.0f} MiB)" if "cap_mib" in r else "")
         )

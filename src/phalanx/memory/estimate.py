@@ -14,27 +14,32 @@ The rule (docs/big_models.md, "Memory per worker"), with ``P`` the model's param
   (Adam's ``foreach`` kernels: ``P``) and the gradient engine's staged buckets (``0.6P`` at
   the peak: fitted, `REDUCTION_SHARE`).
 * ``fully_sharded``: each worker holds ``1/W`` of the parameters, gradients, optimizer state
-  and step temporaries, plus the units gathered at the peak of backward (``2.5U``, fitted,
-  `GATHERED_UNITS`: the unit computed and the one prefetched, and part of the time a unit's
-  unsharded gradients or the reduce-scatter's input). Mixed precision gathers parameters in
+  and step temporaries, or, where the backward's peak is higher, the units gathered then
+  (``3.5U`` in place of the gradients and the step's temporaries, fitted, `GATHERED_UNITS`:
+  the unit computed, its unsharded gradients, part of the time the reduce-scatter's input,
+  and the gradient shards reduced so far). Mixed precision gathers parameters in
   ``param_dtype``.
 * ``model_parallel`` (mesh ``(batch, model)``): as ``fully_sharded`` over ``batch x model``
-  workers for the state, with units gathered only along the batch axis (``2.5U / model``, none
-  when ``batch`` is 1); the rule assumes the layout splits every large weight along the model
-  axis, and counts the activations unsplit (an upper bound: tensor parallelism splits some).
-  Not yet validated against measured peaks.
-* every kind: the runtime (`BASE_RUNTIME_BYTES`: threads, modules imported at first use, the
-  step's Python objects; and phalanx's same-host transport maps a shared-memory segment of
-  ``2 x W x 4 MiB`` once ``W > 1``) and the activations
-  the forward keeps for backward (measured by running the forward on the meta device with
+  workers for the state, with units gathered only along the batch axis (``3.5U / model``,
+  none when ``batch`` is 1), and what the batch axis's subgroups hold of their newest works
+  (`SUBGROUP_WORKS_UNITS`); the rule assumes the layout splits every large weight along the
+  model axis, and counts the activations unsplit (an upper bound: tensor parallelism splits
+  some). ``raw_torch=True``: torch's own ``parallelize_module`` and ``fully_shard`` (torch's
+  gloo groups, glibc's defaults).
+* every kind: the runtime (`BASE_RUNTIME_BYTES`: threads, the pages of kernels run for the
+  first time, the step's Python objects, and torch._dynamo, which making the first torch
+  optimizer imports; and phalanx's same-host transport maps shared-memory segments once
+  ``W > 1``, `_transport_bytes`) and the activations the forward keeps for backward
+  (measured by running the forward on the meta device with
   `torch.autograd.graph.saved_tensors_hooks`, plus the largest of them again for backward's
   transient gradient).
 
 The constants were fitted to `benchmarks/bench_memory.py`'s measurements (CPU, glibc's default
 malloc settings, FullySharded with its default ``release_memory``, MLPs of 66k to 17M
-parameters): a model of phalanx's engines as they are; a change to them (bucket sizes,
-retained works, the transport's segments) changes the figures, and the benchmark shows by how
-much (its estimate/measured column).
+parameters; every row of its table at 2 and 4 workers within 10 %): a model of phalanx's
+engines as they are; a change to them (bucket sizes, retained works, the transport's
+segments) changes the figures, and the benchmark shows by how much (its estimate/measured
+column).
 """
 
 from __future__ import annotations
@@ -62,9 +67,12 @@ STRATEGY_KINDS = ("multi_worker_mirrored", "fully_sharded", "model_parallel")
 MiB = 1 << 20
 # what a worker adds from the strategy's creation whatever the model: threads, the pages of
 # torch's kernels run for the first time, the step's Python objects (measured with the
-# benchmark's MLP, less its tensors and segments: 19-22 MiB per worker). Not modules: making a
-# torch optimizer imports torch._dynamo (~25 MiB of Python objects, whatever the strategy)
-BASE_RUNTIME_BYTES = 20 * MiB
+# benchmark's MLP, less its tensors and segments: 19-22 MiB per worker), and the modules the
+# training imports after a script's imports of torch, phalanx and phalanx.experimental:
+# making the first torch optimizer imports torch._dynamo (`TRAINING_IMPORTS_BYTES`, whatever
+# the strategy, on one device too)
+TRAINING_IMPORTS_BYTES = 26 * MiB
+BASE_RUNTIME_BYTES = 20 * MiB + TRAINING_IMPORTS_BYTES
 # FSDP2 at the peak of backward: the unit computed, its unsharded gradients, the next unit
 # prefetched, and the gradient shards reduced so far (about half a unit); counted in place of
 # the gradients and the step's temporaries, which the backward peak exceeds only when units
@@ -78,9 +86,14 @@ RETAINED_HEAP_UNITS = 31
 # MultiWorkerMirrored's gradient engine: buckets staged for their all-reduce at the peak (fitted)
 REDUCTION_SHARE = 0.6
 # model_parallel with a batch axis of more than one worker: its mesh's subgroups carry FSDP2's
-# collectives over gloo, whose recent works (16) keep their tensors (fitted: the benchmark's
-# (2, 2) mesh, in units of the batch axis's unit)
-SUBGROUP_WORKS_UNITS = 10.7
+# collectives over gloo, and each subgroup holds its 2 newest works
+# (`phalanx.communication.group.recent_works.SUBGROUP_KEEP_WORKS_COUNT`); an all-gather's work
+# keeps what it gathered and FSDP2's all-gather buffer (its input is a view of it): 2 units each
+SUBGROUP_WORKS_UNITS = 4
+# raw tensor parallelism (``raw_torch``, no FSDP2) under glibc's defaults: the heap keeps the
+# last step's gradients and Adam's step temporaries (fitted to the benchmark's 1-D rows at 2
+# and 4 workers, in parameter shares ``P / W``)
+RAW_TP_HEAP_SHARES = 2
 # phalanx's same-host transport: an all-reduce's slots hold 4 MiB of float32 each
 # (transports/shm/shared_memory.py: 2 buffer sets x W slots); broadcasts, all-gathers and
 # reduce-scatters share one 8 MiB set between the workers
@@ -332,6 +345,7 @@ def estimate_memory(
     runtime_bytes: int | None = None,
     built_whole: bool = False,
     release_memory: bool = True,
+    raw_torch: bool = False,
 ) -> MemoryEstimate:
     """One worker's peak resident memory growth under ``strategy``, broken down (any process).
 
@@ -358,6 +372,10 @@ def estimate_memory(
             ``FullyShardedStrategy(release_memory=False)``): the kept reduce-scatter input
             and what glibc's heap keeps of the gathered units (``allocator``, fitted to the
             benchmark's 6 steps).
+        raw_torch: The same parallelism written with torch alone (``fully_shard``,
+            ``parallelize_module``, torch's gloo groups; `benchmarks/bench_memory.py`'s raw
+            rows): no phalanx transport segment or subgroup works, and FSDP2 and glibc as
+            they are (``release_memory=False`` is implied).
 
     Returns:
         The `MemoryEstimate` (its ``peak`` and ``parts``).
@@ -376,8 +394,10 @@ def estimate_memory(
     trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     whole_unit = _unit_bytes(model, param_dtype)
     unit = whole_unit // gather_split if gather_split else 0
+    release_memory = release_memory and not raw_torch
     if runtime_bytes is None:
-        runtime_bytes = BASE_RUNTIME_BYTES + _transport_bytes(strategy, workers, trained, unit)
+        transport = 0 if raw_torch else _transport_bytes(strategy, workers, trained, unit)
+        runtime_bytes = BASE_RUNTIME_BYTES + transport
     sharded = strategy != "multi_worker_mirrored"
     parts = {
         "runtime": runtime_bytes,
@@ -391,8 +411,10 @@ def estimate_memory(
     units = GATHERED_UNITS + (0 if release_memory else KEPT_INPUT_UNITS)
     parts["gathered_units"] = max(0, int(units * unit) - parts["gradients"] - parts["optimizer_step"])
     parts["allocator"] = 0 if release_memory or not unit else int(RETAINED_HEAP_UNITS * unit)
-    if strategy == "model_parallel" and gather_split:
+    if strategy == "model_parallel" and gather_split and not raw_torch:
         parts["allocator"] += int(SUBGROUP_WORKS_UNITS * unit)
+    if strategy == "model_parallel" and not gather_split and not release_memory and workers > 1:
+        parts["allocator"] += int(RAW_TP_HEAP_SHARES * trained) // share
     training = sum(v for k, v in parts.items() if k != "runtime")
     # sharding a model made whole: all of it, this worker's shards, and one unit in transit
     building = params + params // share + whole_unit if sharded and built_whole else 0

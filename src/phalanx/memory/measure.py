@@ -68,10 +68,15 @@ class PeakMeter:
 
     Make one just before the strategy (each worker its own); `growth` is then the worker's peak
     resident memory since, minus what it held at the start.
+
+    Args:
+        reset: Reset the process's high-water mark now (default). False keeps the mark as an
+            earlier meter left it: a second meter, started later, whose `growth` counts from
+            its own start the peak both meters see (the peak comes after it).
     """
 
-    def __init__(self) -> None:
-        self.reset_ok = _reset_peak()
+    def __init__(self, reset: bool = True) -> None:
+        self.reset_ok = _reset_peak() if reset else True
         self.start = resident_bytes()
 
     def growth(self) -> int:

@@ -15,6 +15,7 @@ from phalanx.memory.estimate import (
     BASE_RUNTIME_BYTES,
     GATHERED_UNITS,
     KEPT_INPUT_UNITS,
+    RAW_TP_HEAP_SHARES,
     REDUCTION_SHARE,
     RETAINED_HEAP_UNITS,
     SUBGROUP_WORKS_UNITS,
@@ -114,6 +115,20 @@ def test_model_parallel_splits_the_state_over_the_mesh_and_gathers_along_the_bat
     assert est.parts["allocator"] == int(SUBGROUP_WORKS_UNITS * (U // 2))  # the batch axis's gloo works
     tensor_parallel = estimate_memory(_mlp(), torch.optim.Adam, strategy="model_parallel", mesh_shape=(4,))
     assert tensor_parallel.parts["gathered_units"] == tensor_parallel.parts["allocator"] == 0
+
+
+def test_raw_torch_has_no_segments_or_subgroup_works_and_glibc_keeps_what_it_served():
+    """torchtitan's recipe written with torch alone: torch's gloo groups (no phalanx transport
+    or RecentWorks), FSDP2 and glibc as they are."""
+    kwargs: dict = {"strategy": "model_parallel", "raw_torch": True}
+    two_d = estimate_memory(_mlp(), torch.optim.Adam, mesh_shape=(2, 2), **kwargs)
+    assert two_d.parts["runtime"] == BASE_RUNTIME_BYTES
+    assert two_d.parts["allocator"] == int(RETAINED_HEAP_UNITS * (U // 2))  # no subgroup works
+    tensor_parallel = estimate_memory(_mlp(), torch.optim.Adam, mesh_shape=(2,), **kwargs)
+    assert tensor_parallel.parts["allocator"] == RAW_TP_HEAP_SHARES * P // 2
+    raw_fsdp2 = estimate_memory(_mlp(), torch.optim.Adam, num_workers=4, raw_torch=True)
+    as_it_is = {"release_memory": False, "runtime_bytes": BASE_RUNTIME_BYTES}
+    assert raw_fsdp2.parts == estimate_memory(_mlp(), torch.optim.Adam, num_workers=4, **as_it_is).parts
 
 
 def test_optimizer_factors_follow_the_optimizer_and_its_options():

@@ -23,6 +23,19 @@ def test_the_meter_sees_memory_touched_after_it_started_and_not_before():
     del grown, kept
 
 
+def test_a_second_meter_counts_from_its_own_start_the_peak_both_see():
+    """The benchmark's "with imports" figure: one meter before a script's imports, one after."""
+    first = PeakMeter()
+    if not first.reset_ok:
+        pytest.skip("this kernel does not let a process reset its VmHWM (/proc/self/clear_refs)")
+    imports = bytearray(32 << 20)  # what the imports touched, between the two meters
+    second = PeakMeter(reset=False)
+    grown = bytearray(64 << 20)
+    assert 60 << 20 <= second.growth() < first.growth()
+    assert first.growth() - second.growth() >= 30 << 20
+    del grown, imports
+
+
 def test_a_missing_field_is_named():
     with pytest.raises(RuntimeError, match="VmNothing is not in /proc/self/status"):
         measure._status("VmNothing")
