@@ -27,6 +27,7 @@ from phalanx.distribution.slices import local_part
 from phalanx.memory.measure import map_large_allocations, release_free_memory
 from phalanx.state_views import sharded_state_dicts, sharded_views_open
 from phalanx.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+from phalanx.strategies.sharding.all_gather import FreeingAllGather
 from phalanx.strategies.sharding.meta_init import MetaInit, post_order
 from phalanx.strategies.sharding.plan import ShardingPlan
 from phalanx.strategies.sharding.reduce_scatter import FreeingReduceScatter
@@ -195,7 +196,11 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
             (`phalanx.memory.map_large_allocations`, set for the whole process at the
             strategy's creation), the heap's free memory is returned after each optimizer
             step, and on the CPU each unit's reduce-scatter input is freed as soon as its
-            collective returns (FSDP2 would keep it through the next unit's backward). Without
+            collective returns (FSDP2 would keep it through the next unit's backward), each
+            unit's all-gather buffer as soon as its parameters are copied out of it (FSDP2
+            would keep it through the next unit's forward), and no unit is gathered ahead in
+            backward (on the CPU FSDP2's all-gathers wait where they are called: gathering
+            ahead overlaps nothing and holds one more unit). Without
             it glibc keeps the layers FSDP2 gathers each step in its heap, and a worker's peak
             resident memory counts them (docs/big_models.md, Memory per worker). False, and
             one worker (nothing is gathered), leave the C allocator and FSDP2 as they are.
@@ -442,11 +447,22 @@ class FullyShardedStrategy(MultiWorkerMirroredStrategy):
     def _configure_unit(self, unit: nn.Module) -> None:
         """FSDP2's settings of a unit just sharded (here and in ModelParallelStrategy): TF's
         convention (gradients summed, SUM on the wire), and with ``release_memory`` on the CPU
-        a reduce-scatter that frees its input when it returns (`FreeingReduceScatter`)."""
+        a reduce-scatter that frees its input when it returns (`FreeingReduceScatter`), an
+        all-gather whose buffer is freed once the unit's forward starts (`FreeingAllGather`)
+        and no backward prefetch."""
         unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]
         unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # SUM on gloo too
         if self._release_memory and self._devices[0].type == "cpu":
             unit.set_custom_reduce_scatter(FreeingReduceScatter())  # type: ignore[operator]
+            gather = FreeingAllGather()  # its buffer freed once the unit's forward starts
+            unit.set_custom_all_gather(gather)  # type: ignore[operator]
+            unit.register_forward_pre_hook(gather.release)
+            # no backward prefetch: on the CPU FSDP2's all-gathers wait where they are called
+            # (it calls them without async_op), so gathering the next unit as this one's
+            # backward starts overlaps nothing; it only holds one more gathered unit at the
+            # backward's peak. A unit prefetching itself, gathered already by then, is
+            # FSDP2's public way to prefetch nothing (an empty list means its default).
+            unit.set_modules_to_backward_prefetch([unit])  # type: ignore[operator]
 
     def _agreed(self, flags: list[bool]) -> list[bool]:
         """Each flag, true only where it is true on every worker (one all-reduce; every worker

@@ -99,17 +99,24 @@ class Lane:
             item = self._queue.get()
             if item is None:
                 return
-            run, work = item
-            if self._broken is not None:
-                work.finish(self._broken)
-                continue
-            try:
-                run()
-            except BaseException as exc:  # every later call fails the same way
-                self._broken = exc
-                work.finish(exc)
-            else:
-                work.finish()
+            self._serve_one(*item)
+            # nothing of the call outlives it here: ``item`` held the call, and the call its
+            # tensors (an all-gather's whole gathered layer, through views of it) until the
+            # next call was queued, which FSDP2 makes only after a layer's compute
+            del item
+
+    def _serve_one(self, run: Callable[[], None], work: QueuedWork) -> None:
+        """Runs one call and finishes its work (each call's references end with this frame)."""
+        if self._broken is not None:
+            work.finish(self._broken)
+            return
+        try:
+            run()
+        except BaseException as exc:  # every later call fails the same way
+            self._broken = exc
+            work.finish(exc)
+        else:
+            work.finish()
 
     @property
     def alive(self) -> bool:
