@@ -73,23 +73,27 @@ MiB = 1 << 20
 # the strategy, on one device too)
 TRAINING_IMPORTS_BYTES = 26 * MiB
 BASE_RUNTIME_BYTES = 20 * MiB + TRAINING_IMPORTS_BYTES
-# FSDP2 at the peak of backward: the unit computed, its unsharded gradients, the next unit
-# prefetched, and the gradient shards reduced so far (about half a unit); counted in place of
+# FSDP2 at the peak of backward: the unit computed, its unsharded gradients (for a moment with
+# the reduce-scatter's input they are copied into), the next unit where FSDP2 prefetches it
+# (not on CPUs under FullySharded), and the gradient shards reduced so far; counted in place of
 # the gradients and the step's temporaries, which the backward peak exceeds only when units
 # are large against a worker's share (fitted)
 GATHERED_UNITS = 3.5
 # release_memory=False: FSDP2 keeps each unit's reduce-scatter input through the next unit's
 # backward, and glibc's heap keeps the gathered units it served (fitted to the benchmark's
-# raw FSDP2 on gloo, 6 Adam steps, two runs: 28-35 units; it grows with the steps)
+# raw FSDP2 on gloo, 6 Adam steps, three runs at 2 and 4 workers: 27-34 units, from run to
+# run; it grows with the steps)
 KEPT_INPUT_UNITS = 1
-RETAINED_HEAP_UNITS = 31
+RETAINED_HEAP_UNITS = 30
 # MultiWorkerMirrored's gradient engine: buckets staged for their all-reduce at the peak (fitted)
 REDUCTION_SHARE = 0.6
 # model_parallel with a batch axis of more than one worker: its mesh's subgroups carry FSDP2's
 # collectives over gloo, and each subgroup holds its 2 newest works
-# (`phalanx.communication.group.recent_works.SUBGROUP_KEEP_WORKS_COUNT`); an all-gather's work
-# keeps what it gathered and FSDP2's all-gather buffer (its input is a view of it): 2 units each
-SUBGROUP_WORKS_UNITS = 4
+# (`phalanx.communication.group.recent_works.SUBGROUP_KEEP_WORKS_COUNT`): an all-gather's work
+# keeps what it gathered (a unit) and, in backward, FSDP2's all-gather buffer (its input is a
+# view of it; forward frees that buffer, `phalanx.strategies.sharding.all_gather`). Fitted to
+# the benchmark's (2, 2) mesh at widths 2048 and 3584, in units of the batch axis's unit
+SUBGROUP_WORKS_UNITS = 2.5
 # raw tensor parallelism (``raw_torch``, no FSDP2) under glibc's defaults: the heap keeps the
 # last step's gradients and Adam's step temporaries (fitted to the benchmark's 1-D rows at 2
 # and 4 workers, in parameter shares ``P / W``)
