@@ -1,4 +1,5 @@
-"""Peak memory per worker: MultiWorkerMirrored, FullySharded and raw FSDP2, measured and estimated.
+"""Peak memory per worker: MultiWorkerMirrored, FullySharded, ModelParallel 1-D and 2-D, and raw
+torch (FSDP2; tensor parallelism 1-D; FSDP2 + tensor parallelism 2-D), measured and estimated.
 
 Run: python benchmarks/bench_memory.py [--workers 2 4] [--width 2048] [--layers 4] [--steps 6]
      [--malloc default tuned] [--cap-mb 400] [--json out.json]
@@ -7,18 +8,26 @@ Each job trains an MLP (``--layers`` x ``Linear(width, width)`` + ReLU; 16.8M pa
 the defaults) with Adam on the CPU, 1 intra-op thread per worker, global batch 64, through
 ``--steps`` steps and a checkpoint save, and measures each worker's peak resident memory growth
 from just before the strategy is made (`phalanx.memory.PeakMeter`: VmHWM less the resident
-memory then). The figure of a job is its largest worker's. Beside it:
-`phalanx.experimental.estimate_memory`'s estimate of the same peak and their ratio (goal:
-within 10 %), and examples per second against raw FSDP2's.
+memory then), after the imports a script makes at its top, the same for every phalanx row
+(torch, phalanx, phalanx.experimental; see `_job`): what the training imports later
+(torch._dynamo, which the first torch optimizer imports; torch's checkpointing at the save)
+counts. The figure of a job is its largest worker's; "+imports" is the same peak counted from
+before those imports. Beside it: `phalanx.experimental.estimate_memory`'s estimate of the same
+peak and their ratio (goal: within 10 %), and examples per second against raw FSDP2's.
+
+Raw torch rows run on torch's own gloo groups: ``raw_fsdp2`` shards every Linear with
+``fully_shard``; ``raw_tp_1d`` is ``parallelize_module`` over a ``("tp",)`` mesh of every worker
+(the Linears paired, ColwiseParallel then RowwiseParallel); ``raw_fsdp2_tp_2d`` is
+torchtitan's recipe: the same plan on the ``tp`` axis of a ``("dp", "tp")`` mesh and
+``fully_shard`` on ``dp`` (4 workers or more).
 
 ``--malloc default`` runs each worker with glibc's default malloc settings, as a user's process
 runs; ``tuned`` sets ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` (large freed blocks
 go back to the system at once). ``--cap-mb``: the largest width of the MLP each strategy trains
 under that per-worker cap, by the estimate, then measured at that width.
 
-Adding a strategy: one entry in ``JOBS`` (how to make it) and, for the estimate, its kind in
-`phalanx.memory.estimate.STRATEGY_KINDS` (``model_parallel`` is estimated already; its job is
-written where ModelParallelStrategy lives).
+Adding a strategy: one entry in ``JOBS`` (its class, how a worker makes it, its mesh) and, for
+the estimate, its kind in `phalanx.memory.estimate.STRATEGY_KINDS`.
 
 Nothing is asserted: worker 0 of each job writes its figures; this process prints the table.
 """
