@@ -111,11 +111,24 @@ class DistributedIterator(DistributedIteratorMembers):
         # With one replica in the job its batch is the global batch: `run` needs no ledger entry
         # to know the global count or the replica's offset (0), and the step saves its cost.
         self._remember = strategy.num_replicas_in_sync > 1
+        # The lean path: a DATA split with nothing to agree on or carry hands one replica in
+        # the job its global batch as it is (`_Splitter.whole_batch`), while the strategy has
+        # one replica in sync (read at each step: an elastic job may grow).
+        self._whole: _Splitter | None = None
+        anywhere = self._devices is None
+        if isinstance(next_pieces, _Splitter) and not agree and self._carry is None and (anywhere or self._to_cpu):
+            self._whole = next_pieces
 
     def __iter__(self) -> DistributedIterator:
         return self
 
     def __next__(self) -> Any:
+        whole = self._whole
+        if whole is not None and self._strategy.num_replicas_in_sync == 1:
+            batch = whole.whole_batch(self._to_cpu)  # raises StopIteration at the end
+            if batch is not None:  # else: a batch to convert, check or move (below)
+                self._steps += 1
+                return batch
         step = self._ahead.pop() if self._ahead else self._next_pieces()
         if self._agree and not self._any_worker_has_data(step is not None):
             raise StopIteration
@@ -215,6 +228,23 @@ class _Splitter:
             except StopIteration:
                 return False
         return True
+
+    def whole_batch(self, on_cpu: bool) -> Any:
+        """The next global batch as it is, for one replica in the job, when it is the usual
+        ``(x, y[, None])`` of tensors with one batch size (on the CPU, with ``on_cpu``):
+        nothing to convert, slice or move. Else None, and the batch waits for `__call__`,
+        which converts and checks it.
+
+        Raises:
+            StopIteration: The global batches have ended.
+        """
+        if self._peeked:
+            return None
+        batch = next(self._batches)
+        if usual_batch_size(batch, on_cpu) >= 0:
+            return batch
+        self._peeked.append(batch)
+        return None
 
     def __call__(self) -> tuple[list[Any], int | None, list[int] | None] | None:
         try:

@@ -137,6 +137,11 @@ class GradientSync:
             layout = self._layout = (len(self._devices) * workers, in_place)
         return layout
 
+    def replicas_in_sync(self) -> int:
+        """The replicas whose gradients this path sums (all workers'); fixed once asked
+        (`Strategy.run` takes its lean path when it is 1)."""
+        return self._decide_layout()[0]
+
     # ---------------------------------------------------------------- around run
     def prepare_run(self) -> None:
         """Hooks the replica leaves of new parameters and lets backward passes merge
