@@ -112,8 +112,9 @@ class DistributedIterator(DistributedIteratorMembers):
         # to know the global count or the replica's offset (0), and the step saves its cost.
         self._remember = strategy.num_replicas_in_sync > 1
         # The lean path: a DATA split with nothing to agree on or carry hands one replica in
-        # the job its global batch as it is (`_Splitter.whole_batch`), while the strategy has
-        # one replica in sync (read at each step: an elastic job may grow).
+        # the job its global batch as it is, while the strategy has one replica in sync (read
+        # at each step: an elastic job may grow) and the batch is the usual one (on the CPU
+        # where the input goes there).
         self._whole: _Splitter | None = None
         anywhere = self._devices is None
         if isinstance(next_pieces, _Splitter) and not agree and self._carry is None and (anywhere or self._to_cpu):
@@ -124,11 +125,12 @@ class DistributedIterator(DistributedIteratorMembers):
 
     def __next__(self) -> Any:
         whole = self._whole
-        if whole is not None and self._strategy.num_replicas_in_sync == 1:
-            batch = whole.whole_batch(self._to_cpu)  # raises StopIteration at the end
-            if batch is not None:  # else: a batch to convert, check or move (below)
+        if whole is not None and not whole.peeked and self._strategy.num_replicas_in_sync == 1:
+            batch = next(whole.batches)  # StopIteration at the end: this iterator's end too
+            if usual_batch_size(batch, self._to_cpu) >= 0:  # nothing to convert, slice or move
                 self._steps += 1
                 return batch
+            whole.peeked.append(batch)  # converted and checked below
         step = self._ahead.pop() if self._ahead else self._next_pieces()
         if self._agree and not self._any_worker_has_data(step is not None):
             raise StopIteration
@@ -216,39 +218,24 @@ class _Splitter:
     """DATA sharding: each worker keeps its replicas' slices of every global batch."""
 
     def __init__(self, strategy: DistributionStrategy, batches: Iterator[Any]) -> None:
-        self._batches = batches
+        # the global batches (the iterator's lean path reads them here too)
+        self.batches = batches
         self._strategy = strategy  # read at each batch: an elastic job re-splits after a membership change
-        self._peeked: list[Any] = []  # the next global batch, read by `has_next` (not split yet)
+        # the next global batch, read by `has_next` or left by the iterator's lean path (not split yet)
+        self.peeked: list[Any] = []
 
     def has_next(self) -> bool:
         """Whether another global batch follows (reads it; it is split when its step comes)."""
-        if not self._peeked:
+        if not self.peeked:
             try:
-                self._peeked.append(next(self._batches))
+                self.peeked.append(next(self.batches))
             except StopIteration:
                 return False
         return True
 
-    def whole_batch(self, on_cpu: bool) -> Any:
-        """The next global batch as it is, for one replica in the job, when it is the usual
-        ``(x, y[, None])`` of tensors with one batch size (on the CPU, with ``on_cpu``):
-        nothing to convert, slice or move. Else None, and the batch waits for `__call__`,
-        which converts and checks it.
-
-        Raises:
-            StopIteration: The global batches have ended.
-        """
-        if self._peeked:
-            return None
-        batch = next(self._batches)
-        if usual_batch_size(batch, on_cpu) >= 0:
-            return batch
-        self._peeked.append(batch)
-        return None
-
     def __call__(self) -> tuple[list[Any], int | None, list[int] | None] | None:
         try:
-            batch = self._peeked.pop() if self._peeked else next(self._batches)
+            batch = self.peeked.pop() if self.peeked else next(self.batches)
         except StopIteration:
             return None
         size = usual_batch_size(batch)  # (x, y) of tensors: nothing to convert, one look

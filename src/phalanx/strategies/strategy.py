@@ -335,24 +335,22 @@ class Strategy(StrategyInput, TFStrategyMembers):
             and type(args) is tuple
             and not self._variable_policy.has_variables
             and not self._batches.entries
+            and (self.is_default or _hooks.step_hooks_in_place)
+            and callable(fn)
         ):
-            top = context.current_frame()
-            if top is None or (top.strategy is self and top.replica_context is None):
-                for value in args:  # noqa: SIM110 - a loop: no generator made at every step
-                    if type(value) is not torch.Tensor:
-                        break
-                else:
-                    if callable(fn):  # what the full path does then (`_lean_run_applies`)
-                        if not self.is_default:
-                            _hooks.install()  # off again if the user removed them
+            for value in args:  # noqa: SIM110 - a loop: no generator made at every step
+                if type(value) is not torch.Tensor:
+                    break
+            else:  # what the full path does then (`_lean_run_applies`), if the stack allows
+                previous = context.push_replica_frame_at_top(self._replica_frame, 0)
+                if previous is not context.NOT_PUSHED:
+                    try:
                         self._run_count += 1
-                        only = self._replica_contexts[0]
-                        only.begin_step(None, 0)
-                        previous = context.push_replica_frame(self._replica_frame, 0)
-                        try:
-                            return fn(*args)
-                        finally:
-                            context.pop_replica_frame(previous)
+                        self._replica_contexts[0].begin_step(None, 0)
+                        return fn(*args)
+                    finally:
+                        context.pop_replica_frame(previous)
+                        if self._variable_policy.has_variables:  # made during the step
                             set_in_optimizer_step(False)  # `GradientSync.reset_thread`
         check_run_call(self, fn, args, kwargs)
         if options is not None:
@@ -483,7 +481,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
         if replica_index is None:
             self._step_outside_run(optimizer)
         elif self._lean_run and not self._variable_policy.has_variables:
-            set_in_optimizer_step(True)  # `GradientSync.before_step` of one replica, no variables
+            return  # one replica in the job, no variables: `before_step` would do nothing
         else:
             self.step_sync.before_step(optimizer, replica_index)
 
