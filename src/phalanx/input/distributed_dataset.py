@@ -117,7 +117,12 @@ class DistributedIterator(DistributedIteratorMembers):
         # where the input goes there).
         self._whole: _Splitter | None = None
         anywhere = self._devices is None
-        if isinstance(next_pieces, _Splitter) and not agree and self._carry is None and (anywhere or self._to_cpu):
+        if (
+            isinstance(next_pieces, _Splitter)
+            and not agree
+            and self._carry is None
+            and (anywhere or self._to_cpu)
+        ):
             self._whole = next_pieces
 
     def __iter__(self) -> DistributedIterator:
@@ -130,7 +135,11 @@ class DistributedIterator(DistributedIteratorMembers):
             if usual_batch_size(batch, self._to_cpu) >= 0:  # nothing to convert, slice or move
                 self._steps += 1
                 return batch
-            whole.peeked.append(batch)  # converted and checked below
+            whole.peeked.append(batch)  # converted and checked by the full path
+        return self._next_step()
+
+    def _next_step(self) -> Any:
+        """`__next__`'s full path: the step's pieces, agreed on, carried, moved and noted."""
         step = self._ahead.pop() if self._ahead else self._next_pieces()
         if self._agree and not self._any_worker_has_data(step is not None):
             raise StopIteration
