@@ -112,15 +112,16 @@ class DistributedIterator(DistributedIteratorMembers):
         # to know the global count or the replica's offset (0), and the step saves its cost.
         self._remember = strategy.num_replicas_in_sync > 1
         # The lean path: a DATA split with nothing to agree on or carry hands one replica in
-        # the job its global batch as it is, while the strategy has one replica in sync (read
-        # at each step: an elastic job may grow) and the batch is the usual one (on the CPU
-        # where the input goes there).
+        # the job its global batch as it is, when it is the usual one (on the CPU where the
+        # input goes there). Decided here: a strategy whose replica count may change (elastic
+        # MultiWorkerMirrored) carries the data flag, so never takes it.
         self._whole: _Splitter | None = None
         anywhere = self._devices is None
         if (
             isinstance(next_pieces, _Splitter)
             and not agree
             and self._carry is None
+            and strategy.num_replicas_in_sync == 1
             and (anywhere or self._to_cpu)
         ):
             self._whole = next_pieces
@@ -130,7 +131,7 @@ class DistributedIterator(DistributedIteratorMembers):
 
     def __next__(self) -> Any:
         whole = self._whole
-        if whole is not None and not whole.peeked and self._strategy.num_replicas_in_sync == 1:
+        if whole is not None and not whole.peeked:
             batch = next(whole.batches)  # StopIteration at the end: this iterator's end too
             if usual_batch_size(batch, self._to_cpu) >= 0:  # nothing to convert, slice or move
                 self._steps += 1

@@ -346,7 +346,9 @@ class Strategy(StrategyInput, TFStrategyMembers):
                 if previous is not context.NOT_PUSHED:
                     try:
                         self._run_count += 1
-                        self._replica_contexts[0].begin_step(None, 0)
+                        only = self._replica_contexts[0]
+                        if not only.at_rest:
+                            only.begin_step(None, 0)
                         return fn(*args)
                     finally:
                         context.pop_replica_frame(previous)
@@ -477,7 +479,8 @@ class Strategy(StrategyInput, TFStrategyMembers):
         Raises:
             RuntimeError: The step runs inside ``no_sync()``, or as the strategy refuses it.
         """
-        self._sync_switch.check_step()
+        if self._sync_switch.accumulating:
+            self._sync_switch.check_step()  # raises
         if replica_index is None:
             self._step_outside_run(optimizer)
         elif self._lean_run and not self._variable_policy.has_variables:

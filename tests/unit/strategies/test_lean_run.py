@@ -190,3 +190,33 @@ def test_a_replica_frame_is_pushed_at_the_top_only_outside_frames_or_in_its_stra
     with other.scope():
         assert context.push_replica_frame_at_top(frame, 0) is context.NOT_PUSHED
         assert context.current_frame().strategy is other
+
+
+@pytest.mark.parametrize("name", ONE_REPLICA)
+def test_a_lean_run_starts_its_step_afresh(name, request):
+    strategy = request.getfixturevalue(name)
+    _warm(strategy)
+    replica = strategy.replica_context(0)
+
+    def facts() -> tuple[int, int | None, int]:
+        ctx = phalanx.get_replica_context()
+        return ctx.next_dropout_call(), ctx.global_batch_size, ctx.example_offset
+
+    assert strategy.run(facts) == (0, None, 0)
+    assert strategy.run(facts) == (0, None, 0)  # the last step's dropout call is not counted
+    replica.next_dropout_call()  # as code outside any run may (the default strategy's context)
+    replica.begin_step(8, 3)
+    assert strategy.run(facts) == (0, None, 0)
+
+
+def test_no_sync_is_seen_by_every_step_while_it_is_open_and_nested(one_device):
+    model, optimizer = _model_and_optimizer(one_device)
+    step = _step(model, optimizer)
+    x, y = _batches(1)[0]
+    one_device.run(step, args=(x, y))
+    with one_device.no_sync():
+        with one_device.no_sync(), pytest.raises(RuntimeError, match="no_sync"):
+            one_device.run(step, args=(x, y))
+        with pytest.raises(RuntimeError, match="no_sync"):
+            one_device.run(step, args=(x, y))  # still inside the outer one
+    one_device.run(step, args=(x, y))  # outside: steps again
