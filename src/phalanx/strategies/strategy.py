@@ -102,10 +102,10 @@ class Strategy(StrategyInput, TFStrategyMembers):
         self._replica_frame = context.Frame(self, self._replica_contexts[0])
         self._batches = BatchLedger()
         # The lean `run`: one replica in the job, this class's run machinery as Strategy has
-        # it. Decided once, by the first `run` to get past its checks (the job's layout and
-        # the timeline are fixed by then, `_lean_run_applies`);
-        # what may change later (variables made, a remembered batch, the context) is checked
-        # at each run, and any doubt takes the full path, which raises every error.
+        # it. Decided once, by the first `run` to get past its checks (the job's layout and the
+        # timeline are fixed by then, `_lean_run_applies`); what may change later (variables
+        # made, a remembered batch, the context, torch's hooks) is checked at each run, and
+        # any doubt takes the full path, which raises every error.
         self._lean_run = False
         self._lean_run_decided = False
         self._run_count = 0
@@ -602,7 +602,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
             self._lean_run  # one replica in the job: a tensor is its own SUM and MEAN
             and axis is None
             and type(value) is torch.Tensor
-            and (type(reduce_op) is ReduceOp or reduce_op in _OP_NAMES)
+            and (type(reduce_op) is ReduceOp or (type(reduce_op) is str and reduce_op in _OP_NAMES))
             and context.current_replica() is None
         ):
             return value
