@@ -69,6 +69,7 @@ __all__ = [
     "remove",
     "remove_torch_hooks",
     "replace_methods",
+    "step_hooks_in_place",
     "storage_key",
     "tensor_version",
     "track",
@@ -78,6 +79,9 @@ _lock = threading.RLock()  # re-entrant: a strategy's finalizer may run inside `
 _alive = 0  # strategies made and not yet garbage (the default strategy is never counted)
 _tracked: weakref.WeakSet[Any] = weakref.WeakSet()
 _step_and_registration: list[RemovableHandle] = []
+# Whether the five hooks of `install` are in place now: read by `Strategy.run`'s lean path
+# at every step (a module attribute: no call); set by `install` and `remove` only.
+step_hooks_in_place = False
 _forward: dict[tuple[Callable[..., Any], Callable[..., Any]], list[RemovableHandle]] = {}
 _replaced: dict[tuple[type, str], Any] = {}  # (class, method name) -> what the class had (None: inherited)
 
@@ -109,6 +113,7 @@ def install() -> None:
 
     Called by `Strategy.scope` and `Strategy.run`.
     """
+    global step_hooks_in_place
     if _step_and_registration:
         return
     with _lock:
@@ -123,6 +128,7 @@ def install() -> None:
                 register_optimizer_step_post_hook(_after_step),
             ]
         )
+        step_hooks_in_place = True
 
 
 def installed() -> bool:
@@ -161,7 +167,9 @@ def remove() -> None:
     before, has plain ``nn.Parameter``s. A strategy that enters its scope or runs again
     installs the hooks again. Called automatically once no strategy is alive.
     """
+    global step_hooks_in_place
     with _lock:
+        step_hooks_in_place = False
         for handle in _step_and_registration:
             handle.remove()
         _step_and_registration.clear()

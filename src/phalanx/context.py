@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from phalanx.protocols import DistributionStrategy
 
 __all__ = [
+    "NOT_PUSHED",
     "Frame",
     "current_frame",
     "current_replica",
@@ -29,6 +30,7 @@ __all__ = [
     "pop_replica_frame",
     "push_frame",
     "push_replica_frame",
+    "push_replica_frame_at_top",
     "write_guard",
 ]
 
@@ -115,6 +117,25 @@ def push_replica_frame(frame: Frame, index: int) -> tuple[Any, int] | None:
     strategy with one local replica; no guard). Returns what `pop_replica_frame` restores."""
     previous = _state.replica
     _state.stack.append(frame)
+    _state.replica = (frame.strategy, index)
+    return previous
+
+
+NOT_PUSHED: Any = object()  # `push_replica_frame_at_top`'s answer when it pushed nothing
+
+
+def push_replica_frame_at_top(frame: Frame, index: int) -> Any:
+    """`push_replica_frame` when this thread is outside any frame or in ``frame.strategy``'s
+    cross-replica context (the usual place of a one-replica `run`: one look at the stack,
+    one call); else pushes nothing and returns `NOT_PUSHED` (the caller checks the stack
+    the long way and raises what it must)."""
+    stack = _state.stack
+    if stack:
+        top = stack[-1]
+        if top.strategy is not frame.strategy or top.replica_context is not None:
+            return NOT_PUSHED
+    previous = _state.replica
+    stack.append(frame)
     _state.replica = (frame.strategy, index)
     return previous
 

@@ -111,11 +111,36 @@ class DistributedIterator(DistributedIteratorMembers):
         # With one replica in the job its batch is the global batch: `run` needs no ledger entry
         # to know the global count or the replica's offset (0), and the step saves its cost.
         self._remember = strategy.num_replicas_in_sync > 1
+        # The lean path: a DATA split with nothing to agree on or carry hands one replica in
+        # the job its global batch as it is, when it is the usual one (on the CPU where the
+        # input goes there). Decided here: a strategy whose replica count may change (elastic
+        # MultiWorkerMirrored) carries the data flag, so never takes it.
+        self._whole: _Splitter | None = None
+        anywhere = self._devices is None
+        if (
+            isinstance(next_pieces, _Splitter)
+            and not agree
+            and self._carry is None
+            and strategy.num_replicas_in_sync == 1
+            and (anywhere or self._to_cpu)
+        ):
+            self._whole = next_pieces
 
     def __iter__(self) -> DistributedIterator:
         return self
 
     def __next__(self) -> Any:
+        whole = self._whole
+        if whole is not None and not whole.peeked:
+            batch = next(whole.batches)  # StopIteration at the end: this iterator's end too
+            if usual_batch_size(batch, self._to_cpu) >= 0:  # nothing to convert, slice or move
+                self._steps += 1
+                return batch
+            whole.peeked.append(batch)  # converted and checked by the full path
+        return self._next_step()
+
+    def _next_step(self) -> Any:
+        """`__next__`'s full path: the step's pieces, agreed on, carried, moved and noted."""
         step = self._ahead.pop() if self._ahead else self._next_pieces()
         if self._agree and not self._any_worker_has_data(step is not None):
             raise StopIteration
@@ -203,22 +228,24 @@ class _Splitter:
     """DATA sharding: each worker keeps its replicas' slices of every global batch."""
 
     def __init__(self, strategy: DistributionStrategy, batches: Iterator[Any]) -> None:
-        self._batches = batches
+        # the global batches (the iterator's lean path reads them here too)
+        self.batches = batches
         self._strategy = strategy  # read at each batch: an elastic job re-splits after a membership change
-        self._peeked: list[Any] = []  # the next global batch, read by `has_next` (not split yet)
+        # the next global batch, read by `has_next` or left by the iterator's lean path (not split yet)
+        self.peeked: list[Any] = []
 
     def has_next(self) -> bool:
         """Whether another global batch follows (reads it; it is split when its step comes)."""
-        if not self._peeked:
+        if not self.peeked:
             try:
-                self._peeked.append(next(self._batches))
+                self.peeked.append(next(self.batches))
             except StopIteration:
                 return False
         return True
 
     def __call__(self) -> tuple[list[Any], int | None, list[int] | None] | None:
         try:
-            batch = self._peeked.pop() if self._peeked else next(self._batches)
+            batch = self.peeked.pop() if self.peeked else next(self.batches)
         except StopIteration:
             return None
         size = usual_batch_size(batch)  # (x, y) of tensors: nothing to convert, one look

@@ -43,18 +43,21 @@ def as_tensors(structure: Any) -> Any:
     return structure
 
 
-def usual_batch_size(structure: Any) -> int:
-    """The batch size of the usual batch, a tuple of tensors (and Nones) with one batch size;
-    -1 for anything else (`as_tensors` and `batch_size_of` then decide). One cheap look: the
-    distributed iterator asks it at every step."""
+def usual_batch_size(structure: Any, on_cpu: bool = False) -> int:
+    """The batch size of the usual batch, a tuple of tensors (and Nones) with one batch size
+    (all on the CPU, with ``on_cpu``); -1 for anything else (`as_tensors` and `batch_size_of`
+    then decide). One cheap look: the distributed iterator asks it at every step."""
     size = -1
     if type(structure) is tuple:
         for v in structure:
             if v is None:
                 continue
-            if type(v) is not torch.Tensor or v.dim() == 0 or (size >= 0 and v.shape[0] != size):
+            if type(v) is not torch.Tensor:
                 return -1
-            size = v.shape[0]
+            shape = v.shape  # read once: each read makes a new torch.Size
+            if not shape or (size >= 0 and shape[0] != size) or (on_cpu and not v.is_cpu):
+                return -1
+            size = shape[0]
     return size
 
 

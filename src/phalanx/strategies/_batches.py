@@ -16,25 +16,27 @@ class BatchLedger:
     """Batch facts by identity of the batch's first leaf (two iterators may alternate)."""
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[Any, int | None, list[int] | None]] = {}
+        # id of the batch's first leaf -> (that leaf, global count, offsets); read as a whole
+        # by `Strategy.run` (empty: nothing to take, the lean run applies)
+        self.entries: dict[int, tuple[Any, int | None, list[int] | None]] = {}
 
     def remember(self, batch: Any, global_count: int | None, offsets: list[int] | None) -> None:
         """Notes a batch's global example count and per-replica example offsets."""
         first = next(iter_leaves(batch), None)
         if first is not None:
-            self._entries[id(first)] = (first, global_count, offsets)
-            if len(self._entries) > _KEEP:
-                del self._entries[next(iter(self._entries))]
+            self.entries[id(first)] = (first, global_count, offsets)
+            if len(self.entries) > _KEEP:
+                del self.entries[next(iter(self.entries))]
 
     def take(self, args: Any, kwargs: dict[str, Any] | None) -> tuple[int | None, list[int] | None]:
         """The facts of the remembered batch among ``args``/``kwargs`` (found by identity),
         else of the latest batch handed out; (None, None) when none is remembered."""
-        if not self._entries:
+        if not self.entries:
             return None, None
         for leaf in iter_leaves((args, kwargs)):  # the batch is usually the first leaf
-            entry = self._entries.get(id(leaf))
+            entry = self.entries.get(id(leaf))
             if entry is not None and entry[0] is leaf:
-                del self._entries[id(leaf)]
+                del self.entries[id(leaf)]
                 return entry[1], entry[2]
-        latest = self._entries.pop(next(reversed(self._entries)))
+        latest = self.entries.pop(next(reversed(self.entries)))
         return latest[1], latest[2]

@@ -40,7 +40,7 @@ from phalanx.strategies.replicas.variable_policy import VariablePolicy
 from phalanx.strategies.run_options import RunOptions, check_run_options
 from phalanx.strategies.step_sync import StepSync
 from phalanx.values import ReduceOp, local_results, regroup, select_replica
-from phalanx.variables import DistributedVariable
+from phalanx.variables import DistributedVariable, set_in_optimizer_step
 
 if TYPE_CHECKING:
     from phalanx.cluster import ClusterResolver
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["Strategy", "ValueContext"]
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
+_OP_NAMES = frozenset(("sum", "SUM", "mean", "MEAN"))  # `reduce`'s usual spellings (its lean path)
 
 
 class Strategy(StrategyInput, TFStrategyMembers):
@@ -100,6 +101,13 @@ class Strategy(StrategyInput, TFStrategyMembers):
         self._replica_contexts = [ReplicaContext(self, i) for i in range(self._num_local_replicas)]
         self._replica_frame = context.Frame(self, self._replica_contexts[0])
         self._batches = BatchLedger()
+        # The lean `run`: one replica in the job, this class's run machinery as Strategy has
+        # it. Decided once, by the first `run` to get past its checks (the job's layout and the
+        # timeline are fixed by then, `_lean_run_applies`); what may change later (variables
+        # made, a remembered batch, the context, torch's hooks) is checked at each run, and
+        # any doubt takes the full path, which raises every error.
+        self._lean_run = False
+        self._lean_run_decided = False
         self._run_count = 0
         self._timeline_asked = False  # `_start_timeline_if_asked` ran (at a scope or run)
         self._variable_policy = self._make_variable_policy()
@@ -320,6 +328,32 @@ class Strategy(StrategyInput, TFStrategyMembers):
             RuntimeError: Called inside another ``run`` or inside another strategy's scope.
             TypeError: ``options`` is not a `RunOptions` (TPU-only in TF: accepted, no effect).
         """
+        if (
+            self._lean_run
+            and kwargs is None
+            and options is None
+            and type(args) is tuple
+            and not self._variable_policy.has_variables
+            and not self._batches.entries
+            and (self.is_default or _hooks.step_hooks_in_place)
+            and callable(fn)
+        ):
+            for value in args:  # noqa: SIM110 - a loop: no generator made at every step
+                if type(value) is not torch.Tensor:
+                    break
+            else:  # what the full path does then (`_lean_run_applies`), if the stack allows
+                previous = context.push_replica_frame_at_top(self._replica_frame, 0)
+                if previous is not context.NOT_PUSHED:
+                    try:
+                        self._run_count += 1
+                        only = self._replica_contexts[0]
+                        if not only.at_rest:
+                            only.begin_step(None, 0)
+                        return fn(*args)
+                    finally:
+                        context.pop_replica_frame(previous)
+                        if self._variable_policy.has_variables:  # made during the step
+                            set_in_optimizer_step(False)  # `GradientSync.reset_thread`
         check_run_call(self, fn, args, kwargs)
         if options is not None:
             check_run_options(options)  # TF's options steer TPU compilation only: nothing to apply
@@ -332,6 +366,32 @@ class Strategy(StrategyInput, TFStrategyMembers):
             return self._run_replicas(fn, args, kwargs)
         finally:
             self._gradient_sync.end_run()
+            if not self._lean_run_decided:  # once: the first full run fixed what it depends on
+                self._lean_run_decided = True
+                self._lean_run = self._lean_run_applies()
+
+    # Strategy's own run machinery: a strategy overriding any of these takes the full path.
+    _LEAN_RUN_MEMBERS = (
+        "_use_torch_hooks",
+        "_before_run",
+        "_run_replicas",
+        "step_sync",
+        "before_optimizer_step",
+    )
+
+    def _lean_run_applies(self) -> bool:
+        """Whether `run` may take its lean path from now on: one replica in the job (its
+        layout is decided at the first run and fixed), the timeline asked for, and the run
+        machinery Strategy's own. What the lean path skips then does nothing: no variables
+        to ready (checked at each run), no backward rounds to open, no batch facts to take
+        (checked at each run), nothing for ``step_sync`` to sum."""
+        cls = type(self)
+        return (
+            all(getattr(cls, name) is getattr(Strategy, name) for name in self._LEAN_RUN_MEMBERS)
+            and self._num_local_replicas == 1
+            and self._timeline_asked
+            and self._gradient_sync.replicas_in_sync() == 1
+        )
 
     def _run_replicas(
         self, fn: Callable[..., Any], args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any] | None
@@ -419,9 +479,12 @@ class Strategy(StrategyInput, TFStrategyMembers):
         Raises:
             RuntimeError: The step runs inside ``no_sync()``, or as the strategy refuses it.
         """
-        self._sync_switch.check_step()
+        if self._sync_switch.accumulating:
+            self._sync_switch.check_step()  # raises
         if replica_index is None:
             self._step_outside_run(optimizer)
+        elif self._lean_run and not self._variable_policy.has_variables:
+            return  # one replica in the job, no variables: `before_step` would do nothing
         else:
             self.step_sync.before_step(optimizer, replica_index)
 
@@ -535,6 +598,14 @@ class Strategy(StrategyInput, TFStrategyMembers):
         Raises:
             RuntimeError: Called inside `run` (use ``get_replica_context().all_reduce``).
         """
+        if (
+            self._lean_run  # one replica in the job: a tensor is its own SUM and MEAN
+            and axis is None
+            and type(value) is torch.Tensor
+            and (type(reduce_op) is ReduceOp or (type(reduce_op) is str and reduce_op in _OP_NAMES))
+            and context.current_replica() is None
+        ):
+            return value
         op = reduce_op if type(reduce_op) is ReduceOp else ReduceOp.coerce(reduce_op)
         return self._reduction.reduce(op, value, axis)
 

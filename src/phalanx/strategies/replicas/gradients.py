@@ -137,6 +137,11 @@ class GradientSync:
             layout = self._layout = (len(self._devices) * workers, in_place)
         return layout
 
+    def replicas_in_sync(self) -> int:
+        """The replicas whose gradients this path sums (all workers'); fixed once asked
+        (`Strategy.run` takes its lean path when it is 1)."""
+        return self._decide_layout()[0]
+
     # ---------------------------------------------------------------- around run
     def prepare_run(self) -> None:
         """Hooks the replica leaves of new parameters and lets backward passes merge
@@ -296,8 +301,9 @@ class GradientSync:
         """
         replicas_in_sync, _ = self._decide_layout()
         if replicas_in_sync == 1:
-            set_in_optimizer_step(True)  # nothing to sum; the update itself may write variables
+            # nothing to sum; the update itself may write variables (none: nothing reads the flag)
             if self._policy.has_variables:  # one replica of a distributed strategy
+                set_in_optimizer_step(True)
                 params = self._distributed_params(optimizer)
                 none = [p.replica_leaf(0).grad is None for p in params]
                 self._policy.install_summed_in_place(params, none, 0)
@@ -334,9 +340,10 @@ class GradientSync:
 
     def after_step(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         """Ends the step's write permission; lets the policy finish the step (all replicas)."""
-        set_in_optimizer_step(False)
-        if self._policy.has_variables and self._distributed_params(optimizer):
-            self._policy.after_optimizer_step(index)
+        if self._policy.has_variables:  # else `before_step` set no flag (nothing reads it)
+            set_in_optimizer_step(False)
+            if self._distributed_params(optimizer):
+                self._policy.after_optimizer_step(index)
 
     def reset_thread(self) -> None:
         """Clears per-thread step state after a replica's run ends (also after an error)."""
