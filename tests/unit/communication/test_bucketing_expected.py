@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from phalanx.communication.engine.bucketing import GradientBuckets
+from phalanx.communication.engine.bucketing import EXPECTED_ROUNDS, GradientBuckets
 
 WORKERS = 2
 
@@ -117,26 +117,43 @@ def _sizes(engine: GradientBuckets, model: nn.Module) -> set[int]:
     return {sum(p.numel() for p in b) for b in engine.buckets if any(id(p) in mine for p in b)}
 
 
-def test_a_model_no_worker_trains_stops_costing_all_reduces_after_the_first_round():
+def _rounds(nets, exchange, uses_b: list[bool]) -> list[list[int]]:
+    """Runs one step per entry of ``uses_b`` (whether both workers go through ``b``), checking
+    the sums; returns worker 0's launched sizes, per step."""
+    per_step = []
+    for step, through_b in enumerate(uses_b):
+        before = len(exchange.launched[0])
+        _check(nets, _step(nets, lambda rank, b=through_b: b, seed=10 * step))
+        per_step.append(exchange.launched[0][before:])
+    assert exchange.launched[0] == exchange.launched[1]
+    return per_step
+
+
+def test_a_model_no_worker_trains_stops_costing_all_reduces_after_two_rounds():
     nets, engines, exchange = _workers()
     b_only = _sizes(engines[0], nets[0].b) - _sizes(engines[0], nets[0].a)
     assert b_only == {240, 120}  # b's weights are solo buckets
-    for step in range(3):
-        _check(nets, _step(nets, lambda rank: False, seed=10 * step))
-        launched = exchange.launched[0]
-        if step == 0:
-            first = list(launched)
-            assert b_only <= set(first)  # the first round after a build expects every bucket
-    later = exchange.launched[0][len(first) :]
-    assert not b_only & set(later)  # b's own buckets never moved again
-    assert len(later) == 2 * (len(first) - len(b_only))
-    assert exchange.launched[0] == exchange.launched[1]
+    assert EXPECTED_ROUNDS == 2
+    first, second, *later = _rounds(nets, exchange, [False] * 4)
+    assert b_only <= set(first)  # the first round after a build expects every bucket
+    assert b_only <= set(second)  # no worker wrote to b in one round only: still expected
+    for launched in later:
+        assert not b_only & set(launched)  # b's own buckets no longer move
+        assert len(launched) == len(first) - len(b_only)
+
+
+def test_passes_that_alternate_between_two_sets_keep_both_in_order():
+    nets, engines, exchange = _workers()
+    b_only = _sizes(engines[0], nets[0].b) - _sizes(engines[0], nets[0].a)
+    per_step = _rounds(nets, exchange, [True, False] * 3)
+    # b goes every pass (zeros when no worker wrote to it), in order: never a late exchange
+    assert all(launched == per_step[0] for launched in per_step)
+    assert b_only <= set(per_step[0])
 
 
 def test_a_worker_that_writes_to_a_bucket_not_expected_has_it_summed_on_every_worker():
     nets, engines, exchange = _workers()
-    _check(nets, _step(nets, lambda rank: False, seed=1))
-    _check(nets, _step(nets, lambda rank: False, seed=2))  # now b is not expected
+    _rounds(nets, exchange, [False] * EXPECTED_ROUNDS)  # now b is not expected
     before = len(exchange.launched[0])
     # only worker 1 goes through b: worker 0 learns it from the flags and sends zeros for it
     _check(nets, _step(nets, lambda rank: rank == 1, seed=3))
@@ -152,8 +169,7 @@ def test_a_worker_that_writes_to_a_bucket_not_expected_has_it_summed_on_every_wo
 def test_a_change_of_the_expected_buckets_is_a_new_pass_for_the_announcement():
     announced: list[list] = []
     nets, engines, exchange = _workers(announced)
-    for step in range(3):
-        _check(nets, _step(nets, lambda rank: False, seed=step))
-    # a new layout ([]), pass 1 with every bucket; a new set ([]), passes 2 and 3 without b's
-    assert [len(specs) for specs in announced] == [0, 5, 0, 3, 3]
-    assert announced[3] == announced[4]
+    _rounds(nets, exchange, [False] * 4)
+    # a new layout ([]), passes 1 and 2 with every bucket; a new set ([]), passes 3 and 4 without b's
+    assert [len(specs) for specs in announced] == [0, 5, 5, 0, 3, 3]
+    assert announced[4] == announced[5]

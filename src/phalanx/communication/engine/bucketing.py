@@ -35,8 +35,8 @@ what ``.grad`` holds):
   parameter that no worker has a delta for keeps its ``.grad`` untouched (None after
   ``zero_grad()``), as on one device. A pass that accumulated nothing
   (``torch.autograd.grad``) puts the bases back and starts no all-reduce.
-* Only the buckets some worker wrote to in the last round are *expected* (start in order
-  during backward), with the flags' bucket, which then starts at the pass's end: every
+* Only the buckets some worker wrote to in one of the last two rounds are *expected* (start
+  in order during backward), with the flags' bucket, which then starts at the pass's end: every
   worker reads the same sums, so every worker expects the same buckets. A second model in
   the scope that this loop never trains (``fit``'s beside a custom loop's, a GAN's other
   half) costs its flags, not its bytes, as in TF, where only the gradients a step applies
@@ -75,11 +75,12 @@ from phalanx.communication.engine.bucket import Bucket
 from phalanx.communication.engine.rounds import Round, Rounds
 from phalanx.communication.local.sparse import SPARSE, empty_sparse, plus
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "SOLO_BYTES", "GradientBuckets"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "EXPECTED_ROUNDS", "FIRST_BUCKET_BYTES", "SOLO_BYTES", "GradientBuckets"]
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 FIRST_BUCKET_BYTES = 1024 * 1024
 SOLO_BYTES = 1024 * 1024  # a gradient this large is all-reduced where autograd put it
+EXPECTED_ROUNDS = 2  # a bucket no worker wrote to in this many rounds is no longer started in order
 _FLAG_DTYPES = (torch.float32, torch.float64)  # hold the flags' counts exactly
 
 Launch = Callable[[torch.Tensor], Any]  # starts an async in-place SUM all-reduce, returns its work
@@ -405,11 +406,15 @@ class GradientBuckets:
 
     def _expect(self, buckets: list[Bucket]) -> None:
         """Decides which buckets the next round launches in order: those some worker wrote to
-        in this one (the summed flags: every worker decides alike) and the flags' bucket. A
-        change of the set is a new pass for the announcement, as a rebuild is."""
+        in this round or the one before (the summed flags: every worker decides alike), and
+        the flags' bucket. Two rounds, not one: passes that alternate between two sets (a GAN's
+        discriminator step, then a generator step through both) keep both in order rather
+        than send one set late every other pass. A change of the set is a new pass for the
+        announcement, as a rebuild is."""
         last = len(buckets) - 1
         for k, bucket in enumerate(buckets):
-            expected = k == last or any(bucket.summed_had)
+            bucket.idle_rounds = 0 if any(bucket.summed_had) else bucket.idle_rounds + 1
+            expected = k == last or bucket.idle_rounds < EXPECTED_ROUNDS
             if expected != bucket.expected:
                 bucket.expected = expected
                 self._rebuilt = True
