@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from phalanx.callbacks.callback import Callback
+from phalanx.callbacks.callback import Callback, batch_ends
 from phalanx.checkpoint import _sharded_backup
 from phalanx.checkpoint._files import atomic_save, chief_path, safe_load
 from phalanx.checkpoint.failure_handling.coordination import PreemptionCoordinator
@@ -115,7 +115,7 @@ class BackupAndRestore(Callback):
 
     def reads_batch_logs(self, mode: str = "train") -> bool:
         """Backing up by steps reads no logs."""
-        super().reads_batch_logs(mode)  # (checks ``mode``)
+        batch_ends(mode)  # raises for another mode
         return False
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:

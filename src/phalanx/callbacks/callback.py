@@ -9,10 +9,25 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Callback", "Logs"]
+__all__ = ["Callback", "Logs", "batch_ends"]
 
 Logs = dict[str, Any] | None
 _BATCH_ENDS = {"train": ("on_train_batch_end", "on_batch_end"), "test": ("on_test_batch_end",)}
+
+
+def batch_ends(mode: str) -> tuple[str, ...]:
+    """The hooks that get a step's logs in ``mode`` ("train" or "test").
+
+    Raises:
+        ValueError: Another mode.
+    """
+    hooks = _BATCH_ENDS.get(mode)
+    if hooks is None:
+        raise ValueError(
+            f'reads_batch_logs takes mode "train" or "test". Received: {mode!r}. HINT: predict '
+            "hands its batch hooks outputs, not logs."
+        )
+    return hooks
 
 
 class Callback:
@@ -71,11 +86,9 @@ class Callback:
         Raises:
             ValueError: ``mode`` is neither "train" nor "test".
         """
-        if mode not in _BATCH_ENDS:
-            raise ValueError(f'reads_batch_logs takes mode "train" or "test". Received: {mode!r}.')
         return any(
             name in vars(self) or getattr(type(self), name) is not getattr(Callback, name)
-            for name in _BATCH_ENDS[mode]
+            for name in batch_ends(mode)
         )
 
     def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from phalanx.callbacks._progbar import Progbar
-from phalanx.callbacks.callback import Callback, Logs
+from phalanx.callbacks.callback import Callback, Logs, batch_ends
 from phalanx.strategies.workers.distributed_files import is_chief, strategy_of
 
 __all__ = ["ProgbarLogger"]
@@ -80,7 +80,7 @@ class ProgbarLogger(Callback):
     def reads_batch_logs(self, mode: str = "train") -> bool:
         """The live bar (verbose=1) shows every step's logs (an evaluation's only outside
         `fit`); one line per epoch reads none."""
-        super().reads_batch_logs(mode)  # (checks ``mode``)
+        batch_ends(mode)  # raises for another mode
         return self.verbose == 1 and (mode == "train" or not self._called_in_fit)
 
     def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:

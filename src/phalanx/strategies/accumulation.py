@@ -62,9 +62,6 @@ class SyncSwitch:
     def __init__(self, owner: str) -> None:
         self._owner = owner
         self._depth = 0
-        # True inside ``no_sync()`` (kept with the depth): read at every ``optimizer.step()``
-        # inside `run`, which calls `check_step` only then
-        self.accumulating = False
         self._lock = threading.Lock()
 
     def syncing(self) -> bool:
@@ -90,13 +87,11 @@ class SyncSwitch:
             )
         with self._lock:
             self._depth += 1
-            self.accumulating = True
         try:
             yield
         finally:
             with self._lock:
                 self._depth -= 1
-                self.accumulating = self._depth > 0
 
     def check_step(self) -> None:
         """Refuses ``optimizer.step()`` while backward passes only accumulate (every replica).

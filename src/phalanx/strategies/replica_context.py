@@ -34,9 +34,6 @@ class ReplicaContext:
         # Global index of this replica's first example in the step (for keyed dropout).
         self._example_offset = 0
         self._dropout_calls = 0
-        # Whether `begin_step(None, 0)` would change nothing (no batch size, offset 0, no
-        # dropout call counted): the lean one-replica `run` then skips it.
-        self.at_rest = True
 
     @property
     def strategy(self) -> DistributionStrategy:
@@ -52,13 +49,11 @@ class ReplicaContext:
         self._global_batch_size = global_batch_size
         self._example_offset = example_offset
         self._dropout_calls = 0
-        self.at_rest = global_batch_size is None and example_offset == 0
 
     def end_step(self) -> None:
         """Forgets the step's global batch size (called by `Strategy.run` after a one-replica
         step: that replica context is also the one code outside any run sees)."""
         self._global_batch_size = None
-        self.at_rest = self._example_offset == 0 and self._dropout_calls == 0
 
     @property
     def global_batch_size(self) -> int | None:
@@ -76,8 +71,13 @@ class ReplicaContext:
         `phalanx.nn.dropout`): the same on every replica, so masks agree across replica counts."""
         call = self._dropout_calls
         self._dropout_calls = call + 1
-        self.at_rest = False
         return call
+
+    @property
+    def at_rest(self) -> bool:
+        """Whether `begin_step(None, 0)` would change nothing (no global batch size, offset 0,
+        no dropout call counted): the lean one-replica `run` then skips it."""
+        return self._global_batch_size is None and self._example_offset == 0 and self._dropout_calls == 0
 
     @property
     def num_replicas_in_sync(self) -> int:

@@ -479,7 +479,7 @@ class Strategy(StrategyInput, TFStrategyMembers):
         Raises:
             RuntimeError: The step runs inside ``no_sync()``, or as the strategy refuses it.
         """
-        if self._sync_switch.accumulating:
+        if not self._sync_switch.syncing():
             self._sync_switch.check_step()  # raises
         if replica_index is None:
             self._step_outside_run(optimizer)

@@ -140,7 +140,7 @@ class GradientBuckets:
         self._wait_at_end = wait_at_end or wait
         self._announce = announce if compressor is None or compressor.predictable else None
         self._tail = announce_tail if self._announce is not None else 0
-        self._rebuilt = False  # a new pass since the last (tell `announce` at the next)
+        self._new_plan = False  # the next pass's all-reduces differ from the last's (tell `announce`)
         self._announced = False  # this pass's all-reduces were announced
         self._sum_sparse = sum_sparse
         self._workers = workers
@@ -234,7 +234,7 @@ class GradientBuckets:
             self._flush_running()
             self._traffic.reset()  # its state is per bucket
             self._buckets = self._build()
-            self._rebuilt = True
+            self._new_plan = True
             self._next_launch = 0
         return self._buckets
 
@@ -327,9 +327,9 @@ class GradientBuckets:
         with self._lock:
             buckets = self._ensure_built()
             self._flush_running()
-            if self._rebuilt and self._announce is not None:
+            if self._new_plan and self._announce is not None:
                 self._announce([])  # at the same point on every worker: a pass's first hook
-            self._rebuilt = False
+            self._new_plan = False
             self._announced = False
             self._traffic.begin_round()
             for bucket in buckets:
@@ -417,7 +417,7 @@ class GradientBuckets:
             expected = k == last or bucket.idle_rounds < EXPECTED_ROUNDS
             if expected != bucket.expected:
                 bucket.expected = expected
-                self._rebuilt = True
+                self._new_plan = True
 
     def _install(self, bucket: Bucket, dead: set[int]) -> set[int]:
         """Installs a summed bucket's base + sum; returns the ids of its parameters some
