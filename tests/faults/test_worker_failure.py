@@ -40,6 +40,20 @@ def test_sigkilled_worker_is_named_by_the_survivor_within_the_bound(tmp_path, tr
     assert "PeerUnavailableError" in run["worker-0"].output
 
 
+@pytest.mark.parametrize("transport", ["shared_memory", "gloo"])
+def test_a_worker_killed_inside_a_late_bucket_exchange_is_named_within_the_bound(tmp_path, transport):
+    # step 40 of a long run: the buckets settled long before (one model idle, not expected)
+    env = {"PHALANX_SHARED_MEMORY": "1" if transport == "shared_memory" else "0"}
+    with LocalCluster(2, env=env) as cluster:
+        run = cluster.start(SCRIPTS / "die_in_late_exchange.py", 40, tmp_path).wait(timeout=90)
+    assert run["worker-1"].returncode == -signal.SIGKILL, run.output
+    assert run["worker-0"].returncode != 0
+    error = (tmp_path / "error-0.txt").read_text().splitlines()
+    elapsed, message = float(error[0]), "\n".join(error[1:])
+    assert elapsed < BOUND_SECONDS, run.output
+    assert f"worker:1 ({cluster.address('worker-1')})" in message
+
+
 def test_a_worker_that_stops_answering_is_named_after_its_heartbeat_timeout(tmp_path):
     # SIGSTOP keeps the sockets open: only the heartbeats can tell. A 2 s heartbeat timeout
     # bounds the detection by 2 + 1 (beat) + 0.5 (poll) seconds.
