@@ -15,8 +15,10 @@ private bridge) run one worker each (gloo; 1 intra-op thread), and in the same p
   (experimental_distribute_dataset, strategy.run, compute_average_loss, compressed gradient
   buckets) against DistributedDataParallel on the same per-worker batches with the matching
   hook (none, ``fp16_compress_hook``, ``powerSGD_hook`` at rank 2; DDP then keeps one bucket,
-  since torch's hook deadlocks over gloo with two), alternating rounds; the best round of
-  each counts;
+  since torch's hook deadlocks over gloo with two), 8 alternating rounds of 24 updates,
+  each side going first in turn; the best round of each counts, and beside it the median
+  of the rounds' paired ratios (each phalanx round against the DDP round beside it: a link
+  shaped by a token bucket moves single steps by +-15 %, which a best round alone hides);
 * bytes per step: what this host sent on its link during those rounds (``/proc/net/dev`` of the
   host's network namespace, every interface but lo), per step;
 * accuracy after a fixed budget on the digits demo (`phalanx.cli.demo.DigitsCNN`, the same steps
@@ -102,7 +104,7 @@ def _step_times(strategy: Any, name: str, group: Any, quick: bool) -> dict[str, 
     import phalanx
 
     rank, world = strategy.cluster_resolver.worker_index, strategy.num_replicas_in_sync
-    steps = 3 if quick else 12
+    steps = 3 if quick else 24
     g = torch.Generator().manual_seed(1)
     data = [
         (torch.randn(GLOBAL_BATCH, 784, generator=g), torch.randint(0, 10, (GLOBAL_BATCH,), generator=g))
@@ -151,13 +153,16 @@ def _step_times(strategy: Any, name: str, group: Any, quick: bool) -> dict[str, 
 
     phalanx_epoch(), ddp_epoch()  # warm up (and PowerSGD's uncompressed start iterations)
     ours, ddp = [], []
-    for _ in range(1 if quick else 4):
-        ours.append(_timed(phalanx_epoch, steps))
-        ddp.append(_timed(ddp_epoch, steps))
+    for repeat in range(1 if quick else 8):
+        sides = ((phalanx_epoch, ours), (ddp_epoch, ddp))
+        for epoch, times in sides if repeat % 2 == 0 else sides[::-1]:  # each side goes first in turn
+            times.append(_timed(epoch, steps))
     best_ours, best_ddp = min(ours), min(ddp)
+    paired = sorted(d[0] / o[0] for o, d in zip(ours, ddp, strict=True))  # DDP / phalanx, round by round
     return {
         "phalanx_s": best_ours[0],
         "ddp_s": best_ddp[0],
+        "paired_median": paired[len(paired) // 2],
         "phalanx_bytes": best_ours[1],
         "ddp_bytes": best_ddp[1],
     }
@@ -254,7 +259,8 @@ def _report(rate: str, name: str, r: dict[str, float], base: dict[str, float] | 
     speedup = f"{base['phalanx_s'] / r['phalanx_s']:5.2f}x" if base else "  -  "
     return (
         f"{rate:>6} {name:>9}  phalanx {1000 * r['phalanx_s']:7.1f} ms/step ({speedup} none)  "
-        f"DDP {1000 * r['ddp_s']:7.1f} ms/step  phalanx/DDP {r['ddp_s'] / r['phalanx_s']:5.2f}  "
+        f"DDP {1000 * r['ddp_s']:7.1f} ms/step  phalanx/DDP {r['ddp_s'] / r['phalanx_s']:5.2f} "
+        f"(paired median {r['paired_median']:4.2f})  "
         f"sent/step phalanx {r['phalanx_bytes'] / 1e6:6.2f} MB DDP {r['ddp_bytes'] / 1e6:6.2f} MB  "
         f"digits acc phalanx {r['phalanx_acc']:.3f} DDP {r['ddp_acc']:.3f}"
     )

@@ -7,8 +7,9 @@ each bucket to `CompressedAllReduce.start` when it is complete and call ``finish
 returned when the round ends: the bucket's tensor then holds the (approximate) sum over workers,
 as an uncompressed all-reduce would have left it.
 
-What is never compressed, whatever was asked: the engine's flag bucket (counts that must stay
-exact), buckets of a dtype the compressor does not narrow (`Compressor.applies`), and sparse
+What is never compressed, whatever was asked: the engine's bucket that carries its flags
+(counts that must stay exact: the flags alone, or with the few gradients of a small last
+bucket), buckets of a dtype the compressor does not narrow (`Compressor.applies`), and sparse
 gradients (they never enter a bucket; `phalanx.communication.local.sparse`). Those go as they are.
 
 Every compressed collective is an ordinary all-reduce on the group's transport (shared memory,
@@ -133,7 +134,7 @@ class CompressedAllReduce:
         self, key: Hashable, flat: torch.Tensor, views: Sequence[torch.Tensor], compressible: bool
     ) -> Started:
         """Starts one bucket's sum (all workers, same order); ``compressible`` is False for the
-        flag bucket. Pass what it returns to ``finish``."""
+        bucket that carries the flags. Pass what it returns to ``finish``."""
         self.bytes_uncompressed += nbytes(flat)
         if self.compressor is None or not compressible or not self.compressor.applies(flat.dtype):
             return PlainAllReduce(self._counted(flat))

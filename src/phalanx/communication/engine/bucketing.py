@@ -55,7 +55,12 @@ what ``.grad`` holds):
   summed at the end of the round, after the buckets, one parameter at a time in
   registration order, by ``sum_sparse`` (which gathers every worker's indices and values).
 * With a compressor (`phalanx.communication.compression`), each bucket's all-reduce goes
-  through it; the flags then always travel in a bucket of their own, never compressed. A pass
+  through it, except the one that carries the flags (exact counts). Under ``"fp16"`` or
+  ``"bf16"`` they ride in the last packed bucket, which then goes uncompressed, when its
+  gradients are at most ``flags_ride_bytes`` (64 KiB: biases and norms): sending those few
+  gradients at twice the width costs less than one more all-reduce after backward, whose
+  round trip a slow link charges in full. Otherwise (a larger last bucket, or PowerSGD, which
+  shrinks even a small matrix 10-fold) they travel in a bucket of their own. A pass
   is announced where the compressor is `predictable` (``"fp16"``/``"bf16"``: one all-reduce
   per bucket in the wire's dtype), not otherwise (PowerSGD's depend on its matrices). A
   rebuild of the buckets resets the compressor's state (its error feedback is per bucket).
@@ -75,12 +80,20 @@ from phalanx.communication.engine.bucket import Bucket
 from phalanx.communication.engine.rounds import Round, Rounds
 from phalanx.communication.local.sparse import SPARSE, empty_sparse, plus
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "EXPECTED_ROUNDS", "FIRST_BUCKET_BYTES", "SOLO_BYTES", "GradientBuckets"]
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "EXPECTED_ROUNDS",
+    "FIRST_BUCKET_BYTES",
+    "FLAGS_RIDE_BYTES",
+    "SOLO_BYTES",
+    "GradientBuckets",
+]
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 FIRST_BUCKET_BYTES = 1024 * 1024
 SOLO_BYTES = 1024 * 1024  # a gradient this large is all-reduced where autograd put it
 EXPECTED_ROUNDS = 2  # a bucket no worker wrote to in this many rounds is no longer started in order
+FLAGS_RIDE_BYTES = 64 * 1024  # under fp16/bf16, a last bucket this small carries the flags, uncompressed
 _FLAG_DTYPES = (torch.float32, torch.float64)  # hold the flags' counts exactly
 
 Launch = Callable[[torch.Tensor], Any]  # starts an async in-place SUM all-reduce, returns its work
@@ -117,6 +130,9 @@ class GradientBuckets:
         syncing: Whether a pass opening now all-reduces (False: it only accumulates locally
             and the next pass that syncs sums it, `phalanx.communication.engine.rounds`).
         compressor: Compresses the buckets' all-reduces (None: float as they are).
+        flags_ride_bytes: With a `Compressor.predictable` compressor (fp16, bf16), the flags
+            ride (uncompressed) in the last packed bucket when its gradients are at most this
+            many bytes; else, and under any other compressor, they go alone.
     """
 
     def __init__(
@@ -134,6 +150,7 @@ class GradientBuckets:
         wait_at_end: Wait | None = None,
         syncing: Callable[[], bool] = lambda: True,
         compressor: Compressor | None = None,
+        flags_ride_bytes: int = FLAGS_RIDE_BYTES,
     ) -> None:
         self._wait, self._is_active = wait, is_active
         self._traffic = CompressedAllReduce(launch, compressor)
@@ -147,6 +164,7 @@ class GradientBuckets:
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
         self._first_bytes = min(first_bucket_bytes, self._bucket_bytes)
         self._solo_bytes = min(solo_bytes, self._bucket_bytes)
+        self._ride_bytes = flags_ride_bytes
         self._params: list[weakref.ref[torch.nn.Parameter]] = []  # trainable, registration order
         self._layout: list[tuple[torch.Size, torch.dtype, torch.device]] = []  # of each, kept after it dies
         self._is_sparse: list[bool] = []  # of each: its gradients are sparse (not in a bucket)
@@ -260,8 +278,14 @@ class GradientBuckets:
                 members, slots, size = [], [], 0
             open_[key] = ([*members, p], [*slots, k], size + nbytes)
         groups.extend((members, slots, *key, False) for key, (members, slots, _) in open_.items() if members)
-        alone = self._traffic.compressor is not None  # compressed buckets carry no flags
-        if groups and (alone or groups[-1][4] or groups[-1][3] not in _FLAG_DTYPES):
+        compressor = self._traffic.compressor
+        # a compressed bucket carries no flags; under fp16/bf16 a small last one goes wide with them
+        ride = 0 if compressor is None else self._ride_bytes if compressor.predictable else -1
+        if groups and (
+            groups[-1][4]  # a solo bucket is the gradient itself: no room after it
+            or groups[-1][3] not in _FLAG_DTYPES
+            or (compressor is not None and sum(p.numel() * p.element_size() for p in groups[-1][0]) > ride)
+        ):
             groups.append(([], [], groups[-1][2], torch.float32, False))  # the flags alone
         flags = 2 * sum(len(group[0]) for group in groups)
         tail = self._tail

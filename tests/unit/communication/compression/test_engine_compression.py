@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from phalanx.communication.compression import PowerSGD, make_compressor
-from phalanx.communication.engine.bucketing import GradientBuckets
+from phalanx.communication.engine.bucketing import FLAGS_RIDE_BYTES, GradientBuckets
 
 
 class Recorder:
@@ -20,12 +20,14 @@ class Recorder:
         return tensor
 
 
-def _buckets(model, compression, recorder):
+def _buckets(model, compression, recorder, **sizes):
+    sizes.setdefault("flags_ride_bytes", 0)  # the flags alone, unless a test says otherwise
     buckets = GradientBuckets(
         recorder.launch,
         lambda work, what: None,
         bucket_bytes=40_000,
         compressor=make_compressor(compression, 1),
+        **sizes,
     )
     for p in model.parameters():
         buckets.add(p)
@@ -53,6 +55,42 @@ def test_fp16_buckets_go_in_half_precision_and_the_flags_alone_in_float32():
     assert traffic.bytes_sent <= 0.51 * traffic.bytes_uncompressed
 
 
+def test_a_small_last_bucket_carries_the_flags_uncompressed():
+    # W1 (32 KB) is a solo bucket, compressed; the last bucket (b2, W2, b1: 5.7 KB) is under
+    # the ride limit: it carries the flags and goes in float32, so no all-reduce of flags alone
+    model, plain = _model(), _model()
+    recorder = Recorder()
+    buckets = _buckets(model, "fp16", recorder, solo_bytes=8192, flags_ride_bytes=FLAGS_RIDE_BYTES)
+    x = torch.randn(32, 64)
+    model(x).square().sum().backward()
+    plain(x).square().sum().backward()
+    assert recorder.launched == [torch.float16, torch.float32]
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=2e-3, atol=2e-3 * q.grad.abs().max().item())
+    sent, wide = buckets.traffic.bytes_sent, buckets.traffic.bytes_uncompressed
+    assert sent < 0.6 * wide  # the solo bucket's bytes halved; the small one's kept
+
+
+def test_a_last_bucket_over_the_ride_limit_leaves_the_flags_alone():
+    model, recorder = _model(), Recorder()
+    _buckets(model, "fp16", recorder, solo_bytes=8192, flags_ride_bytes=4096)  # 5.7 KB > 4 KB
+    model(torch.randn(4, 64)).sum().backward()
+    assert recorder.launched == [torch.float16, torch.float16, torch.float32]  # the flags last, alone
+
+
+def test_under_powersgd_the_flags_stay_alone_even_after_a_small_last_bucket():
+    # PowerSGD shrinks W2 (10 x 128) in the small last bucket: sending it wide would cost more
+    sizes = []
+    model, recorder = _model(), Recorder()
+    recorder.launch = lambda tensor: sizes.append(tensor.numel()) or tensor
+    compressor = PowerSGD(rank=1, start_iteration=0)
+    _buckets(model, compressor, recorder, solo_bytes=8192, flags_ride_bytes=FLAGS_RIDE_BYTES)
+    model(torch.randn(4, 64)).sum().backward()
+    flags = 2 * 4  # "had a delta" and "dead here" for each of the 4 parameters
+    assert flags in sizes  # alone
+    assert 10 + 10 * 128 + 128 + flags not in sizes  # not riding with b2, W2 and b1, uncompressed
+
+
 def _announced(compression):
     """What a pass announces before its first all-reduce, and what it then launches."""
     announced, launched = [], []
@@ -67,6 +105,7 @@ def _announced(compression):
         lambda work, what: None,
         bucket_bytes=40_000,
         compressor=make_compressor(compression, 1),
+        flags_ride_bytes=0,
         announce=announced.append,
         announce_tail=3,
     )
