@@ -297,7 +297,7 @@ def _bench_engines(strategy, reference, rank: int, quick: bool) -> str:
     group = strategy._group
     ours = _mlp()
     buckets = GradientBuckets(
-        group.all_reduce_async,
+        lambda tensor: group.all_reduce_async(tensor, may_block=True),  # as the strategy launches
         group.wait,
         workers=2,
         announce=lambda specs: group.announce_all_reduces(specs, tail=group.announced_tail),

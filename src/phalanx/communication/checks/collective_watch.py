@@ -111,6 +111,12 @@ class CollectiveWatch:
             signature = entry[1]
             self.tracker.begin_wait(signature, what, signature.site if where_issued else call_site())
 
+    def begin_wait_at_issue(self, signature: Signature | None, what: str) -> None:
+        """This worker may block in the collective it issues now, at its call site (a call a
+        transport runs on the issuing thread); `end_wait` after it returns."""
+        if signature is not None:
+            self.tracker.begin_wait(signature, what, signature.site)
+
     def end_wait(self) -> None:
         """The wait ended."""
         if self.tracker.waiting is not None:

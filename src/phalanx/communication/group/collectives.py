@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from phalanx.communication.checks.collective_check import CollectiveCheck, Signed
 from phalanx.communication.checks.collective_watch import CollectiveWatch
-from phalanx.communication.transports.base import Transport
+from phalanx.communication.transports.base import RunsOnCaller, Transport
 from phalanx.communication.transports.gloo.transport import DataFlag, GlooTransport, announced_tail
 
 __all__ = ["GroupCollectives"]
@@ -66,15 +66,41 @@ class GroupCollectives(abc.ABC):
         signature = self._watch.issue(kind, (tensor,), what)
         return signature, self._check.sign(kind, tensor, what, signature)
 
-    def all_reduce_async(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> Any:
+    def all_reduce_async(
+        self,
+        tensor: torch.Tensor,
+        op: Any = dist.ReduceOp.SUM,
+        may_block: bool = False,
+        what: str = "all_reduce",
+    ) -> Any:
         """Starts an in-place all-reduce and returns its work; pass it to `wait` (all workers).
+
+        ``may_block``: the caller issues nothing another worker waits for until this one ends
+        (the gradient buckets): a transport that can (`RunsOnCaller`) may run it on this
+        thread, and this call then returns once every worker met, counted as this worker
+        waiting in ``what`` (the stall inspector, the status page's wait fraction).
 
         Precondition: same shape and dtype on every worker, same call order.
         """
         self._check_usable("all_reduce")
         signature, signed = self._sign(_all_reduce_kind(op), tensor, "all_reduce")
         transport = self._transport or self._gloo
-        return self._watch.attach(transport.all_reduce_async(tensor, op, signed), signature)
+        if may_block and isinstance(transport, RunsOnCaller):
+            work = self._waiting_at_issue(
+                lambda: transport.all_reduce_may_block_async(tensor, op, signed), signature, what
+            )
+        else:
+            work = transport.all_reduce_async(tensor, op, signed)
+        return self._watch.attach(work, signature)
+
+    def _waiting_at_issue(self, issue: Callable[[], Any], signature: Any, what: str) -> Any:
+        """``issue()``, which may block until every worker met: meanwhile the stall inspector
+        sees this worker waiting in ``what`` at the call site that issued it."""
+        self._watch.begin_wait_at_issue(signature, what)
+        try:
+            return issue()
+        finally:
+            self._watch.end_wait()
 
     def all_reduce(
         self,

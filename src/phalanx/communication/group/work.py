@@ -74,6 +74,9 @@ class Lane:
     `QueuedWork` (how a transport keeps every worker's collectives in the same order). After
     a call fails, every later one fails with the same error (sticky).
 
+    A call submitted with ``here=True`` while nothing is queued or running runs on the
+    submitting thread instead, in its turn all the same: calls queued meanwhile wait for it.
+
     Args:
         name: The thread's name.
     """
@@ -82,24 +85,45 @@ class Lane:
         self._queue: queue.SimpleQueue[tuple[Callable[[], None], QueuedWork] | None] = queue.SimpleQueue()
         self._broken: BaseException | None = None
         self._closed = False
+        self._count_lock = threading.Lock()
+        self._unfinished = 0  # calls queued or running
+        self._running = threading.Lock()  # held while a call runs, on whichever thread
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, what: str, run: Callable[[], None]) -> QueuedWork:
-        """Queues ``run`` and returns its work (finished when ``run`` returned or raised)."""
+    def submit(self, what: str, run: Callable[[], None], here: bool = False) -> QueuedWork:
+        """Queues ``run`` and returns its work (finished when ``run`` returned or raised).
+
+        ``here``: run it on this thread if the lane is idle (the call then returns once ``run``
+        did): for a caller that may block until every worker met.
+        """
         work = QueuedWork(what)
         if self._closed:
             work.finish(RuntimeError(f"{what} was issued after its transport was closed"))
+            return work
+        with self._count_lock:
+            idle = self._unfinished == 0
+            self._unfinished += 1
+        if here and idle:
+            with self._running:
+                self._serve_one(run, work)
+            self._finished_one()
         else:
             self._queue.put((run, work))
         return work
+
+    def _finished_one(self) -> None:
+        with self._count_lock:
+            self._unfinished -= 1
 
     def _serve(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            self._serve_one(*item)
+            with self._running:  # after a call running on its submitter's thread
+                self._serve_one(*item)
+            self._finished_one()
             # nothing of the call outlives it here: ``item`` held the call, and the call its
             # tensors (an all-gather's whole gathered layer, through views of it) until the
             # next call was queued, which FSDP2 makes only after a layer's compute

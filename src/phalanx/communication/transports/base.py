@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from phalanx.communication.checks.collective_check import Signed
 from phalanx.communication.group.work import PeerGoneError
 
-__all__ = ["CollectivesDifferError", "Opener", "OpenRequest", "Transport"]
+__all__ = ["CollectivesDifferError", "Opener", "OpenRequest", "RunsOnCaller", "Transport"]
 
 
 class CollectivesDifferError(PeerGoneError):
@@ -71,6 +71,19 @@ class Transport(Protocol):
     def release(self) -> None:
         """Drops what had to outlive `close` until the group's own teardown (e.g. a gloo group
         whose threads are joined when its last reference goes)."""
+        ...
+
+
+@runtime_checkable
+class RunsOnCaller(Protocol):
+    """A `Transport` that can run an all-reduce on the thread that issues it (the shared-memory
+    one, where the machine has no core to spare for its own thread). Optional: the group asks
+    for it with ``isinstance`` and uses `Transport.all_reduce_async` where a transport has none."""
+
+    def all_reduce_may_block_async(self, tensor: torch.Tensor, op: Any, signed: Signed) -> Any:
+        """As `Transport.all_reduce_async`, for a caller that issues nothing another worker waits
+        for until this one ends (the gradient buckets): it may run here, and then returns
+        finished, once every worker met."""
         ...
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from phalanx.communication.compression import make_compressor
+from phalanx.communication.compression.base import WHAT
 from phalanx.communication.engine.bucketing import GradientBuckets
 from phalanx.strategies.accumulation import pending_error
 from phalanx.strategies.replicas.gradients import GradientSync
@@ -31,7 +32,8 @@ def group_buckets(strategy: Any, group: Any) -> GradientBuckets:
 
     options = strategy.communication_options
     return GradientBuckets(
-        group.all_reduce_async,
+        # nothing another worker waits for is issued before the round's end waits for it
+        lambda tensor: group.all_reduce_async(tensor, may_block=True, what=WHAT),
         group.wait,
         is_active,
         bucket_bytes=options.bytes_per_pack,

@@ -30,6 +30,9 @@ class SharedMemoryTransport:
     def all_reduce_async(self, tensor: torch.Tensor, op: Any, signed: Signed) -> Any:
         return self.engine.all_reduce_async(tensor, op, signed)
 
+    def all_reduce_may_block_async(self, tensor: torch.Tensor, op: Any, signed: Signed) -> Any:
+        return self.engine.all_reduce_async(tensor, op, signed, may_block=True)
+
     def broadcast_async(self, tensor: torch.Tensor, src: int, signed: Signed) -> Any:
         return self.engine.broadcast_async(tensor, src, signed)
 

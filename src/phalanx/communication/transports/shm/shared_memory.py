@@ -50,6 +50,14 @@ Segments are files in ``/dev/shm`` named after the job, created by every worker 
 left behind, even after a crash. A segment that cannot be made on every worker makes that
 size go through gloo instead.
 
+Every call runs on the transport's thread, in order; a gradient bucket's all-reduce (its
+caller may block: `all_reduce_async`'s ``may_block``) runs on the calling thread instead when
+that thread is idle and this machine has no core to spare for it: when the workers on it times
+torch's intra-op threads fill its cores. There the thread overlapped nothing (two workers of one
+thread on two cores: the sum competed with the next layer's backward for the same cores) and
+cost a hand-off each way: MLP 784-1024-1024-10 on 2 cores, the engine's step 1.26-1.31x ->
+1.34-1.37x DDP's (`benchmarks/bench_multiworker.py`). With cores to spare it overlaps backward.
+
 Waiting (step 3) sleeps on a futex of the peer's control cell until the peer publishes, and
 every ``CHECK_SECONDS`` (50 ms) checks that the peer processes still exist (a SIGKILLed worker is named
 within that time), the group's health check and the deadline (`_shm_control.ControlBlock`).
@@ -191,6 +199,7 @@ class SharedMemoryAllReduce:
         self._mismatch = mismatch or _differ
         self._closing = threading.Event()
         self._lane = Lane("phalanx-shm-allreduce")  # every call, in order, on one thread
+        self._cores = len(os.sched_getaffinity(0))
 
     @staticmethod
     def handles(tensor: torch.Tensor, op: Any) -> bool:
@@ -198,15 +207,25 @@ class SharedMemoryAllReduce:
         return tensor.device.type == "cpu" and tensor.is_contiguous() and op in _OPS and not tensor.is_sparse
 
     def all_reduce_async(
-        self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, signed: Signed = UNCHECKED
+        self,
+        tensor: torch.Tensor,
+        op: Any = dist.ReduceOp.SUM,
+        signed: Signed = UNCHECKED,
+        may_block: bool = False,
     ) -> QueuedWork:
         """Queues an in-place all-reduce of ``tensor`` and returns its work (all workers).
-        ``signed``: its code, compared with every peer's before the sum (`CollectiveCheck`)."""
+        ``signed``: its code, compared with every peer's before the sum (`CollectiveCheck`).
+        ``may_block``: the caller issues nothing another worker waits for before this ends
+        (the gradient buckets), so it may run here, on the calling thread, where the machine
+        has no core to spare (see the module doc)."""
         if not self.handles(tensor, op):  # verified here, carried by the gloo group
             return self._lane.submit(
                 "shared-memory all_reduce", lambda: self._gloo_after_meeting(tensor, op, signed)
             )
-        return self._lane.submit("shared-memory all_reduce", lambda: self._all_reduce(tensor, op, signed))
+        here = may_block and self._world * torch.get_num_threads() >= self._cores
+        return self._lane.submit(
+            "shared-memory all_reduce", lambda: self._all_reduce(tensor, op, signed), here=here
+        )
 
     def broadcast_async(self, tensor: torch.Tensor, src: int, signed: Signed = UNCHECKED) -> QueuedWork:
         """Queues an in-place broadcast from ``src`` through the segments (all workers, in order
