@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import abc
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from phalanx import timeline
 from phalanx.communication.checks.collective_check import CollectiveCheck, Signed
 from phalanx.communication.checks.collective_watch import CollectiveWatch
 from phalanx.communication.transports.base import RunsOnCaller, Transport
 from phalanx.communication.transports.gloo.transport import DataFlag, GlooTransport, announced_tail
+from phalanx.status.counters import COUNTERS
 
 __all__ = ["GroupCollectives"]
 
@@ -94,13 +97,17 @@ class GroupCollectives(abc.ABC):
         return self._watch.attach(work, signature)
 
     def _waiting_at_issue(self, issue: Callable[[], Any], signature: Any, what: str) -> Any:
-        """``issue()``, which may block until every worker met: meanwhile the stall inspector
-        sees this worker waiting in ``what`` at the call site that issued it."""
-        self._watch.begin_wait_at_issue(signature, what)
-        try:
-            return issue()
-        finally:
-            self._watch.end_wait()
+        """``issue()``, which may block until every worker met, counted as a watched wait
+        counts: the stall inspector sees this worker waiting in ``what`` at the call site, the
+        timeline a span, the status page its wait fraction (which names the straggler)."""
+        with timeline.span(what, "collective"):
+            self._watch.begin_wait_at_issue(signature, what)
+            start = time.monotonic()
+            try:
+                return issue()
+            finally:
+                self._watch.end_wait()
+                COUNTERS.waited(time.monotonic() - start)
 
     def all_reduce(
         self,

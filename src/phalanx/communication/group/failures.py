@@ -140,20 +140,6 @@ class GroupFailures(abc.ABC):
                 self._watch.end_wait()
                 COUNTERS.waited(time.monotonic() - start)  # the status page's wait fraction
 
-    def _waiting_at_issue(self, issue: Callable[[], Any], signature: Any, what: str) -> Any:
-        """``issue()``, which may block until every worker met, counted as `_watched_wait`
-        counts a wait: the stall inspector sees this worker waiting in ``what`` at the call
-        site, the timeline a span, the status page its wait fraction (which names the
-        straggler the others wait for)."""
-        with timeline.span(what, "collective"):
-            self._watch.begin_wait_at_issue(signature, what)
-            start = time.monotonic()
-            try:
-                return issue()
-            finally:
-                self._watch.end_wait()
-                COUNTERS.waited(time.monotonic() - start)
-
     def _wait_for(self, work: Any, what: str, limit: float) -> None:
         deadline = time.monotonic() + limit
         while True:
