@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import sys
 
 import pytest
@@ -12,15 +13,27 @@ from phalanx.memory import PeakMeter, map_large_allocations, measure, release_fr
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status is Linux's")
 
 
+def _fresh_pages(nbytes: int) -> mmap.mmap:
+    """nbytes of new resident memory: a mapping of its own, every page written. (A Python
+    object of that size may come from glibc's heap, from pages an earlier test freed and the
+    heap kept resident, and then grows nothing.)"""
+    pages = mmap.mmap(-1, nbytes)
+    page = b"\x01" * mmap.PAGESIZE
+    for _ in range(nbytes // mmap.PAGESIZE):
+        pages.write(page)
+    return pages
+
+
 def test_the_meter_sees_memory_touched_after_it_started_and_not_before():
-    kept = bytearray(32 << 20)  # touched before the meter: not its growth
+    kept = _fresh_pages(32 << 20)  # touched before the meter: not its growth
     meter = PeakMeter()
     if not meter.reset_ok:
         pytest.skip("this kernel does not let a process reset its VmHWM (/proc/self/clear_refs)")
     assert meter.growth() < 16 << 20
-    grown = bytearray(64 << 20)  # zeroed: every page touched
+    grown = _fresh_pages(64 << 20)
     assert meter.growth() >= 60 << 20
-    del grown, kept
+    grown.close()
+    kept.close()
 
 
 def test_a_second_meter_counts_from_its_own_start_the_peak_both_see():
@@ -28,13 +41,13 @@ def test_a_second_meter_counts_from_its_own_start_the_peak_both_see():
     first = PeakMeter()
     if not first.reset_ok:
         pytest.skip("this kernel does not let a process reset its VmHWM (/proc/self/clear_refs)")
-    # filled, not zeroed: a large zeroed allocation is mapped pages never touched, not resident
-    imports = b"\x01" * (32 << 20)  # what the imports touched, between the two meters
+    imports = _fresh_pages(32 << 20)  # what the imports touched, between the two meters
     second = PeakMeter(reset=False)
-    grown = b"\x01" * (64 << 20)
+    grown = _fresh_pages(64 << 20)
     assert 60 << 20 <= second.growth() < first.growth()
     assert first.growth() - second.growth() >= 30 << 20
-    del grown, imports
+    grown.close()
+    imports.close()
 
 
 def test_a_missing_field_is_named():
