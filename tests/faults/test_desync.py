@@ -186,8 +186,8 @@ def test_models_built_differently_fail_at_the_first_collective(desync, mode, tra
 @pytest.mark.parametrize("transport", list(TRANSPORTS))
 @pytest.mark.parametrize("mode", ["reduce"])
 def test_a_stray_reduce_at_step_5_of_100000_ends_both_workers(desync, mode, transport):
-    # issue 21's scenario, and the mid-training case of a stray `strategy.reduce` (one run
-    # covers both): it ends because of the check, long before 100,000 steps
+    # a stray `strategy.reduce` in the middle of a long run: it ends because of the check,
+    # long before 100,000 steps
     run, names = desync(mode, transport)
     _check(run, names, DIVERGE, ["(loss.backward at desync.py:", STRAY["reduce"]])
 

@@ -1,5 +1,5 @@
 """Real architectures in tiny configurations, trained under every synchronous strategy and
-``Model.fit``, compared with one device (issue 10: the tests/models tier).
+``Model.fit``, compared with one device (the tests/models tier).
 
 HF transformers BERT and GPT-2 (tied embeddings) and ResNet (BatchNorm: float64 and
 ``sync_batch_norm=True``), an LSTM with AdamW and a learning-rate scheduler,

@@ -1,7 +1,7 @@
 """ParameterServer training across 5 simulated hosts (chief, 2 workers, 2 ps) through network
 partitions: a worker cut off mid-training is lost, its functions rerun elsewhere, and it serves
 again once the link heals, with every example counted once; a ps cut off fails the steps that
-need it with an error naming it, within a bound (issue 12)."""
+need it with an error naming it, within a bound."""
 
 from __future__ import annotations
 

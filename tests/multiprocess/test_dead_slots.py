@@ -1,5 +1,5 @@
 """Model after model under one MultiWorkerMirroredStrategy: the gradient layouts forget a
-dropped model's parameters once every worker has dropped them (issue 10), on both paths:
+dropped model's parameters once every worker has dropped them, on both paths:
 buckets (one replica per worker) and end-of-backward rounds (two replicas per worker).
 Before, every later step all-reduced the dead parameters' zeros, for the life of the process.
 """

@@ -181,7 +181,7 @@ def test_a_plain_grad_scaler_skips_a_step_that_overflows_in_one_workers_shard(mw
 
 
 def _big_mlp(strategy: phalanx.Strategy, folder: str) -> dict:
-    """Issue 24's case: the 16.8M-parameter MLP of benchmarks/bench_fsdp.py with Adam, two steps
+    """The 16.8M-parameter MLP of benchmarks/bench_fsdp.py with Adam, two steps
     of the same custom loop; the chief writes the full weights (a file: 67 MB)."""
     torch.manual_seed(0)
     with strategy.scope():

@@ -1,6 +1,6 @@
 """The coordinator's deadlines on a real parameter-server cluster (chief, 2 workers, 1 ps):
 ``fetch``, ``join``, the ``run`` RPC and a function that hangs on a live worker are bounded,
-and their errors name the function and the worker (issue 11 item 6)."""
+and their errors name the function and the worker."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """PyTorch losses and torchmetrics metrics in Model.fit under MultiWorkerMirroredStrategy: the
-same loss history as the Keras loss and as one device, metrics of the whole data (issue 25)."""
+same loss history as the Keras loss and as one device, metrics of the whole data."""
 
 from __future__ import annotations
 

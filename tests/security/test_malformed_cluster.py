@@ -1,6 +1,6 @@
 """The catalogue of malformed clusters: each is rejected at once, naming the field, and nothing runs.
 
-Every malformed ``TF_CONFIG`` of the resolvers' tests, plus issue 11's: a host with a space,
+Every malformed ``TF_CONFIG`` of the resolvers' tests, plus: a host with a space,
 one address spelled two ways, two names that resolve to one address, a chief host that does
 not resolve, a cluster token too short to be a secret. The first kind fails when the resolver
 is created (no network); names are resolved when a strategy starts, before it opens its
@@ -130,7 +130,7 @@ CATALOGUE = [
     ("empty-address", _config({"worker": [""]}), r"cluster\['worker'\]\[0\] must be a non-empty 'host:port'"),
     ("job-not-a-list", _config({"worker": "a:1"}), r"cluster\['worker'\] must be a list .* Received: 'a:1'"),
     ("index-not-a-number", _config({"worker": {"x": "a:1"}}), r"task indices must be non-negative integers"),
-    # new with issue 11: host syntax, and one address spelled two ways
+    # host syntax, and one address spelled two ways
     (
         "space-in-host",
         _config({"worker": ["a b:1", "a:2"]}, {"type": "worker", "index": 1}),

@@ -1,4 +1,4 @@
-"""What ``pip install phalanx`` gets: the wheel's files and its requirements (issue 25).
+"""What ``pip install phalanx`` gets: the wheel's files and its requirements.
 
 The wheel is built from a copy of the sources (no build directories in the checkout), with the
 setuptools of this environment, and read as pip would install it.

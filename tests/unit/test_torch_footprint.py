@@ -1,4 +1,4 @@
-"""phalanx leaves torch as it found it (issue 20 item 4): its changes to torch's global
+"""phalanx leaves torch as it found it: its changes to torch's global
 behaviour (`phalanx._hooks`) are installed when a strategy's scope opens or it runs, and
 removed once no strategy is alive, or at once by `phalanx.remove_torch_hooks()`."""
 

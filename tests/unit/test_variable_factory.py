@@ -1,5 +1,5 @@
 """phalanx.variables.Variable (tf.Variable): a variable outside any module, distributed by
-the strategy whose scope creates it (issue 14: a bare variable made in a scope)."""
+the strategy whose scope creates it (a bare variable made in a scope)."""
 
 from __future__ import annotations
 

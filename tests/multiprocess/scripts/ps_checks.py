@@ -31,7 +31,7 @@ with strategy.scope():
     # write stale (NaN in a two-worker simulation), and how stale the pushes are depends on how
     # fast the chief hands out functions (the `train` check failed 7 of 15 times at 0.9 on a
     # loaded box with run calls on the data path, 0 of 15 on gRPC's slower ones; 2-4 writes
-    # between a worker's read and its push against 1.6-1.7; CHANGELOG.md, session 8)
+    # between a worker's read and its push against 1.6-1.7)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.5)
 result["placement"] = sorted({h.ps for _, h in strategy._live()})
 initial = [p.detach().clone() for p in model.parameters()]

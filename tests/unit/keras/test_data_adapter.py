@@ -1,4 +1,4 @@
-"""What fit/evaluate/predict accept (issue 10 item 5): NumPy of any numeric dtype, Python
+"""What fit/evaluate/predict accept: NumPy of any numeric dtype, Python
 lists, tuples/dicts of arrays, phalanx.data.Dataset and DataLoader; floating inputs cast to the
 model's parameter dtype (Keras' floatx rule)."""
 

@@ -1,4 +1,4 @@
-"""Inside a replica, modules read their replica's plain tensors (issue 10 item 7, issue 13):
+"""Inside a replica, modules read their replica's plain tensors:
 no per-op dispatch, torch's fused kernels run, numbers identical to one device; in-place
 writes of mirrored parameters outside the optimizer step still raise."""
 

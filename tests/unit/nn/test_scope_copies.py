@@ -1,5 +1,5 @@
 """Copies (copy.deepcopy) of modules and variables in a strategy's scope, and the error that
-names a parameter an optimizer holds but the strategy never made (issue 10 item 3)."""
+names a parameter an optimizer holds but the strategy never made."""
 
 from __future__ import annotations
 

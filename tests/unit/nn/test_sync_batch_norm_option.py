@@ -1,6 +1,6 @@
 """`sync_batch_norm=True` on MirroredStrategy, CentralStorageStrategy and
 MultiWorkerMirroredStrategy: batch-norm layers registered in the scope become SyncBatchNorm,
-and training matches one device (issue 10 item 6); without it, per-replica statistics."""
+and training matches one device; without it, per-replica statistics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DDP's gradient contract under the in-process strategies (issue 10, item 1).
+"""DDP's gradient contract under the in-process strategies.
 
 Once ``loss.backward()`` has returned inside ``strategy.run``, every replica's ``.grad``
 holds the gradient summed over all replicas (the loss divided by the global batch), so a

@@ -1,4 +1,4 @@
-"""Issue 14's small TF spellings and guards: MultiWorkerMirroredStrategy(communication=...),
+"""Small TF spellings and guards: MultiWorkerMirroredStrategy(communication=...),
 write_dirpath given a file path, the warning for an undistributed batch in strategy.run, and
 Strategy.make_experimental_numpy_dataset."""
 
