@@ -55,6 +55,8 @@ class GroupCollectives(abc.ABC):
     _gloo: GlooTransport  # where none did
     _watch: CollectiveWatch
     _check: CollectiveCheck
+    _asked: object = None  # the transport `_on_caller` last asked about, and its answer
+    _answer: RunsOnCaller | None = None
 
     @abc.abstractmethod
     def _check_usable(self, what: str) -> None:
@@ -88,13 +90,22 @@ class GroupCollectives(abc.ABC):
         self._check_usable("all_reduce")
         signature, signed = self._sign(_all_reduce_kind(op), tensor, "all_reduce")
         transport = self._transport or self._gloo
-        if may_block and isinstance(transport, RunsOnCaller):
+        on_caller = self._on_caller(transport) if may_block else None
+        if on_caller is not None:
             work = self._waiting_at_issue(
-                lambda: transport.all_reduce_may_block_async(tensor, op, signed), signature, what
+                lambda: on_caller.all_reduce_may_block_async(tensor, op, signed), signature, what
             )
         else:
             work = transport.all_reduce_async(tensor, op, signed)
         return self._watch.attach(work, signature)
+
+    def _on_caller(self, transport: object) -> RunsOnCaller | None:
+        """``transport`` where it is `RunsOnCaller`, else None; asked once per transport (a
+        protocol's isinstance costs microseconds, and every gradient bucket asks)."""
+        if transport is not self._asked:
+            self._asked = transport
+            self._answer = transport if isinstance(transport, RunsOnCaller) else None
+        return self._answer
 
     def _waiting_at_issue(self, issue: Callable[[], Any], signature: Any, what: str) -> Any:
         """``issue()``, which may block until every worker met, counted as a watched wait
