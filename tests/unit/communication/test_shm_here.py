@@ -1,5 +1,6 @@
 """Where the shared-memory transport runs a gradient bucket's all-reduce: on the calling thread
-when the machine has no core to spare for its own thread, else queued to that thread."""
+when the machine has no core to spare for its own thread, else queued to that thread; and a
+group hands such a call to its transport only where that transport can run it there."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.communication.checks.collective_check import UNCHECKED
+from phalanx.communication.group.collectives import GroupCollectives
 from phalanx.communication.group.work import QueuedWork
 from phalanx.communication.transports.shm.shared_memory import SharedMemoryAllReduce
 
@@ -52,3 +54,26 @@ def test_a_tensor_the_segments_do_not_take_is_never_run_here():
     strided = torch.ones(4, 2).t()  # not contiguous: carried by gloo after a meeting, on the thread
     transport.all_reduce_async(strided, dist.ReduceOp.SUM, UNCHECKED, may_block=True)
     assert lane.here == [False]
+
+
+class _Group(GroupCollectives):
+    """The collectives' transport choice alone (nothing is issued)."""
+
+    def _check_usable(self, what):
+        pass
+
+    def _watched_wait(self, work, what, timeout, where_issued):
+        pass
+
+
+class _RunsHere:
+    def all_reduce_may_block_async(self, tensor, op, signed):
+        raise AssertionError("not called here")
+
+
+def test_a_group_runs_a_call_on_the_caller_only_where_its_current_transport_can():
+    group, here, elsewhere = _Group(), _RunsHere(), object()
+    assert group._on_caller(here) is here
+    assert group._on_caller(here) is here  # the answer kept for the same transport
+    assert group._on_caller(elsewhere) is None  # a new transport (a re-formed group) is asked again
+    assert group._on_caller(here) is here
