@@ -55,8 +55,7 @@ class GroupCollectives(abc.ABC):
     _gloo: GlooTransport  # where none did
     _watch: CollectiveWatch
     _check: CollectiveCheck
-    _asked: object = None  # the transport `_on_caller` last asked about, and its answer
-    _answer: RunsOnCaller | None = None
+    _asked: tuple[object, RunsOnCaller | None] = (None, None)  # `_on_caller`'s last transport, answer
 
     @abc.abstractmethod
     def _check_usable(self, what: str) -> None:
@@ -102,10 +101,11 @@ class GroupCollectives(abc.ABC):
     def _on_caller(self, transport: object) -> RunsOnCaller | None:
         """``transport`` where it is `RunsOnCaller`, else None; asked once per transport (a
         protocol's isinstance costs microseconds, and every gradient bucket asks)."""
-        if transport is not self._asked:
-            self._asked = transport
-            self._answer = transport if isinstance(transport, RunsOnCaller) else None
-        return self._answer
+        asked, answer = self._asked  # one tuple: a thread never pairs a transport with another's answer
+        if transport is not asked:
+            answer = transport if isinstance(transport, RunsOnCaller) else None
+            self._asked = (transport, answer)
+        return answer
 
     def _waiting_at_issue(self, issue: Callable[[], Any], signature: Any, what: str) -> Any:
         """``issue()``, which may block until every worker met, counted as a watched wait
