@@ -71,7 +71,8 @@ def test_training_is_asynchronous_on_every_worker_and_the_variables_live_on_the_
     assert result["placement"] == [0, 1]  # round-robin over both ps tasks
     assert result["workers_used"] == [0, 1]
     assert result["held_out_after"] < 0.5 * result["held_out_before"]
-    assert all(result["changed"])  # the coordinator's copies were refreshed from the ps tasks
+    # the coordinator's copies were refreshed from the ps tasks
+    assert not result["unchanged"], f"still at their initial values after 80 steps: {result['unchanged']}"
     assert result["running_mean_moved"]
     assert result["num_batches_tracked"] == 80  # every worker's BatchNorm update arrived
     assert result["bias_seen_by_worker"] == 123.0

@@ -34,7 +34,7 @@ with strategy.scope():
     # between a worker's read and its push against 1.6-1.7)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.5)
 result["placement"] = sorted({h.ps for _, h in strategy._live()})
-initial = [p.detach().clone() for p in model.parameters()]
+initial = {name: p.detach().clone() for name, p in model.named_parameters()}
 held_out = torch.randn(256, 4, generator=torch.Generator().manual_seed(99))
 
 
@@ -84,7 +84,8 @@ if mode == "train":
     result["held_out_after"] = held_out_loss()
     outputs = [v.fetch() for v in values]
     result["workers_used"] = sorted({o["worker"] for o in outputs})
-    result["changed"] = [not torch.equal(a, b) for a, b in zip(initial, model.parameters(), strict=True)]
+    # named, so that a failure says which copy stayed as it was
+    result["unchanged"] = [name for name, p in model.named_parameters() if torch.equal(initial[name], p)]
     result["running_mean_moved"] = bool(model[1].running_mean.abs().sum() > 0)
     result["num_batches_tracked"] = int(model[1].num_batches_tracked)
     # a write on the coordinator reaches the ps tasks before the next function runs
