@@ -56,8 +56,32 @@ def test_a_tensor_the_segments_do_not_take_is_never_run_here():
     assert lane.here == [False]
 
 
+class _Watch:
+    """The stall inspector's side, off: no signature, nothing recorded."""
+
+    def issue(self, kind, tensors, what):
+        return None
+
+    def attach(self, work, signature):
+        return work
+
+    def begin_wait_at_issue(self, signature, what):
+        pass
+
+    def end_wait(self):
+        pass
+
+
+class _Check:
+    def sign(self, kind, tensor, what, signature=None):
+        return UNCHECKED
+
+
 class _Group(GroupCollectives):
-    """The collectives' transport choice alone (nothing is issued)."""
+    """A group's collectives over a recording transport (nothing leaves the process)."""
+
+    def __init__(self, transport):
+        self._transport, self._watch, self._check = transport, _Watch(), _Check()
 
     def _check_usable(self, what):
         pass
@@ -66,14 +90,28 @@ class _Group(GroupCollectives):
         pass
 
 
-class _RunsHere:
+class _Recording:
+    """A transport that says which of its entry points each all-reduce took."""
+
+    def __init__(self) -> None:
+        self.took: list[str] = []
+
+    def all_reduce_async(self, tensor, op, signed):
+        self.took.append("queued")
+        return QueuedWork("all_reduce")
+
+
+class _RunsHere(_Recording):
     def all_reduce_may_block_async(self, tensor, op, signed):
-        raise AssertionError("not called here")
+        self.took.append("here")
+        return QueuedWork("all_reduce")
 
 
-def test_a_group_runs_a_call_on_the_caller_only_where_its_current_transport_can():
-    group, here, elsewhere = _Group(), _RunsHere(), object()
-    assert group._on_caller(here) is here
-    assert group._on_caller(here) is here  # the answer kept for the same transport
-    assert group._on_caller(elsewhere) is None  # a new transport (a re-formed group) is asked again
-    assert group._on_caller(here) is here
+def test_a_group_runs_a_call_that_may_block_on_the_caller_where_its_transport_can():
+    here, elsewhere = _RunsHere(), _Recording()
+    for transport in (here, elsewhere):
+        group = _Group(transport)
+        group.all_reduce_async(torch.ones(4), may_block=True, what="the gradient buckets")
+        group.all_reduce_async(torch.ones(4))  # may not block: the transport's own thread
+    assert here.took == ["here", "queued"]
+    assert elsewhere.took == ["queued", "queued"]  # a transport without the method is unchanged

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from phalanx import timeline
 from phalanx.communication.checks.collective_check import CollectiveCheck, Signed
 from phalanx.communication.checks.collective_watch import CollectiveWatch
-from phalanx.communication.transports.base import RunsOnCaller, Transport
+from phalanx.communication.transports.base import Transport
 from phalanx.communication.transports.gloo.transport import DataFlag, GlooTransport, announced_tail
 from phalanx.status.counters import COUNTERS
 
@@ -55,7 +55,6 @@ class GroupCollectives(abc.ABC):
     _gloo: GlooTransport  # where none did
     _watch: CollectiveWatch
     _check: CollectiveCheck
-    _asked: tuple[object, RunsOnCaller | None] = (None, None)  # `_on_caller`'s last transport, answer
 
     @abc.abstractmethod
     def _check_usable(self, what: str) -> None:
@@ -89,23 +88,13 @@ class GroupCollectives(abc.ABC):
         self._check_usable("all_reduce")
         signature, signed = self._sign(_all_reduce_kind(op), tensor, "all_reduce")
         transport = self._transport or self._gloo
-        on_caller = self._on_caller(transport) if may_block else None
-        if on_caller is not None:
-            work = self._waiting_at_issue(
-                lambda: on_caller.all_reduce_may_block_async(tensor, op, signed), signature, what
-            )
+        # `RunsOnCaller`'s method, looked up: a protocol's isinstance costs ~8 us, every bucket asks
+        run_here = getattr(transport, "all_reduce_may_block_async", None) if may_block else None
+        if run_here is not None:
+            work = self._waiting_at_issue(lambda: run_here(tensor, op, signed), signature, what)
         else:
             work = transport.all_reduce_async(tensor, op, signed)
         return self._watch.attach(work, signature)
-
-    def _on_caller(self, transport: object) -> RunsOnCaller | None:
-        """``transport`` where it is `RunsOnCaller`, else None; asked once per transport (a
-        protocol's isinstance costs microseconds, and every gradient bucket asks)."""
-        asked, answer = self._asked  # one tuple: a thread never pairs a transport with another's answer
-        if transport is not asked:
-            answer = transport if isinstance(transport, RunsOnCaller) else None
-            self._asked = (transport, answer)
-        return answer
 
     def _waiting_at_issue(self, issue: Callable[[], Any], signature: Any, what: str) -> Any:
         """``issue()``, which may block until every worker met, counted as a watched wait

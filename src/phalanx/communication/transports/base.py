@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import torch
 
@@ -74,11 +74,10 @@ class Transport(Protocol):
         ...
 
 
-@runtime_checkable
 class RunsOnCaller(Protocol):
     """A `Transport` that can run an all-reduce on the thread that issues it (the shared-memory
-    one, where the machine has no core to spare for its own thread). Optional: the group asks
-    for it with ``isinstance`` and uses `Transport.all_reduce_async` where a transport has none."""
+    one, where the machine has no core to spare for its own thread). Optional: the group looks
+    the method up on its transport and uses `Transport.all_reduce_async` where it has none."""
 
     def all_reduce_may_block_async(self, tensor: torch.Tensor, op: Any, signed: Signed) -> Any:
         """As `Transport.all_reduce_async`, for a caller that issues nothing another worker waits
