@@ -1,5 +1,6 @@
-"""GradientBuckets start only the buckets some worker wrote to in the last round: two workers on
-two threads of this process, each with its own engine, meeting in a real in-process all-reduce."""
+"""GradientBuckets start in order only the buckets some worker is predicted to write to: two
+workers on two threads of this process, each with its own engine, meeting in a real in-process
+all-reduce."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from phalanx.communication.engine.bucketing import EXPECTED_ROUNDS, GradientBuckets
+from phalanx.communication.engine.bucketing import GradientBuckets
 
 WORKERS = 2
 
@@ -129,31 +130,44 @@ def _rounds(nets, exchange, uses_b: list[bool]) -> list[list[int]]:
     return per_step
 
 
-def test_a_model_no_worker_trains_stops_costing_all_reduces_after_two_rounds():
+def test_a_model_no_worker_trains_stops_costing_all_reduces_after_one_round():
     nets, engines, exchange = _workers()
     b_only = _sizes(engines[0], nets[0].b) - _sizes(engines[0], nets[0].a)
     assert b_only == {240, 120}  # b's weights are solo buckets
-    assert EXPECTED_ROUNDS == 2
-    first, second, *later = _rounds(nets, exchange, [False] * 4)
+    first, *later = _rounds(nets, exchange, [False] * 4)
     assert b_only <= set(first)  # the first round after a build expects every bucket
-    assert b_only <= set(second)  # no worker wrote to b in one round only: still expected
     for launched in later:
         assert not b_only & set(launched)  # b's own buckets no longer move
         assert len(launched) == len(first) - len(b_only)
 
 
+def test_a_loop_that_switches_models_sends_the_old_ones_zeros_once_and_the_new_ones_late_once():
+    nets, engines, exchange = _workers()
+    b_only = _sizes(engines[0], nets[0].b) - _sizes(engines[0], nets[0].a)
+    in_order, *_ = _rounds(nets, exchange, [True] * 4)
+    alone = [n for n in in_order if n not in b_only]
+    # b's loop stops: its zeros go once more, in order; then nothing of b
+    assert _rounds(nets, exchange, [False] * 3) == [in_order, alone, alone]
+    # b's loop comes back: b is summed after the round's own once (late), then in order
+    back, *after = _rounds(nets, exchange, [True] * 3)
+    assert back[: len(alone)] == alone and sorted(back[len(alone) :]) == sorted(b_only)
+    assert after == [in_order, in_order]
+
+
 def test_passes_that_alternate_between_two_sets_keep_both_in_order():
     nets, engines, exchange = _workers()
     b_only = _sizes(engines[0], nets[0].b) - _sizes(engines[0], nets[0].a)
-    per_step = _rounds(nets, exchange, [True, False] * 3)
-    # b goes every pass (zeros when no worker wrote to it), in order: never a late exchange
-    assert all(launched == per_step[0] for launched in per_step)
-    assert b_only <= set(per_step[0])
+    per_step = _rounds(nets, exchange, [True, False] * 5)
+    in_order = per_step[0]
+    alone = [n for n in in_order if n not in b_only]
+    # once four rounds show the alternation, b goes in order in the passes that write to it
+    # and not at all in the others: neither zeros nor a late exchange
+    assert per_step[4:] == [in_order, alone] * 3
 
 
 def test_a_worker_that_writes_to_a_bucket_not_expected_has_it_summed_on_every_worker():
     nets, engines, exchange = _workers()
-    _rounds(nets, exchange, [False] * EXPECTED_ROUNDS)  # now b is not expected
+    _rounds(nets, exchange, [False] * 2)  # now b is not expected
     before = len(exchange.launched[0])
     # only worker 1 goes through b: worker 0 learns it from the flags and sends zeros for it
     _check(nets, _step(nets, lambda rank: rank == 1, seed=3))
@@ -170,6 +184,6 @@ def test_a_change_of_the_expected_buckets_is_a_new_pass_for_the_announcement():
     announced: list[list] = []
     nets, engines, exchange = _workers(announced)
     _rounds(nets, exchange, [False] * 4)
-    # a new layout ([]), passes 1 and 2 with every bucket; a new set ([]), passes 3 and 4 without b's
-    assert [len(specs) for specs in announced] == [0, 5, 5, 0, 3, 3]
-    assert announced[4] == announced[5]
+    # a new layout ([]), pass 1 with every bucket; a new set ([]), passes 2 to 4 without b's
+    assert [len(specs) for specs in announced] == [0, 5, 0, 3, 3, 3]
+    assert announced[3] == announced[4] == announced[5]

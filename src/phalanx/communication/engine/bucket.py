@@ -66,11 +66,11 @@ class Bucket:
         self.summed_had = [0.0] * len(params)  # after the sum: how many workers had a gradient
         self.summed_dead = [0.0] * len(params)  # after the sum: on how many workers it died
         self.ready = [False] * len(params)
-        # launched in order this round: some worker wrote to it in one of the last two rounds,
-        # or it carries the flags (`GradientBuckets`); one that is not goes at the round's end
-        # if a flag says so
+        # launched in order this round: some worker is predicted to write to it, or it
+        # carries the flags (`GradientBuckets._expect`); one that is not goes at the round's
+        # end if a flag says so
         self.expected = True
-        self.idle_rounds = 0  # rounds since some worker last wrote to it (as the flags say)
+        self.history = 0  # whether some worker wrote to it in each of the last four rounds (bit 0: the last)
         self.work: Any = None  # the running all-reduce of the current round
 
     def owns(self, tensor: torch.Tensor) -> bool:

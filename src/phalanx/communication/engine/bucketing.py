@@ -35,9 +35,11 @@ what ``.grad`` holds):
   parameter that no worker has a delta for keeps its ``.grad`` untouched (None after
   ``zero_grad()``), as on one device. A pass that accumulated nothing
   (``torch.autograd.grad``) puts the bases back and starts no all-reduce.
-* Only the buckets some worker wrote to in one of the last two rounds are *expected* (start
-  in order during backward), with the flags' bucket, which then starts at the pass's end: every
-  worker reads the same sums, so every worker expects the same buckets. A second model in
+* Only the buckets some worker is predicted to write to are *expected* (start in order during
+  backward), with the flags' bucket, which then starts at the pass's end. The prediction is
+  the last pass's answer (some worker wrote to it), unless the last four passes alternate
+  (a GAN's discriminator step, then a generator step through both): then the answer of two
+  passes back. Every worker reads the same sums, so every worker expects the same buckets. A second model in
   the scope that this loop never trains (``fit``'s beside a custom loop's, a GAN's other
   half) costs its flags, not its bytes, as in TF, where only the gradients a step applies
   are all-reduced. A bucket that was not expected but that some worker wrote to after all
@@ -82,7 +84,6 @@ from phalanx.communication.local.sparse import SPARSE, empty_sparse, plus
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
-    "EXPECTED_ROUNDS",
     "FIRST_BUCKET_BYTES",
     "FLAGS_RIDE_BYTES",
     "SOLO_BYTES",
@@ -92,7 +93,7 @@ __all__ = [
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 FIRST_BUCKET_BYTES = 1024 * 1024
 SOLO_BYTES = 1024 * 1024  # a gradient this large is all-reduced where autograd put it
-EXPECTED_ROUNDS = 2  # a bucket no worker wrote to in this many rounds is no longer started in order
+_ALTERNATING = (0b0101, 0b1010)  # the last four passes' writes (bit 0: the last) of a period of two
 FLAGS_RIDE_BYTES = 64 * 1024  # under fp16/bf16, a last bucket this small carries the flags, uncompressed
 _FLAG_DTYPES = (torch.float32, torch.float64)  # hold the flags' counts exactly
 
@@ -429,16 +430,20 @@ class GradientBuckets:
         self._flush_running(self._wait_at_end)
 
     def _expect(self, buckets: list[Bucket]) -> None:
-        """Decides which buckets the next round launches in order: those some worker wrote to
-        in this round or the one before (the summed flags: every worker decides alike), and
-        the flags' bucket. Two rounds, not one: passes that alternate between two sets (a GAN's
-        discriminator step, then a generator step through both) keep both in order rather
-        than send one set late every other pass. A change of the set is a new pass for the
-        announcement, as a rebuild is."""
+        """Decides which buckets the next round launches in order (every worker alike: from
+        the summed flags): those some worker is predicted to write to, and the flags' bucket.
+        The prediction is whether some worker wrote to it in this round, unless the last four
+        rounds alternate: passes that alternate between two sets (a GAN's discriminator step,
+        then a generator step through both) then get the answer of two rounds back, so
+        neither set is sent as zeros nor late. A model the loop stopped training costs one
+        round of zeros; a bucket written again after a round without costs one late exchange.
+        A change of the set is a new pass for the announcement, as a rebuild is."""
         last = len(buckets) - 1
         for k, bucket in enumerate(buckets):
-            bucket.idle_rounds = 0 if any(bucket.summed_had) else bucket.idle_rounds + 1
-            expected = k == last or bucket.idle_rounds < EXPECTED_ROUNDS
+            bucket.history = (bucket.history << 1 | any(bucket.summed_had)) & 0b1111
+            # (a younger bucket's history has zeros before it was built: never a false pattern)
+            two_back = bucket.history in _ALTERNATING
+            expected = k == last or bool(bucket.history & (0b10 if two_back else 0b1))
             if expected != bucket.expected:
                 bucket.expected = expected
                 self._new_plan = True
