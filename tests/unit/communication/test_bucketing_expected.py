@@ -150,7 +150,8 @@ def test_a_loop_that_switches_models_sends_the_old_ones_zeros_once_and_the_new_o
     assert _rounds(nets, exchange, [False] * 3) == [in_order, alone, alone]
     # b's loop comes back: b is summed after the round's own once (late), then in order
     back, *after = _rounds(nets, exchange, [True] * 3)
-    assert back[: len(alone)] == alone and sorted(back[len(alone) :]) == sorted(b_only)
+    assert back[: len(alone)] == alone
+    assert sorted(back[len(alone) :]) == sorted(b_only)
     assert after == [in_order, in_order]
 
 
