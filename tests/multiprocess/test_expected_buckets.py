@@ -80,3 +80,63 @@ def test_an_idle_model_stops_moving_and_a_surprise_is_summed_everywhere(mwms_2wo
     ):
         torch.testing.assert_close(p0, want)
         torch.testing.assert_close(p1, want)
+
+
+def alternates_two_steps_like_a_gan(strategy):
+    """Even steps train ``a`` alone, odd steps ``a`` and ``b`` through both (a GAN's
+    discriminator and generator steps); a one-device copy trains on the global batches."""
+    import phalanx
+
+    def models():
+        torch.manual_seed(0)
+        return nn.Linear(16, WIDE), nn.Sequential(nn.Linear(WIDE, 8), nn.Linear(8, 4))  # b, a
+
+    with strategy.scope():
+        b, a = models()
+        optimizer = torch.optim.SGD([*a.parameters(), *b.parameters()], lr=1e-4)
+    ref_b, ref_a = models()
+    ref_optimizer = torch.optim.SGD([*ref_a.parameters(), *ref_b.parameters()], lr=1e-4)
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(8, WIDE, generator=g) / 128, torch.randn(8, 16, generator=g)) for _ in range(12)]
+    traffic = strategy._buckets.traffic
+
+    def loss_of(net_a, net_b, h, z, through_b):
+        per_example = net_a(h).square().sum(1)
+        if through_b:
+            per_example = per_example + net_a(net_b(z)).square().sum(1)
+        return per_example
+
+    def step(h, z, through_b):
+        loss = phalanx.compute_average_loss(loss_of(a, b, h, z, through_b), global_batch_size=8)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    sent = []
+    for n, (h, z) in enumerate(strategy.experimental_distribute_dataset(batches)):
+        before = traffic.bytes_uncompressed
+        strategy.run(step, args=(h, z, n % 2 == 1))
+        sent.append(traffic.bytes_uncompressed - before)
+    for n, (h, z) in enumerate(batches):
+        loss_of(ref_a, ref_b, h, z, n % 2 == 1).mean().backward()
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+    return {
+        "sent": sent,
+        "weights": [p.detach().clone() for p in [*a.parameters(), *b.parameters()]],
+        "reference": [p.detach().clone() for p in [*ref_a.parameters(), *ref_b.parameters()]],
+    }
+
+
+@pytest.mark.parametrize("transport", ["shared_memory", "gloo"])
+def test_alternating_passes_send_each_set_in_the_passes_that_write_it(mwms_2workers, transport):
+    env = {"PHALANX_SHARED_MEMORY": "1" if transport == "shared_memory" else "0"}
+    results = mwms_2workers.run(alternates_two_steps_like_a_gan, env=env)
+    solo = WIDE * 16 * 4  # b's weight: a bucket of its own
+    for result in results:
+        for got, want in zip(result["weights"], result["reference"], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        # once four passes show the alternation, b's bucket moves only in the passes through b
+        without_b, with_b = result["sent"][4::2], result["sent"][5::2]
+        assert len(set(without_b)) == 1
+        assert set(with_b) == {without_b[0] + solo}
