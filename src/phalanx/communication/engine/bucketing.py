@@ -39,10 +39,10 @@ what ``.grad`` holds):
   backward), with the flags' bucket, which then starts at the pass's end. The prediction is
   the last pass's answer (some worker wrote to it), unless the last four passes alternate
   (a GAN's discriminator step, then a generator step through both): then the answer of two
-  passes back. Every worker reads the same sums, so every worker expects the same buckets. A second model in
-  the scope that this loop never trains (``fit``'s beside a custom loop's, a GAN's other
-  half) costs its flags, not its bytes, as in TF, where only the gradients a step applies
-  are all-reduced. A bucket that was not expected but that some worker wrote to after all
+  passes back. Every worker reads the same sums, so every worker expects the same buckets.
+  A second model in the scope that this loop never trains (``fit``'s beside a custom
+  loop's) costs its flags, not its bytes, after one pass, as in TF, where only the gradients
+  a step applies are all-reduced. A bucket that was not expected but that some worker wrote to after all
   (the flags say so) starts after the others, on every worker, before anything is installed:
   a surprise costs one more exchange, never a wrong sum. The first round after the buckets
   are built expects them all.
