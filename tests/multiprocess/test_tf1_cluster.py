@@ -76,6 +76,8 @@ def test_between_graph_replication_survives_a_killed_and_restarted_worker(tmp_pa
     final, loss = re.search(r"worker:0 took \d+ steps; global step (\d+); loss (\S+)", chief).groups()
     assert int(final) >= 600
     assert float(loss) < 0.1
-    # the chief alone wrote checkpoints (the last at the end) and TensorBoard summaries
-    assert _latest_step(ckpt) == int(final)
+    # the chief alone wrote checkpoints (the last at the end) and TensorBoard summaries; the
+    # last is saved when its session closes, after it printed the step: the other worker's
+    # step in flight then (it stops after its first step that sees the last step) may land first
+    assert int(final) <= _latest_step(ckpt) <= int(final) + 1
     assert list(ckpt.glob("events.out.tfevents.*"))
