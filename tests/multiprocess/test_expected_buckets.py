@@ -1,8 +1,8 @@
 """Two models in one MultiWorkerMirroredStrategy scope, one trained: after the first step the
-other's gradient buckets stop moving, and a worker that trains it after all (here only one worker, as
-data-dependent control flow does) has it summed on every worker; passes that alternate between
-two sets (a GAN's two steps) send each set only in the passes that write to it. On shared
-memory and on gloo, whose announced passes must follow the change of buckets."""
+other's gradient buckets stop moving, and a worker that trains it after all (here only one
+worker, as data-dependent control flow does) has it summed on every worker; passes that
+alternate between two sets (a GAN's two steps) send each set only in the passes that write to
+it. On shared memory and on gloo, whose announced passes must follow the change of buckets."""
 
 from __future__ import annotations
 

@@ -42,9 +42,9 @@ what ``.grad`` holds):
   passes back. Every worker reads the same sums, so every worker expects the same buckets.
   A second model in the scope that this loop never trains (``fit``'s beside a custom
   loop's) costs its flags, not its bytes, after one pass, as in TF, where only the gradients
-  a step applies are all-reduced. A bucket that was not expected but that some worker wrote to after all
-  (the flags say so) starts after the others, on every worker, before anything is installed:
-  a surprise costs one more exchange, never a wrong sum. The first round after the buckets
+  a step applies are all-reduced. A bucket that was not expected but that some worker wrote
+  to after all (the flags say so) starts after the others, on every worker, before anything
+  is installed: a surprise costs one more exchange, never a wrong sum. The first round after the buckets
   are built expects them all.
 * A parameter that died (its model was dropped) keeps its slot, as zeros, until every
   worker has dropped it: the last bucket also carries one "dead here" flag per parameter, and
